@@ -62,6 +62,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'gptkit.estimate.narayanan_params': ('estimate.html#narayanan_params', 'gptkit/estimate.py'),
                                  'gptkit.estimate.nearest_preset': ('estimate.html#nearest_preset', 'gptkit/estimate.py'),
                                  'gptkit.estimate.overhead_bytes': ('estimate.html#overhead_bytes', 'gptkit/estimate.py'),
+                                 'gptkit.estimate.resolve_model': ('estimate.html#resolve_model', 'gptkit/estimate.py'),
                                  'gptkit.estimate.search': ('estimate.html#search', 'gptkit/estimate.py'),
                                  'gptkit.estimate.stage_activations': ('estimate.html#stage_activations', 'gptkit/estimate.py'),
                                  'gptkit.estimate.state_bytes': ('estimate.html#state_bytes', 'gptkit/estimate.py'),

@@ -1,0 +1,11 @@
+"""Entry point of the `gptkit` console script: registers the commands on the app."""
+from gptkit_cli.app import app
+from gptkit_cli import estimate as _estimate, quickstart as _quickstart  # noqa: F401  (they register commands)
+
+
+def main():
+    app()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,123 @@
+"""The `gptkit` command: help, version, errors, JSON, start-up imports."""
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from gptkit.config import GptkitError
+from gptkit_cli.app import report
+from gptkit_cli.main import app
+
+runner = CliRunner()
+HEAVY = ('torch', 'deepspeed', 'tokenizers', 'triton')
+
+
+def run(*args, env=None):
+    return runner.invoke(app, list(args), env=env)
+
+
+@pytest.mark.parametrize('opt', ['-h', '--help'])
+def test_help_lists_only_real_commands(opt):
+    r = run(opt)
+    assert r.exit_code == 0
+    assert 'estimate' in r.output and 'quickstart' in r.output
+    commands = {c.name for c in __import__('typer').main.get_command(app).commands.values()}
+    assert commands == {'estimate', 'quickstart'}
+
+
+def test_version():
+    from importlib.metadata import version
+    r = run('--version')
+    assert r.exit_code == 0 and r.output.strip() == f'gptkit {version("gptkit")}'
+
+
+@pytest.mark.parametrize('args', [['--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
+def test_startup_imports_nothing_heavy(args):
+    code = ('import sys; from gptkit_cli.main import app\n'
+            'try: app(%r)\nexcept SystemExit: pass\n'
+            'print("HEAVY=" + ",".join(m for m in %r if m in sys.modules))') % (args, HEAVY)
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    heavy = r.stdout.strip().splitlines()[-1]
+    assert heavy.startswith('HEAVY=') and heavy == 'HEAVY=', f'{args} imported {heavy}'
+
+
+@pytest.mark.parametrize('args,flag', [
+    (['--params', 'banana'], '--params'),
+    (['--preset', '350m', '--tp', '3'], '--tp 3 must divide the 16 attention heads'),
+    (['--preset', '350m', '--pp', '5'], '--pp 5 must divide the 24 layers'),
+    (['--preset', '350m', '--micro-batch', '0'], '--micro-batch'),
+    (['--preset', '350m', '--layers', '-3'], '--layers'),
+    (['--layers', '0', '--hidden', '64', '--heads', '4'], '--layers'),
+    (['--preset', '350m', '--dp', '3', '--micro-batch', '2'], '--global-batch 256 must be a multiple of micro-batch x data-parallel'),
+    (['--preset', '350m', '--gpus', '6', '--dp', '2'], '--gpus 6 is not tp x pp x dp'),
+    (['--preset', 'gpt5'], '--preset'),
+    (['--preset', '350m', '--tokens', '-1B'], '--tokens'),
+    (['--preset', '350m', '--gpu-memory', '0'], '--gpu-memory'),
+])
+def test_bad_input_is_one_line_naming_the_flag(args, flag):
+    r = runner.invoke(app, ['estimate', *args])
+    assert r.exit_code == 2
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith('error: ') and flag in lines[0], r.output
+    assert 'Traceback' not in r.output
+
+
+def test_debug_shows_the_traceback():
+    r = subprocess.run([sys.executable, '-m', 'gptkit_cli.main', 'estimate', '--params', 'banana'],
+                       capture_output=True, text=True, env={**__import__('os').environ, 'GPTKIT_DEBUG': '1'}, timeout=60)
+    assert r.returncode != 0 and 'Traceback' in r.stderr and 'ConfigError' in r.stderr
+
+
+def test_usage_errors_exit_2():
+    assert run('estimate', '--tp', 'abc').exit_code == 2
+    assert run('estimate', '--no-such-flag').exit_code == 2
+
+
+def test_other_expected_failures_exit_1(capsys):
+    assert report(GptkitError('data.bin: cannot read line 3')) == 1
+    assert 'data.bin: cannot read line 3' in capsys.readouterr().err
+
+
+def test_json_has_the_documented_keys():
+    r = run('estimate', '--layers', '24', '--hidden', '1024', '--heads', '16', '--seq-len', '1024', '--vocab', '50257', '--json')
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d['params']['total'] == 354_871_296 and d['params']['unpadded'] == 354_823_168
+    assert d['params']['vocab_padded'] == 50304
+    for section, keys in {'params': ['total', 'per_rank_max', 'vocab_padded'],
+                          'memory': ['weights', 'gradients', 'optimizer', 'activations', 'logits', 'other', 'total', 'fits'],
+                          'flops': ['per_iteration', 'per_token'],
+                          'time': ['iterations', 'seconds', 'days', 'gpu_hours']}.items():
+        for k in keys: assert k in d[section], f'{section}.{k}'
+    assert isinstance(d['memory']['total'], int) and isinstance(d['memory']['fits'], bool)
+
+
+def test_params_names_the_preset_it_picked():
+    r = run('estimate', '--params', '13B')
+    assert r.exit_code == 0 and 'nearest GPT-3 preset 13b' in r.output and 'does not fit' in r.output
+
+
+def test_layout_and_search():
+    r = run('estimate', '--preset', '13b', '--gpus', '64', '--tp', '8', '--pp', '2', '--zero', '1', '--sequence-parallel',
+            '--recompute', 'selective', '--json')
+    d = json.loads(r.output)
+    assert d['layout']['dp'] == 4 and d['memory']['fits'] and d['params']['vocab_padded'] == 51200
+    r = run('estimate', '--params', '175B', '--search', '--gpus', '1024', '--json')
+    rows = json.loads(r.output)
+    assert len(rows) == 10 and all(row['memory']['fits'] for row in rows)
+    assert [row['time']['layout_days'] for row in rows] == sorted(row['time']['layout_days'] for row in rows)
+
+
+def test_search_that_finds_nothing_says_so():
+    r = run('estimate', '--params', '175B', '--search', '--gpus', '8', '--gpu', 'a100-40gb')
+    assert r.exit_code == 0 and 'No layout' in r.output
+
+
+def test_quickstart():
+    r = run('quickstart')
+    assert r.exit_code == 0, r.output
+    assert '354,871,296' not in r.output  # GPT-3 350M has 2048 positions, not Megatron's 1024
+    assert '174,604,836,864' in r.output and 'Done in' in r.output

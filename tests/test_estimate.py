@@ -1,0 +1,111 @@
+"""Properties of the estimator (hypothesis), every preset, and DeepSpeed's own memory estimators."""
+import dataclasses
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gptkit.config import GPT3_PRESETS, PRESETS, ModelConfig, ParallelConfig, TrainConfig
+from gptkit.estimate import GPUS, count_params, memory_per_gpu, model_states, narayanan_params, search
+
+
+def _divisors(n): return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@st.composite
+def layouts(draw):
+    "A small-to-medium model with a valid layout"
+    heads = draw(st.sampled_from([1, 2, 4, 8, 12, 16]))
+    model = ModelConfig(layers=draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 24])), hidden=heads * draw(st.sampled_from([8, 16, 64, 128])),
+                        heads=heads, seq_len=draw(st.sampled_from([16, 128, 1024, 2048])), vocab=draw(st.integers(16, 60000)))
+    tp = draw(st.sampled_from(_divisors(heads)))
+    pp = draw(st.sampled_from(_divisors(model.layers)))
+    dp = draw(st.sampled_from([1, 2, 3, 8]))
+    zero = draw(st.sampled_from([0, 1] if pp > 1 else [0, 1, 2, 3]))
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=draw(st.booleans()))
+    mb = draw(st.sampled_from([1, 2, 4]))
+    train = TrainConfig(micro_batch=mb, global_batch=mb * dp * draw(st.sampled_from([1, 2, 8])),
+                        precision=draw(st.sampled_from(['fp32', 'fp16', 'bf16'])),
+                        recompute=draw(st.sampled_from(['none', 'selective', 'full'])), flash=draw(st.booleans()))
+    return model, par, train
+
+
+def total(model, par, train): return memory_per_gpu(model, par, train).total
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts())
+def test_per_rank_params_add_up(case):
+    model, par, _ = case
+    c = count_params(model, par.tp, par.pp)
+    assert sum(par.tp * s.split + s.replicated for s in c.stages) == c.total
+    assert c.per_rank_max <= c.total + (c.stages[-1].tied_copy if par.pp > 1 else 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts(), st.data())
+def test_memory_never_grows_with_tp(case, data):
+    model, par, train = case
+    bigger = data.draw(st.sampled_from([t for t in _divisors(model.heads) if t >= par.tp]))
+    assert total(model, dataclasses.replace(par, tp=bigger), train) <= total(model, par, train)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts(), st.data())
+def test_memory_never_grows_with_pp(case, data):
+    model, par, train = case
+    par = dataclasses.replace(par, zero=min(par.zero, 1))
+    bigger = data.draw(st.sampled_from([p for p in _divisors(model.layers) if p >= par.pp]))
+    assert total(model, dataclasses.replace(par, pp=bigger), train) <= total(model, par, train)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts(), st.data())
+def test_memory_never_grows_with_zero(case, data):
+    model, par, train = case
+    stages = [0, 1] if par.pp > 1 else [0, 1, 2, 3]
+    higher = data.draw(st.sampled_from([z for z in stages if z >= par.zero]))
+    assert total(model, dataclasses.replace(par, zero=higher), train) <= total(model, par, train)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts())
+def test_memory_never_grows_with_recompute(case):
+    model, par, train = case
+    mems = [total(model, par, dataclasses.replace(train, recompute=r)) for r in ('none', 'selective', 'full')]
+    assert mems[0] >= mems[1] >= mems[2]
+
+
+@pytest.mark.parametrize('name', list(PRESETS))
+def test_every_preset_matches_the_closed_form(name):
+    model = PRESETS[name].model
+    assert count_params(model).total == pytest.approx(narayanan_params(model) + 2 * model.hidden, rel=1e-12)
+
+
+@pytest.mark.parametrize('name', GPT3_PRESETS)
+def test_every_gpt3_preset_has_a_layout_on_64_a100s(name):
+    assert search(PRESETS[name].model, GPUS['a100-80gb'], gpus=64, global_batch=PRESETS[name].global_batch, top=1) or name == '175b'
+
+
+@pytest.mark.parametrize('n_params', [125_000_000, 1_300_000_000, 13_000_000_000])
+@pytest.mark.parametrize('gpus_per_node,nodes', [(1, 1), (8, 1), (8, 4)])
+def test_zero2_matches_deepspeed(n_params, gpus_per_node, nodes):
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    n = gpus_per_node * nodes
+    for offload, ours in ((False, 'none'), (True, 'optimizer')):
+        _, ds_gpu = estimate_zero2_model_states_mem_needs(n_params, gpus_per_node, nodes, cpu_offload=offload)
+        got = sum(model_states(n_params, 0, ParallelConfig(dp=n, zero=2, offload=ours), 'bf16'))
+        assert int(got) == ds_gpu
+
+
+@pytest.mark.parametrize('name', ['125m', '1.3b', '13b'])
+@pytest.mark.parametrize('n', [1, 8, 64])
+def test_zero3_agrees_with_deepspeed(name, n):
+    """DeepSpeed counts 18P/N plus 4 bytes for each parameter of the largest layer; we count the 16-bit
+    weight shard too (2P/N) and gather the other (N-1)/N of one layer's weights. The two differ by at
+    most those terms."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    c = count_params(PRESETS[name].model)
+    P, LL = c.total, c.stages[0].largest_layer
+    _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(P, LL, n, 1, cpu_offload=False)
+    ours = sum(model_states(P, LL, ParallelConfig(dp=n, zero=3), 'bf16'))
+    assert ours - 2 * P / n - 2 * LL * (1 - 1 / n) == pytest.approx(ds_gpu - 4 * LL, rel=1e-9)
