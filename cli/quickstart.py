@@ -30,13 +30,17 @@ def quickstart():
     t = Table(title='2. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch (bf16, ZeRO 0, flash attention)',
               title_justify='left')
     for col in ('micro-batch', 'model states', 'activations', 'logits', 'total', 'fits'): t.add_column(col, justify='right')
-    for mb in (1, 4, 16, 64):
+    overtaken = None
+    for mb in (1, 2, 4, 8, 16, 64):
         mem = estimate(m125, ParallelConfig(), TrainConfig(micro_batch=mb, global_batch=256), GPUS['a100-80gb']).memory
-        t.add_row(str(mb), fmt.gib(mem.weights + mem.gradients + mem.optimizer), fmt.gib(mem.activations),
+        states = mem.weights + mem.gradients + mem.optimizer
+        if overtaken is None and mem.logits > states: overtaken = mb
+        t.add_row(str(mb), fmt.gib(states), fmt.gib(mem.activations),
                   fmt.gib(mem.logits), fmt.gib(mem.total), '[green]yes[/]' if mem.fits else '[red]no[/]')
     out.print(t)
-    out.print('[dim]The logits (batch x sequence x vocabulary, with the loss\'s fp32 copies) outgrow the whole model '
-              'from micro-batch 4.[/]\n')
+    if overtaken:
+        out.print(f"[dim]From micro-batch {overtaken} the logits (batch x sequence x vocabulary, with the loss's fp32 "
+                  'copies) take more memory than all the model states.[/]\n')
 
     e = estimate(PRESETS['13b'].model, ParallelConfig(tp=8, pp=2, dp=4, zero=1, sequence_parallel=True),
                  TrainConfig(micro_batch=1, global_batch=1024, recompute='selective'), GPUS['a100-80gb'])
