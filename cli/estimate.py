@@ -29,7 +29,7 @@ def estimate(
     vocab: Annotated[Optional[int], Opt(help='Vocabulary size before padding [default: 50257].', rich_help_panel=MODEL)] = None,
     ffn_hidden: Annotated[Optional[int], Opt(help='MLP hidden size [default: 4 x hidden].', rich_help_panel=MODEL)] = None,
     make_vocab_size_divisible_by: Annotated[Optional[int], Opt(help='Pad the vocabulary to a multiple of this x TP [default: 128].', rich_help_panel=MODEL)] = None,
-    gpus: Annotated[Optional[int], Opt(help='Number of GPUs [default: tp x pp x dp].', rich_help_panel=LAYOUT)] = None,
+    gpus: Annotated[Optional[int], Opt(help='Number of GPUs [default: tp x pp x dp; one node with --search].', rich_help_panel=LAYOUT)] = None,
     gpus_per_node: Annotated[int, Opt(help='GPUs per node; tensor parallelism stays inside one.', rich_help_panel=LAYOUT)] = 8,
     tp: Annotated[int, Opt(help='Tensor-parallel degree.', rich_help_panel=LAYOUT)] = 1,
     pp: Annotated[int, Opt(help='Pipeline-parallel degree.', rich_help_panel=LAYOUT)] = 1,
