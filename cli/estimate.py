@@ -114,7 +114,7 @@ def _print_estimate(e: Estimate, note: str):
     c.add_row('with this layout', fmt.duration(e.layout_seconds),
               f'step {e.step.total:.2f} s: bubble {e.step.bubble_fraction:.1%}, TP comm {e.step.tp_comm:.2f} s, exposed DP comm {e.step.dp_comm:.2f} s')
     out.print(c)
-    if not m.fits: out.print(f'\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
+    if not m.fits: out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
