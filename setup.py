@@ -34,6 +34,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["gptkit", "gptkit.*"]) + ["gptkit_cli"],
     package_dir={"gptkit_cli": "cli"},
     include_package_data=True,
+    package_data={'gptkit': ['assets/*.md', 'assets/*/*']},
     install_requires=cfg["requirements"].split(),
     extras_require={"dev": cfg["dev_requirements"].split()},
     entry_points={

@@ -1,0 +1,69 @@
+"""gptkit tokenizers against transformers' own GPT-2 tokenizer, and bad tokenizer directories."""
+import functools
+import gzip
+import shutil
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gptkit.config import DataError
+from gptkit.tokenizer import asset, gpt2, load, save, train_bpe
+
+TEXTS = ['Hello world', ' The quick brown fox jumps over the lazy dog.', "It's 3.14159 -- isn't it?\n\n  Indented\tline",
+         'naïve café — 日本語 🙂', 'a<|endoftext|>b', '']
+
+
+@pytest.fixture(scope='module')
+def shakespeare():
+    text = gzip.decompress(asset('corpora', 'tiny_shakespeare.txt.gz').read_bytes()).decode()
+    return [b for b in text.split('\n\n') if b.strip()]
+
+
+@pytest.fixture(scope='module')
+def trained(shakespeare):
+    return train_bpe(shakespeare[:3000], vocab_size=1000)
+
+
+def _transformers_tokenizer(d):
+    from transformers import GPT2TokenizerFast
+    return GPT2TokenizerFast.from_pretrained(str(d))
+
+
+@pytest.mark.parametrize('files', [('vocab.json', 'merges.txt'), ('tokenizer.json',)])
+def test_transformers_loads_gpt2_with_the_same_ids(tmp_path, files):
+    full = save(gpt2(), tmp_path / 'full')
+    d = tmp_path / 'only'; d.mkdir()
+    for f in files: shutil.copy(full / f, d / f)
+    hf, ours = _transformers_tokenizer(d), gpt2()
+    assert hf.vocab_size == 50257
+    for t in TEXTS[:-2]: assert hf(t)['input_ids'] == ours.encode(t), t
+
+
+def test_transformers_loads_a_trained_tokenizer(tmp_path, trained, shakespeare):
+    save(trained, tmp_path / 't')
+    d = tmp_path / 'pair'; d.mkdir()
+    for f in ('vocab.json', 'merges.txt'): shutil.copy(tmp_path / 't' / f, d / f)
+    hf = _transformers_tokenizer(d)
+    for t in shakespeare[3000:3050]: assert hf(t)['input_ids'] == trained.encode(t)
+    assert hf.convert_tokens_to_ids('<|endoftext|>') == trained.eod
+
+
+_gpt2 = functools.lru_cache(gpt2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_decode_inverts_encode(text):
+    tok = _gpt2()
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_bad_directories(tmp_path):
+    with pytest.raises(DataError, match='no such tokenizer directory'): load(tmp_path / 'missing')
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(DataError, match='holds neither tokenizer.json nor vocab.json and merges.txt'): load(tmp_path / 'empty')
+    (tmp_path / 'broken').mkdir(); (tmp_path / 'broken' / 'tokenizer.json').write_text('{not json')
+    with pytest.raises(DataError, match='broken/tokenizer.json: not a HuggingFace tokenizer file'): load(tmp_path / 'broken')
+    (tmp_path / 'noeod').mkdir()
+    (tmp_path / 'noeod' / 'vocab.json').write_text('{"a": 0, "b": 1, "ab": 2}'); (tmp_path / 'noeod' / 'merges.txt').write_text('a b\n')
+    with pytest.raises(DataError, match='has no <|endoftext|> token'): load(tmp_path / 'noeod')
