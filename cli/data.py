@@ -1,0 +1,82 @@
+"""`gptkit data prepare|inspect`: text to Megatron .bin/.idx, and a look inside."""
+from __future__ import annotations
+
+from typing import Annotated, List, Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gptkit_cli.app import app, handles_errors, out
+
+data_app = typer.Typer(help='Prepare and inspect tokenized datasets (Megatron .bin/.idx).', no_args_is_help=True)
+app.add_typer(data_app, name='data')
+Opt = typer.Option
+
+
+@data_app.command()
+@handles_errors
+def prepare(
+    input: Annotated[List[str], Opt('--input', '-i', help='File, directory, glob or builtin:NAME (repeat for more).')],
+    output_prefix: Annotated[str, Opt(help='Writes PREFIX_text_document.bin/.idx.')],
+    tokenizer: Annotated[str, Opt(help="'gpt2' or a tokenizer directory.")] = 'gpt2',
+    text_key: Annotated[str, Opt(help='JSON Lines field holding the text.')] = 'text',
+    txt_split: Annotated[str, Opt(help=".txt files: one document per 'file' or per 'blank-line' block.")] = 'file',
+    workers: Annotated[int, Opt(help='Tokenizer threads.')] = 2,
+    append_eod: Annotated[bool, Opt('--append-eod/--no-append-eod', help='End each document with <|endoftext|>.')] = True,
+    min_tokens: Annotated[int, Opt(help='Drop documents with fewer tokens.')] = 0,
+    dedupe: Annotated[bool, Opt('--dedupe', help='Drop exact duplicate documents.')] = False,
+    clean: Annotated[bool, Opt('--clean/--no-clean', help='NFC, \\n line ends, no control characters.')] = True,
+    strict: Annotated[bool, Opt('--strict', help='Stop at the first bad input, naming file and line.')] = False,
+):
+    """Tokenize text into a Megatron indexed dataset (.bin/.idx)."""
+    from gptkit.data.prepare import PrepareConfig, prepare as run
+    cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
+                        dedupe, clean, strict)
+    with Progress(TextColumn('[bold]preparing'), BarColumn(pulse_style='cyan'), TextColumn('{task.description}'),
+                  TimeElapsedColumn(), console=out, transient=True) as bar:
+        task = bar.add_task('', total=None)
+        update = lambda p: bar.update(task, description=f'{p.documents:,} docs, {p.bytes / 2**20:,.1f} MB, '
+                                                         f'{p.tokens:,} tokens, {p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
+        res = run(cfg, update)
+    t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t.add_column(style='cyan'); t.add_column(justify='right')
+    t.add_row('documents read', f'{res.tally.documents:,}')
+    for reason, n in sorted(res.dropped.items()): t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
+    for reason, n in sorted(res.tally.problems.items()): t.add_row(f'  bad input: {reason.replace("_", " ")}', f'{n:,}')
+    t.add_row('documents written', f'{res.documents:,}')
+    t.add_row('tokens written', f'{res.tokens:,}')
+    t.add_row('text read', f'{res.tally.bytes / 2**20:,.2f} MB')
+    t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s, {res.docs_per_s:,.0f} documents/s)')
+    out.print(t)
+    for ex in res.tally.examples: out.print(f'[yellow]  {ex}[/]')
+
+
+@data_app.command()
+@handles_errors
+def inspect(
+    prefix: Annotated[str, typer.Argument(help='Dataset prefix (PREFIX.bin and PREFIX.idx).')],
+    tokenizer: Annotated[Optional[str], Opt(help="Decode a few documents with 'gpt2' or a tokenizer directory.")] = None,
+    show: Annotated[int, Opt(help='How many documents to decode.')] = 2,
+):
+    """Documents, tokens, dtype, length histogram and a few decoded documents of a .bin/.idx pair."""
+    import numpy as np
+    from gptkit.data.indexed import IndexedDataset
+    ds = IndexedDataset(prefix)
+    doc_lengths = np.diff(np.concatenate([[0], np.cumsum(ds.sequence_lengths, dtype=np.int64)])[ds.document_indices])
+    out.print(f'[bold]{prefix}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, {ds.num_tokens:,} tokens of {ds.dtype}')
+    if ds.num_documents:
+        out.print(f'document length: min {doc_lengths.min():,}, median {int(np.median(doc_lengths)):,}, max {doc_lengths.max():,} tokens')
+        edges = np.unique(np.geomspace(1, max(2, doc_lengths.max() + 1), 9).astype(int))
+        counts, _ = np.histogram(doc_lengths, bins=edges)
+        t = Table(title='length histogram (tokens)', title_justify='left', box=None)
+        t.add_column('tokens', justify='right'); t.add_column('documents', justify='right'); t.add_column('')
+        for lo, hi, c in zip(edges[:-1], edges[1:], counts):
+            t.add_row(f'{lo:,}-{hi - 1:,}', f'{c:,}', '█' * int(40 * c / max(1, counts.max())))
+        out.print(t)
+    if tokenizer and show:
+        from gptkit.tokenizer import load
+        tok = load(tokenizer)
+        for j in range(min(show, ds.num_documents)):
+            text = tok.decode(ds.document(j))
+            out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): {text[:300]!r}{"..." if len(text) > 300 else ""}')

@@ -1,0 +1,61 @@
+"""`gptkit tokenizer train|encode|info`: byte-level BPE."""
+from __future__ import annotations
+
+from typing import Annotated, List
+
+import typer
+
+from gptkit_cli.app import app, handles_errors, out
+
+tok_app = typer.Typer(help='Train and use byte-level BPE tokenizers.', no_args_is_help=True)
+app.add_typer(tok_app, name='tokenizer')
+Opt = typer.Option
+
+
+@tok_app.command()
+@handles_errors
+def train(
+    input: Annotated[List[str], Opt('--input', '-i', help='File, directory, glob or builtin:NAME (repeat for more).')],
+    output: Annotated[str, Opt(help='Directory for vocab.json, merges.txt and tokenizer.json.')],
+    vocab_size: Annotated[int, Opt(help='Entries, including the 256 bytes and <|endoftext|>.')] = 8192,
+    min_frequency: Annotated[int, Opt(help='Merge pairs seen at least this often.')] = 2,
+    held_out: Annotated[str, Opt(help='Text to measure bytes per token on.')] = 'builtin:wikipedia',
+    text_key: Annotated[str, Opt(help='JSON Lines field holding the text.')] = 'text',
+):
+    """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
+    import time
+    from gptkit.data.corpus import Tally, clean_text, read_documents
+    from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
+    tally = Tally()
+    docs = (clean_text(d.text) for d in read_documents(input, tally, text_key))
+    start = time.perf_counter()
+    with out.status('training BPE'):
+        tok = train_bpe(docs, vocab_size, min_frequency)
+    seconds = time.perf_counter() - start
+    d = save(tok, output)
+    held = [d_.text for d_ in read_documents([held_out])]
+    out.print(f'trained on {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in {seconds:.1f} s: '
+              f'{tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}; wrote {d}/vocab.json, merges.txt, tokenizer.json')
+    out.print(f'bytes per token on {held_out}: {bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
+    for ex in tally.examples: out.print(f'[yellow]  {ex}[/]')
+
+
+@tok_app.command()
+@handles_errors
+def encode(
+    text: Annotated[str, typer.Argument(help='Text to encode.')],
+    tokenizer: Annotated[str, Opt(help="'gpt2' or a tokenizer directory.")] = 'gpt2',
+):
+    """Print the token ids of TEXT."""
+    from gptkit.tokenizer import load
+    out.print(load(tokenizer).encode(text))
+
+
+@tok_app.command()
+@handles_errors
+def info(tokenizer: Annotated[str, Opt(help="'gpt2' or a tokenizer directory.")] = 'gpt2'):
+    """Vocabulary size, end-of-document id and an example encoding."""
+    from gptkit.tokenizer import load
+    tok = load(tokenizer)
+    ids = tok.encode('Hello world')
+    out.print(f'{tok.name}: {tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}, "Hello world" -> {ids}')

@@ -1,0 +1,48 @@
+"""`gptkit data` and `gptkit tokenizer` from the command line."""
+import json
+
+from typer.testing import CliRunner
+
+from gptkit_cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_prepare_then_inspect(tmp_path):
+    (tmp_path / 'd.jsonl').write_text('\n'.join(json.dumps({'text': f'Document number {i}. ' * (i + 1)}) for i in range(20)) + '\nbroken\n')
+    r = run('data', 'prepare', '-i', tmp_path / 'd.jsonl', '--output-prefix', tmp_path / 'out', '--min-tokens', '10')
+    assert r.exit_code == 0, r.output
+    assert 'bad input: invalid json' in r.output and 'dropped: too short' in r.output and 'd.jsonl:21' in r.output
+    r = run('data', 'inspect', tmp_path / 'out_text_document', '--tokenizer', 'gpt2')
+    assert r.exit_code == 0, r.output
+    assert 'documents' in r.output and 'uint16' in r.output and 'Document number' in r.output
+
+
+def test_prepare_strict_and_missing_input(tmp_path):
+    (tmp_path / 'd.jsonl').write_text('{"text": "fine"}\n{"oops": 1}\n')
+    r = run('data', 'prepare', '-i', tmp_path / 'd.jsonl', '--output-prefix', tmp_path / 'out', '--strict')
+    assert r.exit_code == 1 and 'd.jsonl:2: missing text key' in r.output
+    assert not list(tmp_path.glob('out*'))
+    r = run('data', 'prepare', '-i', tmp_path / 'nope.jsonl', '--output-prefix', tmp_path / 'out')
+    assert r.exit_code == 1 and 'nope.jsonl: no such file' in r.output
+
+
+def test_inspect_a_foreign_file(tmp_path):
+    (tmp_path / 'x.idx').write_bytes(b'hello'); (tmp_path / 'x.bin').write_bytes(b'')
+    r = run('data', 'inspect', tmp_path / 'x')
+    assert r.exit_code == 1 and 'not a Megatron indexed dataset index' in r.output and 'Traceback' not in r.output
+
+
+def test_tokenizer_commands(tmp_path):
+    assert '[15496, 995]' in run('tokenizer', 'encode', 'Hello world').output
+    assert '50,257 entries' in run('tokenizer', 'info').output
+    r = run('tokenizer', 'train', '-i', 'builtin:tiny_shakespeare', '--vocab-size', '600', '--output', tmp_path / 'tok')
+    assert r.exit_code == 0, r.output
+    assert 'bytes per token on builtin:wikipedia' in r.output
+    assert run('tokenizer', 'info', '--tokenizer', tmp_path / 'tok').output.startswith('tok: 600 entries')
+    r = run('tokenizer', 'train', '-i', 'builtin:tiny_shakespeare', '--vocab-size', '100', '--output', tmp_path / 'bad')
+    assert r.exit_code == 2 and '--vocab-size must be at least 257' in r.output
