@@ -67,3 +67,23 @@ def test_bad_directories(tmp_path):
     (tmp_path / 'noeod').mkdir()
     (tmp_path / 'noeod' / 'vocab.json').write_text('{"a": 0, "b": 1, "ab": 2}'); (tmp_path / 'noeod' / 'merges.txt').write_text('a b\n')
     with pytest.raises(DataError, match='has no <|endoftext|> token'): load(tmp_path / 'noeod')
+
+
+def test_fast_encoder_matches_hf_on_every_builtin_corpus():
+    from gptkit.data.corpus import BUILTIN, read_documents
+    tok = _gpt2()
+    assert tok.fast is not None
+    texts = [d.text for d in read_documents([f'builtin:{k}' for k in BUILTIN])]
+    assert tok.encode_batch(texts) == [e.ids for e in tok.hf.encode_batch(texts, add_special_tokens=False)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_fast_encoder_matches_hf_on_random_text(text):
+    tok = _gpt2()
+    assert tok.fast.encode_ordinary(text) == tok.hf.encode(text, add_special_tokens=False).ids
+
+
+def test_a_tokenizer_the_fast_path_cannot_reproduce_falls_back(trained, shakespeare):
+    texts = shakespeare[3000:3200]
+    assert trained.encode_batch(texts) == [e.ids for e in trained.hf.encode_batch(texts, add_special_tokens=False)]
