@@ -1,0 +1,35 @@
+"""prepare: the same bytes as a plain one-document-at-a-time encoding, and nothing half-written on interruption."""
+import json
+
+import pytest
+
+from gptkit.data.corpus import read_documents
+from gptkit.data.indexed import IndexedDataset, IndexedWriter
+from gptkit.data.prepare import PrepareConfig, prepare
+from gptkit.tokenizer import gpt2
+
+
+def test_same_bytes_as_plain_encoding(tmp_path):
+    docs = [d.text for d in read_documents(['builtin:kjv', 'builtin:milton'])]
+    (tmp_path / 'in.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in docs))
+    res = prepare(PrepareConfig((str(tmp_path / 'in.jsonl'),), str(tmp_path / 'fast'), clean=False, batch_bytes=100_000))
+    tok = gpt2()
+    with IndexedWriter(tmp_path / 'plain', 'uint16') as w:
+        for t in docs: w.add_document(tok.hf.encode(t, add_special_tokens=False).ids + [tok.eod])
+    for suffix in ('.bin', '.idx'):
+        assert (tmp_path / ('fast_text_document' + suffix)).read_bytes() == (tmp_path / ('plain' + suffix)).read_bytes()
+    assert res.documents == len(docs)
+
+
+def test_interrupted_run_leaves_no_dataset(tmp_path):
+    def stop(progress): raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out'), batch_bytes=10_000), progress=stop, every=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rerun_replaces_the_old_pair(tmp_path):
+    prepare(PrepareConfig(('builtin:milton',), str(tmp_path / 'out')))
+    prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out')))
+    assert IndexedDataset(tmp_path / 'out_text_document').num_documents == 1189
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['out_text_document.bin', 'out_text_document.idx']
