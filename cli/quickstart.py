@@ -1,7 +1,11 @@
-"""`gptkit quickstart`: the guided tour. For now it tours the estimator; later stages join as they land."""
+"""`gptkit quickstart`: the whole pipeline on the built-in corpus, on this machine, as far as it is built."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from rich.table import Table
 
@@ -14,11 +18,40 @@ from gptkit_cli.app import app, handles_errors, out
 
 @app.command()
 @handles_errors
-def quickstart():
-    """The guided tour, run on this machine: for now, sizing GPT-3 models with the estimator."""
+def quickstart(
+    out_dir: Annotated[Path, typer.Option('--out', help='Where the tokenizer and the dataset go.')] = Path('gptkit-quickstart'),
+    vocab_size: Annotated[int, typer.Option(help='Entries in the tokenizer trained on the built-in corpus.')] = 4096,
+):
+    """The pipeline on the built-in corpus, on this machine: tokenizer, dataset, then sizing real runs."""
     start = time.perf_counter()
-    out.rule('[bold]gptkit quickstart[/]: sizing GPT-3 models before renting a GPU')
-    t = Table(title='1. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them', title_justify='left')
+    _data_stage(out_dir, vocab_size)
+    _estimate_stage()
+    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit estimate --help[/], '
+              f'[bold]gptkit data inspect {out_dir}/data/corpus_text_document --tokenizer {out_dir}/tokenizer[/], and the notebooks in nbs/.')
+
+
+def _data_stage(out_dir: Path, vocab_size: int):
+    from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, Tally, clean_text, read_documents
+    from gptkit.data.prepare import PrepareConfig, prepare
+    from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
+    out.rule('[bold]gptkit quickstart[/]: a tokenizer and a dataset from the built-in corpus')
+    corpus = ', '.join(DEFAULT_CORPUS)
+    t0, tally = time.perf_counter(), Tally()
+    with out.status(f'1. training a {vocab_size}-entry byte-level BPE on {corpus}'):
+        tok = train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS, tally)), vocab_size)
+        save(tok, out_dir / 'tokenizer')
+    held = [d.text for d in read_documents([HELD_OUT])]
+    out.print(f'1. tokenizer: {tok.vocab_size:,} entries from {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in '
+              f'{time.perf_counter() - t0:.1f} s -> {out_dir / "tokenizer"}; bytes per token on {HELD_OUT}: '
+              f'{bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
+    with out.status('2. tokenizing the corpus into Megatron .bin/.idx'):
+        res = prepare(PrepareConfig(DEFAULT_CORPUS, str(out_dir / 'data' / 'corpus'), str(out_dir / 'tokenizer')))
+    out.print(f'2. dataset: {res.documents:,} documents, {res.tokens:,} tokens in {res.seconds:.1f} s '
+              f'({res.mb_per_s:.1f} MB/s) -> {res.prefix}.bin/.idx\n')
+
+
+def _estimate_stage():
+    t = Table(title='3. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them', title_justify='left')
     for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'): t.add_column(col, justify='right')
     for name in GPT3_PRESETS:
         m = PRESETS[name].model
@@ -27,7 +60,7 @@ def quickstart():
     out.print(t)
 
     m125 = PRESETS['125m'].model
-    t = Table(title='2. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch (bf16, ZeRO 0, flash attention)',
+    t = Table(title='4. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch (bf16, ZeRO 0, flash attention)',
               title_justify='left')
     for col in ('micro-batch', 'model states', 'activations', 'logits', 'total', 'fits'): t.add_column(col, justify='right')
     overtaken = None
@@ -44,17 +77,16 @@ def quickstart():
 
     e = estimate(PRESETS['13b'].model, ParallelConfig(tp=8, pp=2, dp=4, zero=1, sequence_parallel=True),
                  TrainConfig(micro_batch=1, global_batch=1024, recompute='selective'), GPUS['a100-80gb'])
-    out.print(f'[bold]3. GPT-3 13B on 64 A100-80GB[/] (tp 8, pp 2, ZeRO 1, selective recompute): '
+    out.print(f'[bold]5. GPT-3 13B on 64 A100-80GB[/] (tp 8, pp 2, ZeRO 1, selective recompute): '
               f'{fmt.gib(e.memory.total)} per GPU, {fmt.flops(e.flops_per_iteration)} per step, '
               f'{e.iterations:,} steps for 300B tokens, {fmt.duration(e.seconds)} at 40% MFU '
               f'({e.to_dict()["time"]["gpu_hours"]:,.0f} GPU-hours).\n')
 
     best = search(PRESETS['13b'].model, GPUS['a100-80gb'], 64, global_batch=1024, top=3)
-    t = Table(title='4. The three fastest layouts for 13B on 64 A100-80GB (gptkit estimate --params 13B --search --gpus 64)',
+    t = Table(title='6. The three fastest layouts for 13B on 64 A100-80GB (gptkit estimate --params 13B --search --gpus 64)',
               title_justify='left')
     for col in ('tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'memory/GPU', 'days'): t.add_column(col, justify='right')
     for b in best:
         t.add_row(str(b.parallel.tp), str(b.parallel.pp), str(b.parallel.dp), str(b.parallel.zero), b.train.recompute,
                   str(b.train.micro_batch), fmt.gib(b.memory.total), f'{b.layout_seconds / 86400:.1f}')
     out.print(t)
-    out.print(f'\nDone in {time.perf_counter() - start:.2f} s. Next: [bold]gptkit estimate --help[/], and the notebooks in nbs/.')
