@@ -1,0 +1,70 @@
+"""gptkit's sample indices against megatron-core's GPTDataset, built by megatron-core itself."""
+import numpy as np
+import pytest
+
+from gptkit.data.indexed import IndexedWriter
+from gptkit.data.samples import GPTSamples, SampleSpec, build_indices
+
+gpt = pytest.importorskip('megatron.core.datasets.gpt_dataset')
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
+from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer  # noqa: E402
+
+
+def write(prefix, n_docs, seed, max_len=300):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 50000, rng.integers(1, max_len)) for _ in range(n_docs)]
+    with IndexedWriter(prefix, np.uint16) as w:
+        for d in docs: w.add_document(d)
+    return docs
+
+
+def megatron_datasets(prefix, sizes, seq_len, seed, split, cache):
+    config = gpt.GPTDatasetConfig(random_seed=seed, sequence_length=seq_len, blend=([str(prefix)], None), split=split,
+                                  path_to_cache=str(cache), reset_position_ids=False, reset_attention_mask=False,
+                                  eod_mask_loss=False, mmap_bin_files=True, tokenizer=NullTokenizer(50256))
+    return BlendedMegatronDatasetBuilder(gpt.GPTDataset, sizes, lambda: True, config).build()
+
+
+# Every split must hold documents: megatron-core 0.16.1 loops forever on an empty one (gptkit raises instead).
+@pytest.mark.parametrize('n_docs,split,samples,seq_len,seed', [
+    (1000, '949,50,1', [300, 10, 2], 64, 1234),   # less than one epoch
+    (60, '90,8,2', [3000, 50, 10], 32, 7),         # many epochs
+    (120, '80,15,5', [777, 30, 3], 128, 99),
+])
+def test_same_indices_and_samples_as_megatron(tmp_path, n_docs, split, samples, seq_len, seed):
+    write(tmp_path / 'd', n_docs, seed)
+    theirs = megatron_datasets(tmp_path / 'd', samples, seq_len, seed, split, tmp_path / 'mcache')
+    for name, n, ds in zip(('train', 'valid', 'test'), samples, theirs):
+        ours = GPTSamples(tmp_path / 'd', SampleSpec(split, name, n, seq_len, seed), cache=False)
+        np.testing.assert_array_equal(ours.document_index, ds.document_index)
+        np.testing.assert_array_equal(ours.sample_index, ds.sample_index)
+        np.testing.assert_array_equal(ours.shuffle_index, ds.shuffle_index)
+        assert ours.sample_index.dtype == ds.sample_index.dtype and ours.shuffle_index.dtype == ds.shuffle_index.dtype
+        for i in range(0, len(ours), max(1, len(ours) // 50)):
+            text, _ = ds._query_document_sample_shuffle_indices(i)
+            np.testing.assert_array_equal(ours[i], text)
+
+
+def test_training_far_past_one_epoch_never_runs_out(tmp_path):
+    docs = write(tmp_path / 'd', 5, 0, max_len=20)
+    tokens = sum(map(len, docs))
+    s = GPTSamples(tmp_path / 'd', SampleSpec('1', 'train', num_samples=50 * tokens // 8, seq_len=8, seed=3))
+    assert len(s) >= 50 * tokens // 8
+    assert all(len(s[i]) == 9 for i in range(len(s)))
+
+
+def test_brute_force_reference():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 30, 40).astype(np.int32)
+    doc_index, sample_index, _ = build_indices(lengths, np.arange(40, dtype=np.int32), 500, 7, 11)
+    stream = np.concatenate([np.full(lengths[d], d) for d in doc_index])
+    offsets = np.concatenate([np.arange(lengths[d]) for d in doc_index])
+    for i, (row, off) in enumerate(sample_index):
+        assert doc_index[row] == stream[i * 7] and off == offsets[i * 7]
+
+
+def test_an_empty_split_is_an_error_not_a_hang(tmp_path):
+    from gptkit.config import DataError
+    write(tmp_path / 'd', 200, 1)
+    with pytest.raises(DataError, match="the test split of '949,50,1' is empty"):
+        GPTSamples(tmp_path / 'd', SampleSpec('949,50,1', 'test', 10, 16, 1))
