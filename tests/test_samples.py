@@ -68,3 +68,26 @@ def test_an_empty_split_is_an_error_not_a_hang(tmp_path):
     write(tmp_path / 'd', 200, 1)
     with pytest.raises(DataError, match="the test split of '949,50,1' is empty"):
         GPTSamples(tmp_path / 'd', SampleSpec('949,50,1', 'test', 10, 16, 1))
+
+
+@pytest.mark.parametrize('weights,size', [([0.7, 0.2, 0.1], 5000), ([1, 1], 777), ([3, 0, 5, 0.25], 10_000), ([1], 10)])
+def test_blending_indices_match_megatron(weights, size):
+    from megatron.core.datasets import helpers
+    from megatron.core.datasets.utils import normalize
+    from gptkit.data.samples import blending_indices
+    ds, dsi = np.zeros(size, np.int16), np.zeros(size, np.int64)
+    helpers.build_blending_indices(ds, dsi, normalize(weights), len(weights), size, False)
+    ours = blending_indices(weights, size)
+    np.testing.assert_array_equal(ours[0], ds)
+    np.testing.assert_array_equal(ours[1], dsi)
+
+
+def test_blended_samples(tmp_path):
+    from gptkit.data.samples import BlendedSamples
+    write(tmp_path / 'a', 30, 1); write(tmp_path / 'b', 30, 2)
+    a = GPTSamples(tmp_path / 'a', SampleSpec('1', 'train', 80, 16, 1))
+    b = GPTSamples(tmp_path / 'b', SampleSpec('1', 'train', 30, 16, 1))
+    blend = BlendedSamples([a, b], [0.75, 0.25], 100)
+    assert (blend[0] == a[0]).all() and len(blend) == 100
+    with pytest.raises(Exception, match='the blend draws'):
+        BlendedSamples([a, b], [0.1, 0.9], 1000)
