@@ -4,12 +4,17 @@ from __future__ import annotations
 import functools
 import os
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
-from typing import Annotated
+from typing import Annotated, List
 
 import typer
 from rich.console import Console
 
 from gptkit.config import ConfigError, GptkitError
+
+# Options several commands share
+Inputs = Annotated[List[str], typer.Option('--input', '-i', help='File, directory, glob or builtin:NAME (repeat for more).')]
+TokenizerName = Annotated[str, typer.Option(help="'gpt2' or a tokenizer directory.")]
+TextKey = Annotated[str, typer.Option(help='JSON Lines field holding the text.')]
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

@@ -1,13 +1,13 @@
 """`gptkit data prepare|inspect`: text to Megatron .bin/.idx, and a look inside."""
 from __future__ import annotations
 
-from typing import Annotated, List, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gptkit_cli.app import app, handles_errors, out
+from gptkit_cli.app import Inputs, TextKey, TokenizerName, app, handles_errors, out
 
 data_app = typer.Typer(help='Prepare and inspect tokenized datasets (Megatron .bin/.idx).', no_args_is_help=True)
 app.add_typer(data_app, name='data')
@@ -17,10 +17,10 @@ Opt = typer.Option
 @data_app.command()
 @handles_errors
 def prepare(
-    input: Annotated[List[str], Opt('--input', '-i', help='File, directory, glob or builtin:NAME (repeat for more).')],
+    input: Inputs,
     output_prefix: Annotated[str, Opt(help='Writes PREFIX_text_document.bin/.idx.')],
-    tokenizer: Annotated[str, Opt(help="'gpt2' or a tokenizer directory.")] = 'gpt2',
-    text_key: Annotated[str, Opt(help='JSON Lines field holding the text.')] = 'text',
+    tokenizer: TokenizerName = 'gpt2',
+    text_key: TextKey = 'text',
     txt_split: Annotated[str, Opt(help=".txt files: one document per 'file' or per 'blank-line' block.")] = 'file',
     workers: Annotated[int, Opt(help='Tokenizer threads.')] = 2,
     append_eod: Annotated[bool, Opt('--append-eod/--no-append-eod', help='End each document with <|endoftext|>.')] = True,

@@ -1,11 +1,11 @@
 """`gptkit tokenizer train|encode|info`: byte-level BPE."""
 from __future__ import annotations
 
-from typing import Annotated, List
+from typing import Annotated
 
 import typer
 
-from gptkit_cli.app import app, handles_errors, out
+from gptkit_cli.app import Inputs, TextKey, TokenizerName, app, handles_errors, out
 
 tok_app = typer.Typer(help='Train and use byte-level BPE tokenizers.', no_args_is_help=True)
 app.add_typer(tok_app, name='tokenizer')
@@ -15,12 +15,12 @@ Opt = typer.Option
 @tok_app.command()
 @handles_errors
 def train(
-    input: Annotated[List[str], Opt('--input', '-i', help='File, directory, glob or builtin:NAME (repeat for more).')],
+    input: Inputs,
     output: Annotated[str, Opt(help='Directory for vocab.json, merges.txt and tokenizer.json.')],
     vocab_size: Annotated[int, Opt(help='Entries, including the 256 bytes and <|endoftext|>.')] = 8192,
     min_frequency: Annotated[int, Opt(help='Merge pairs seen at least this often.')] = 2,
     held_out: Annotated[str, Opt(help='Text to measure bytes per token on.')] = 'builtin:wikipedia',
-    text_key: Annotated[str, Opt(help='JSON Lines field holding the text.')] = 'text',
+    text_key: TextKey = 'text',
 ):
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
     import time
@@ -44,7 +44,7 @@ def train(
 @handles_errors
 def encode(
     text: Annotated[str, typer.Argument(help='Text to encode.')],
-    tokenizer: Annotated[str, Opt(help="'gpt2' or a tokenizer directory.")] = 'gpt2',
+    tokenizer: TokenizerName = 'gpt2',
 ):
     """Print the token ids of TEXT."""
     from gptkit.tokenizer import load
@@ -53,7 +53,7 @@ def encode(
 
 @tok_app.command()
 @handles_errors
-def info(tokenizer: Annotated[str, Opt(help="'gpt2' or a tokenizer directory.")] = 'gpt2'):
+def info(tokenizer: TokenizerName = 'gpt2'):
     """Vocabulary size, end-of-document id and an example encoding."""
     from gptkit.tokenizer import load
     tok = load(tokenizer)
