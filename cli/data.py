@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from gptkit_cli.app import Inputs, TextKey, TokenizerName, app, handles_errors, out
@@ -33,11 +33,13 @@ def prepare(
     from gptkit.data.prepare import PrepareConfig, prepare as run
     cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
                         dedupe, clean, strict)
-    with Progress(TextColumn('[bold]preparing'), BarColumn(pulse_style='cyan'), TextColumn('{task.description}'),
-                  TimeElapsedColumn(), console=out, transient=True) as bar:
+    with Progress(TextColumn('[bold]preparing'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
+                  TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
+                  console=out, transient=True) as bar:
         task = bar.add_task('', total=None)
-        update = lambda p: bar.update(task, description=f'{p.documents:,} docs, {p.bytes / 2**20:,.1f} MB, '
-                                                         f'{p.tokens:,} tokens, {p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
+        update = lambda p: bar.update(task, total=p.input_total or None, completed=p.input_bytes,
+                                      description=f'{p.documents:,} docs, {p.bytes / 2**20:,.1f} MB, {p.tokens:,} tokens, '
+                                                  f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
         res = run(cfg, update)
     t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right')

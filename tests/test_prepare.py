@@ -33,3 +33,11 @@ def test_rerun_replaces_the_old_pair(tmp_path):
     prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out')))
     assert IndexedDataset(tmp_path / 'out_text_document').num_documents == 1189
     assert sorted(p.name for p in tmp_path.iterdir()) == ['out_text_document.bin', 'out_text_document.idx']
+
+
+def test_progress_reaches_the_input_size(tmp_path):
+    events = []
+    prepare(PrepareConfig(('builtin:kjv', 'builtin:milton'), str(tmp_path / 'p'), batch_bytes=100_000), events.append, every=0)
+    consumed = [e.input_bytes for e in events]
+    assert len(events) > 5 and consumed == sorted(consumed)
+    assert events[-1].input_bytes == events[-1].input_total > 0
