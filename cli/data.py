@@ -27,12 +27,13 @@ def prepare(
     min_tokens: Annotated[int, Opt(help='Drop documents with fewer tokens.')] = 0,
     dedupe: Annotated[bool, Opt('--dedupe', help='Drop exact duplicate documents.')] = False,
     clean: Annotated[bool, Opt('--clean/--no-clean', help='NFC, \\n line ends, no control characters.')] = True,
+    fix_unicode: Annotated[bool, Opt('--fix-unicode', help='Also repair mojibake with ftfy (slower).')] = False,
     strict: Annotated[bool, Opt('--strict', help='Stop at the first bad input, naming file and line.')] = False,
 ):
     """Tokenize text into a Megatron indexed dataset (.bin/.idx)."""
     from gptkit.data.prepare import PrepareConfig, prepare as run
     cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
-                        dedupe, clean, strict)
+                        dedupe, clean, fix_unicode, strict)
     with Progress(TextColumn('[bold]preparing'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
                   TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
                   console=out, transient=True) as bar:

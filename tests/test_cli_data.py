@@ -46,3 +46,11 @@ def test_tokenizer_commands(tmp_path):
     assert run('tokenizer', 'info', '--tokenizer', tmp_path / 'tok').output.startswith('tok: 600 entries')
     r = run('tokenizer', 'train', '-i', 'builtin:tiny_shakespeare', '--vocab-size', '100', '--output', tmp_path / 'bad')
     assert r.exit_code == 2 and '--vocab-size must be at least 257' in r.output
+
+
+def test_prepare_fix_unicode(tmp_path):
+    (tmp_path / 'm.jsonl').write_text(json.dumps({'text': 'cafÃ© doesnÃ¢â‚¬â„¢t'}) + '\n')
+    assert run('data', 'prepare', '-i', tmp_path / 'm.jsonl', '--output-prefix', tmp_path / 'o', '--fix-unicode').exit_code == 0
+    from gptkit.data.indexed import IndexedDataset
+    from gptkit.tokenizer import gpt2
+    assert gpt2().decode(IndexedDataset(tmp_path / 'o_text_document').document(0)[:-1]) == 'café doesn’t'
