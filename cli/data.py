@@ -83,3 +83,16 @@ def inspect(
         for j in range(min(show, ds.num_documents)):
             text = tok.decode(ds.document(j))
             out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): {text[:300]!r}{"..." if len(text) > 300 else ""}')
+
+
+@data_app.command()
+@handles_errors
+def corpora():
+    """List the built-in corpora (use them as --input builtin:NAME)."""
+    from gptkit.data.corpus import BUILTIN, DEFAULT_CORPUS, HELD_OUT, builtin_path
+    t = Table(title='Built-in corpora (sources and licences: gptkit/assets/PROVENANCE.md)', title_justify='left')
+    for col in ('input', 'compressed', 'what'): t.add_column(col)
+    for name, (_, what) in BUILTIN.items():
+        role = ' [dim](quickstart training corpus)[/]' if f'builtin:{name}' in DEFAULT_CORPUS else (' [dim](held out)[/]' if f'builtin:{name}' == HELD_OUT else '')
+        t.add_row(f'builtin:{name}', f'{builtin_path(name).stat().st_size / 2**20:.2f} MiB', what + role)
+    out.print(t)

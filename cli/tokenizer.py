@@ -26,11 +26,20 @@ def train(
     import time
     from gptkit.data.corpus import Tally, clean_text, read_documents
     from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
-    tally = Tally()
-    docs = (clean_text(d.text) for d in read_documents(input, tally, text_key))
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from gptkit.data.corpus import expand_inputs
+    tally, paths = Tally(), expand_inputs(input)
+    total = sum(p.stat().st_size for p in paths)
     start = time.perf_counter()
-    with out.status('training BPE'):
-        tok = train_bpe(docs, vocab_size, min_frequency)
+    with Progress(TextColumn('[bold]reading and counting pairs'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
+                  TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
+                  console=out, transient=True) as bar:
+        task = bar.add_task('', total=total)
+        def docs():
+            for d in read_documents(paths, tally, text_key):
+                bar.update(task, completed=tally.input_bytes, description=f'{tally.documents:,} docs, {tally.bytes / 2**20:.1f} MB')
+                yield clean_text(d.text)
+        tok = train_bpe(docs(), vocab_size, min_frequency)
     seconds = time.perf_counter() - start
     d = save(tok, output)
     held = [d_.text for d_ in read_documents([held_out])]

@@ -54,3 +54,8 @@ def test_prepare_fix_unicode(tmp_path):
     from gptkit.data.indexed import IndexedDataset
     from gptkit.tokenizer import gpt2
     assert gpt2().decode(IndexedDataset(tmp_path / 'o_text_document').document(0)[:-1]) == 'café doesn’t'
+
+
+def test_list_builtin_corpora():
+    r = run('data', 'corpora')
+    assert r.exit_code == 0 and 'builtin:shakespeare' in r.output and 'builtin:wikipedia' in r.output and 'held out' in r.output

@@ -87,3 +87,12 @@ def test_fast_encoder_matches_hf_on_random_text(text):
 def test_a_tokenizer_the_fast_path_cannot_reproduce_falls_back(trained, shakespeare):
     texts = shakespeare[3000:3200]
     assert trained.encode_batch(texts) == [e.ids for e in trained.hf.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_megatron_core_loads_our_directories(tmp_path, trained, shakespeare):
+    mtok = pytest.importorskip('megatron.core.tokenizers')
+    for name, tok in (('gpt2', _gpt2()), ('trained', trained)):
+        d = save(tok, tmp_path / name)
+        theirs = mtok.MegatronTokenizer.from_pretrained(tokenizer_path=str(d), metadata_path={'library': 'huggingface'})
+        for t in TEXTS[:-2] + shakespeare[3100:3110]: assert theirs.tokenize(t) == tok.encode(t), (name, t)
+        assert theirs.vocab_size == tok.vocab_size
