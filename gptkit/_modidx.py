@@ -166,6 +166,10 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.fast': ('tokenizer.html#tokenizer.fast', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.vocab_size': ('tokenizer.html#tokenizer.vocab_size', 'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.Tokenizer.words': ('tokenizer.html#tokenizer.words', 'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.WordCache': ('tokenizer.html#wordcache', 'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.WordCache.__init__': ('tokenizer.html#wordcache.__init__', 'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.WordCache.encode': ('tokenizer.html#wordcache.encode', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer._atomic_write': ('tokenizer.html#_atomic_write', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer._gpt2_style': ('tokenizer.html#_gpt2_style', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer._read_bpe_files': ('tokenizer.html#_read_bpe_files', 'gptkit/tokenizer.py'),
@@ -176,4 +180,5 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'gptkit.tokenizer.gpt2': ('tokenizer.html#gpt2', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.load': ('tokenizer.html#load', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.save': ('tokenizer.html#save', 'gptkit/tokenizer.py'),
-                                  'gptkit.tokenizer.train_bpe': ('tokenizer.html#train_bpe', 'gptkit/tokenizer.py')}}}
+                                  'gptkit.tokenizer.train_bpe': ('tokenizer.html#train_bpe', 'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.word_cache': ('tokenizer.html#word_cache', 'gptkit/tokenizer.py')}}}
