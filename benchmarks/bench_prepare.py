@@ -41,14 +41,14 @@ def timed(cmd, **kw) -> float:
     return time.perf_counter() - t
 
 
-def reference(path: Path, prefix: Path) -> float:
+def reference(path: Path, prefix: Path, tokenizer: str) -> float:
     "The plain way: one process, HF tokenizers one document at a time, gptkit's writer"
     import json
-    from gptkit.data.indexed import IndexedWriter
-    from gptkit.tokenizer import gpt2
-    tok = gpt2()
+    from gptkit.data.indexed import IndexedWriter, token_dtype
+    from gptkit.tokenizer import load
+    tok = load(tokenizer)
     t = time.perf_counter()
-    with open(path, encoding='utf-8') as f, IndexedWriter(prefix, 'uint16') as w:
+    with open(path, encoding='utf-8') as f, IndexedWriter(prefix, token_dtype(tok.vocab_size)) as w:
         for line in f:
             ids = tok.hf.encode(json.loads(line)['text'], add_special_tokens=False).ids
             w.add_document(ids + [tok.eod])
@@ -65,22 +65,22 @@ def main():
     ap.add_argument('--workers', type=int, default=2)
     ap.add_argument('--megatron-lm', type=Path)
     ap.add_argument('--megatron-python', type=Path)
+    ap.add_argument('--tokenizer', default='gpt2', help="'gpt2' or a directory saved by gptkit (vocab.json, merges.txt)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         path, size, docs = make_input(d, args.copies)
         mb = size / 2**20
-        print(f'input: {mb:.1f} MB, {docs:,} documents, {os.cpu_count()} cores')
+        print(f'input: {mb:.1f} MB, {docs:,} documents, {os.cpu_count()} cores, tokenizer {args.tokenizer}')
         ours = timed([str(BIN / 'gptkit'), 'data', 'prepare', '-i', str(path), '--output-prefix', str(d / 'gptkit'),
-                      '--no-clean', '--workers', str(args.workers)])
-        ref = reference(path, d / 'ref_text_document')
+                      '--no-clean', '--workers', str(args.workers), '--tokenizer', args.tokenizer])
+        ref = reference(path, d / 'ref_text_document', args.tokenizer)
         print(f'gptkit data prepare --workers {args.workers}: {ours:6.2f} s  {mb / ours:6.1f} MB/s  {docs / ours:8,.0f} docs/s  (whole process)')
         print(f'single-process reference (HF):    {ref:6.2f} s  {mb / ref:6.1f} MB/s  {docs / ref:8,.0f} docs/s')
         print(f'ratio gptkit / reference: {ref / ours:.2f}x faster; same bytes: {same(d / "gptkit_text_document", d / "ref_text_document")}')
         if args.megatron_lm:
-            vocab = d / 'gpt2'; vocab.mkdir()
-            for n in ('vocab.json', 'merges.txt'):
-                (vocab / n).write_bytes(gzip.decompress(__import__('gptkit.tokenizer').tokenizer.asset('gpt2', n + '.gz').read_bytes()))
+            from gptkit.tokenizer import load, save
+            vocab = save(load(args.tokenizer), d / 'tokenizer')   # vocab.json + merges.txt, as Megatron reads them
             meg = timed([str(args.megatron_python or sys.executable), 'tools/preprocess_data.py', '--input', str(path),
                          '--output-prefix', str(d / 'megatron'), '--tokenizer-type', 'GPT2BPETokenizer',
                          '--vocab-file', str(vocab / 'vocab.json'), '--merge-file', str(vocab / 'merges.txt'),
