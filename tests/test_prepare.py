@@ -41,3 +41,13 @@ def test_progress_reaches_the_input_size(tmp_path):
     consumed = [e.input_bytes for e in events]
     assert len(events) > 5 and consumed == sorted(consumed)
     assert events[-1].input_bytes == events[-1].input_total > 0
+
+
+def test_encode_write_read_decode_returns_the_cleaned_text(tmp_path):
+    from gptkit.data.corpus import clean_text
+    raw = ['Caf\u0065\u0301 au lait\r\nline two\x07', 'plain ASCII text.', 'naïve — 日本語 🙂\tend']
+    (tmp_path / 'in.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in raw))
+    res = prepare(PrepareConfig((str(tmp_path / 'in.jsonl'),), str(tmp_path / 'rt')))
+    ds, tok = IndexedDataset(res.prefix), gpt2()
+    assert [tok.decode(ds.document(j)[:-1]) for j in range(ds.num_documents)] == [clean_text(t) for t in raw]
+    assert all(ds.document(j)[-1] == tok.eod for j in range(ds.num_documents))
