@@ -83,7 +83,7 @@ def test_every_preset_matches_the_closed_form(name):
 
 @pytest.mark.parametrize('name', GPT3_PRESETS)
 def test_every_gpt3_preset_has_a_layout_on_64_a100s(name):
-    assert search(PRESETS[name].model, GPUS['a100-80gb'], gpus=64, global_batch=PRESETS[name].global_batch, top=1) or name == '175b'
+    assert search(PRESETS[name].model, GPUS['a100-80gb'], gpus=64, global_batch=PRESETS[name].global_batch, top=1)
 
 
 @pytest.mark.parametrize('n_params', [125_000_000, 1_300_000_000, 13_000_000_000])
