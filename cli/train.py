@@ -1,0 +1,191 @@
+"""`gptkit train`: resolve the run config, show what it will cost, then train on DeepSpeed (or launch the processes that do)."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from gptkit.config import ConfigError, GptkitError, RunConfig
+
+from gptkit_cli import format as fmt
+from gptkit_cli.app import app, err, flag, out
+
+# Keys that have their own flag; the rest are set with --set section.key=value
+FLAGS = {'data.prefix': '--data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters', 'train.tokens': '--tokens',
+         'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set'}
+LAUNCHERS = ('torchrun', 'deepspeed')
+
+
+def key_name(key: str) -> str:
+    "How a config key is shown to a `gptkit train` user"
+    return FLAGS.get(key, f'--set {key}' if '.' in key else flag(key))
+
+
+def _fail(e: GptkitError):
+    msg = e.render(key_name) if isinstance(e, ConfigError) else str(e)
+    err.print(f'[bold red]error:[/] {msg}', soft_wrap=True)
+    raise typer.Exit(e.exit_code)
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens) -> RunConfig:
+    "The RunConfig from the command line; on a CPU-only machine precision defaults to fp32"
+    from gptkit.config import load_file, resolve
+    sets = list(sets)
+    if not _has_cuda():
+        in_file = config is not None and 'precision' in (load_file(config).get('train') or {})
+        if not in_file and not any(s.strip().startswith('train.precision=') for s in sets):
+            sets.insert(0, 'train.precision=fp32')
+    over = {'data': {k: v for k, v in (('prefix', data), ('tokenizer', tokenizer)) if v is not None},
+            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens)) if v is not None}}
+    top = {'out': str(out_dir)} if out_dir is not None else {}
+    if preset is None and config is None: preset = 'tiny'
+    cfg = resolve(preset, config, sets, {k: v for k, v in over.items() if v}, **top)
+    if cfg.data.tokenizer:                        # the model's vocabulary is the tokenizer's, as in training
+        import dataclasses
+        from gptkit.tokenizer import load
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=load(cfg.data.tokenizer).vocab_size))
+    return cfg
+
+
+def _ds_override(path: Optional[Path]) -> dict | None:
+    if path is None: return None
+    try: d = json.loads(path.read_text())
+    except OSError as e: raise ConfigError([('deepspeed_config', f'{{key}} file {path} cannot be read: {e.strerror or e}')])
+    except ValueError as e: raise ConfigError([('deepspeed_config', f'{{key}} file {path} (line {getattr(e, "lineno", "?")}) is not valid JSON: {getattr(e, "msg", e)}')])
+    if not isinstance(d, dict): raise ConfigError([('deepspeed_config', f'{{key}} file {path} must hold a JSON object')])
+    return d
+
+
+def launch_command(launcher: str, nproc: int, argv: list[str], port: int = 29500) -> list[str]:
+    "The launcher command that runs `gptkit train` (argv without --nproc/--launcher) in `nproc` local processes"
+    if launcher == 'torchrun':
+        head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_port', str(port)]
+    else:
+        head = [sys.executable, '-m', 'deepspeed.launcher.runner', '--num_gpus', str(nproc), '--master_port', str(port), '--module']
+    return head + ['gptkit_cli.main', 'train'] + argv
+
+
+def _strip_launch_args(argv: list[str]) -> list[str]:
+    "argv without --nproc N, --launcher X and --dry-run"
+    outv, skip = [], False
+    for a in argv:
+        if skip: skip = False; continue
+        if a in ('--nproc', '--launcher'): skip = True; continue
+        if a.startswith(('--nproc=', '--launcher=')) or a == '--dry-run': continue
+        outv.append(a)
+    return outv
+
+
+def _summary(cfg: RunConfig, world: int):
+    from gptkit.estimate import count_params, flops_per_iteration
+    m, t = cfg.model, cfg.train
+    batch = t.global_batch or t.micro_batch * world
+    params = count_params(m).total
+    out.print(f'[bold]{cfg.preset or "custom"}[/]: {params:,} parameters ({m.layers} layers, hidden {m.hidden}, {m.heads} heads, '
+              f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {cfg.parallel.zero}, recompute {t.recompute} | '
+              f'{cfg.iters:,} steps of {batch} x {m.seq_len} = {batch * m.seq_len:,} tokens '
+              f'({fmt.flops(flops_per_iteration(m, batch, t.recompute))} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out {cfg.out}')
+
+
+@app.command(context_settings={'help_option_names': ['-h', '--help']})
+def train(
+    preset: Annotated[Optional[str], typer.Option(help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
+    config: Annotated[Optional[Path], typer.Option(help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
+    set_: Annotated[Optional[List[str]], typer.Option('--set', help='Override one setting: section.key=value (repeat).')] = None,
+    data: Annotated[Optional[str], typer.Option(help='Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare).')] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer folder the data was prepared with, or 'gpt2'.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option('--out', help='Run folder: config, metrics, TensorBoard events, checkpoints.')] = None,
+    iters: Annotated[Optional[int], typer.Option(help='Optimizer steps.')] = None,
+    tokens: Annotated[Optional[str], typer.Option(help='Train on this many tokens instead of --iters (like 300B).')] = None,
+    resume: Annotated[bool, typer.Option('--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
+    dry_run: Annotated[bool, typer.Option('--dry-run', help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
+    deepspeed_config: Annotated[Optional[Path], typer.Option(help='A DeepSpeed JSON merged over the generated one (experts).')] = None,
+    nproc: Annotated[Optional[int], typer.Option(help='Start this many local processes with --launcher.')] = None,
+    launcher: Annotated[str, typer.Option(help='torchrun or deepspeed, for --nproc.')] = 'torchrun',
+    force: Annotated[bool, typer.Option('--force', help="Train even when the estimate says the model does not fit this machine.")] = False,
+    local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True)] = None,
+):
+    """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed."""
+    try:
+        cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens)
+        override = _ds_override(deepspeed_config)
+        if launcher not in LAUNCHERS: raise ConfigError([('launcher', f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
+        if nproc is not None and nproc < 1: raise ConfigError([('nproc', f'{{key}} must be at least 1, not {nproc}')])
+        launched = 'RANK' in os.environ or local_rank is not None
+        rank = int(os.environ.get('RANK', 0))
+        world = nproc or int(os.environ.get('WORLD_SIZE', 1))
+        if dry_run: return _dry_run(cfg, override, world, launcher, nproc)
+        if nproc and nproc > 1 and not launched:
+            cmd = launch_command(launcher, nproc, _strip_launch_args(sys.argv[2:]))
+            out.print(f'[dim]$ {shlex.join(cmd)}[/]')
+            raise typer.Exit(subprocess.call(cmd))
+        if rank == 0: _summary(cfg, world)
+        _run(cfg, override, resume, force, rank)
+    except GptkitError as e:
+        if os.environ.get('GPTKIT_DEBUG'): raise
+        _fail(e)
+
+
+def _dry_run(cfg, override, world, launcher, nproc):
+    from gptkit.engine import ds_config
+    _summary(cfg, world)
+    out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
+    out.print(f'[bold]DeepSpeed config[/] for {world} process(es)'); out.print_json(json.dumps(ds_config(cfg, world, override)))
+    argv = _strip_launch_args(sys.argv[2:])
+    cmd = launch_command(launcher, nproc, argv) if nproc and nproc > 1 else ['gptkit', 'train'] + argv
+    out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True)
+
+
+class RichProgress:
+    "A rich progress bar with loss, tokens/s and ETA; evaluations and checkpoints as lines above it"
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        self.progress = Progress(TextColumn('[bold]train[/]'), BarColumn(), MofNCompleteColumn(), TextColumn('{task.fields[stats]}'),
+                                 TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(), console=out, transient=False)
+
+    def on_start(self, info):
+        self.progress.start()
+        self.task = self.progress.add_task('train', total=info.iters, completed=info.start, stats='')
+        if info.resumed_from: self.progress.console.print(f'resumed from {info.resumed_from} (step {info.start})')
+
+    def on_step(self, m):
+        stats = f'loss {m.loss:.3f} | lr {m.lr:.2e} | {m.tokens_per_s:,.0f} tok/s | {m.tflops:.3f} TFLOP/s'
+        if m.mfu is not None: stats += f' | MFU {m.mfu:.1%}'
+        if m.grad_norm is not None: stats += f' | grad {m.grad_norm:.2f}'
+        if m.loss_scale is not None: stats += f' | scale {m.loss_scale:g}'
+        stats += f' | {m.memory_gib:.1f} GiB'
+        self.progress.update(self.task, completed=m.iteration, stats=stats)
+
+    def on_eval(self, split, iteration, loss):
+        import math
+        self.progress.console.print(f'step {iteration}: {split} loss {loss:.3f}, perplexity {math.exp(min(loss, 50)):,.1f}')
+
+    def on_checkpoint(self, path, iteration):
+        self.progress.console.print(f'[dim]step {iteration}: checkpoint {path}[/]')
+
+    def on_end(self, result):
+        self.progress.stop()
+
+
+def _run(cfg, override, resume, force, rank):
+    from gptkit.train import train as run_training
+    result = run_training(cfg, callbacks=[RichProgress()], resume=resume, ds_override=override, force=force)
+    if rank != 0: return result
+    parts = [f'{result.iteration:,} steps, {result.tokens:,} tokens in {fmt.duration(result.seconds)}']
+    if result.valid_loss is not None: parts.append(f'validation loss {result.valid_loss:.3f}')
+    if result.test_loss is not None: parts.append(f'test loss {result.test_loss:.3f}')
+    out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {result.checkpoint}')
+    if result.interrupted:
+        out.print(f'[yellow]interrupted[/]: continue with [bold]gptkit train --resume --out {cfg.out}[/] and the same settings')
+    return result
