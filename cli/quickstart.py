@@ -1,6 +1,7 @@
 """`gptkit quickstart`: the whole pipeline on the built-in corpus, on this machine, as far as it is built."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated
@@ -21,13 +22,16 @@ from gptkit_cli.app import app, handles_errors, out
 def quickstart(
     out_dir: Annotated[Path, typer.Option('--out', help='Where the tokenizer and the dataset go.')] = Path('gptkit-quickstart'),
     vocab_size: Annotated[int, typer.Option(help='Entries in the tokenizer trained on the built-in corpus.')] = 4096,
+    iters: Annotated[int, typer.Option(help='Training steps of the tiny model (16 x 256 tokens each).')] = 600,
 ):
-    """The pipeline on the built-in corpus, on this machine: tokenizer, dataset, then sizing real runs."""
+    """The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, evaluation, then sizing real runs."""
     start = time.perf_counter()
     _data_stage(out_dir, vocab_size)
+    _train_stage(out_dir, iters)
     _estimate_stage()
-    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit estimate --help[/], '
-              f'[bold]gptkit data inspect {out_dir}/data/corpus_text_document --tokenizer {out_dir}/tokenizer[/], and the notebooks in nbs/.')
+    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset tiny --data {out_dir}/data/corpus_text_document '
+              f'--tokenizer {out_dir}/tokenizer --out {out_dir}/run --resume --iters {2 * iters}[/] to train on, '
+              '[bold]gptkit estimate --help[/], and the notebooks in nbs/.')
 
 
 def _data_stage(out_dir: Path, vocab_size: int):
@@ -50,8 +54,36 @@ def _data_stage(out_dir: Path, vocab_size: int):
               f'({res.mb_per_s:.1f} MB/s) -> {res.prefix}.bin/.idx\n')
 
 
+def _train_stage(out_dir: Path, iters: int):
+    import shutil
+    from gptkit.config import resolve
+    from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
+    from gptkit.tokenizer import load
+    from gptkit.train import text_loss, token_counts, train, unigram_loss
+    from gptkit_cli.train import RichProgress
+    run = out_dir / 'run'
+    shutil.rmtree(run, ignore_errors=True)           # the quickstart always starts its run afresh
+    cfg = resolve('tiny', sets=['train.precision=fp32', f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
+                                'train.eval_iters=4', f'train.log_interval={max(1, min(10, iters // 20))}', 'optim.warmup=0.05'],
+                  overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'), 'tokenizer': str(out_dir / 'tokenizer')}},
+                  out=str(run))
+    out.print(f'3. training the tiny preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context {cfg.model.seq_len}) '
+              f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this CPU')
+    result = train(cfg, callbacks=[RichProgress()])
+    tok = load(out_dir / 'tokenizer')
+    held = []
+    for d in read_documents([HELD_OUT]): held += tok.encode(clean_text(d.text)) + [tok.eod]
+    ours = text_loss(result.engine.module, held, cfg.model.seq_len)
+    base = unigram_loss(token_counts(cfg.data.prefix, cfg.data.split, tok.vocab_size), held)
+    out.print(f'   trained in {result.seconds:.1f} s: validation loss {result.valid_loss:.3f}, test loss {result.test_loss:.3f}; '
+              f'checkpoint {result.checkpoint}')
+    out.print(f'4. held-out text ({HELD_OUT}, {len(held):,} tokens): loss [bold]{ours:.3f}[/] (perplexity {math.exp(ours):,.0f}) '
+              f'against [bold]{base:.3f}[/] (perplexity {math.exp(base):,.0f}) for a unigram model of the training data\n')
+    return ours, base
+
+
 def _estimate_stage():
-    t = Table(title='3. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them', title_justify='left')
+    t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them', title_justify='left')
     for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'): t.add_column(col, justify='right')
     for name in GPT3_PRESETS:
         m = PRESETS[name].model
@@ -60,7 +92,7 @@ def _estimate_stage():
     out.print(t)
 
     m125 = PRESETS['125m'].model
-    t = Table(title='4. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch (bf16, ZeRO 0, flash attention)',
+    t = Table(title='6. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch (bf16, ZeRO 0, flash attention)',
               title_justify='left')
     for col in ('micro-batch', 'model states', 'activations', 'logits', 'total', 'fits'): t.add_column(col, justify='right')
     overtaken = None
@@ -77,13 +109,13 @@ def _estimate_stage():
 
     e = estimate(PRESETS['13b'].model, ParallelConfig(tp=8, pp=2, dp=4, zero=1, sequence_parallel=True),
                  TrainConfig(micro_batch=1, global_batch=1024, recompute='selective'), GPUS['a100-80gb'])
-    out.print(f'[bold]5. GPT-3 13B on 64 A100-80GB[/] (tp 8, pp 2, ZeRO 1, selective recompute): '
+    out.print(f'[bold]7. GPT-3 13B on 64 A100-80GB[/] (tp 8, pp 2, ZeRO 1, selective recompute): '
               f'{fmt.gib(e.memory.total)} per GPU, {fmt.flops(e.flops_per_iteration)} per step, '
               f'{e.iterations:,} steps for 300B tokens, {fmt.duration(e.seconds)} at 40% MFU '
               f'({e.to_dict()["time"]["gpu_hours"]:,.0f} GPU-hours).\n')
 
     best = search(PRESETS['13b'].model, GPUS['a100-80gb'], 64, global_batch=1024, top=3)
-    t = Table(title='6. The three fastest layouts for 13B on 64 A100-80GB (gptkit estimate --params 13B --search --gpus 64)',
+    t = Table(title='8. The three fastest layouts for 13B on 64 A100-80GB (gptkit estimate --params 13B --search --gpus 64)',
               title_justify='left')
     for col in ('tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'memory/GPU', 'days'): t.add_column(col, justify='right')
     for b in best:

@@ -292,4 +292,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.train.memory_gib': ('train.html#memory_gib', 'gptkit/train.py'),
                               'gptkit.train.micro_batch': ('train.html#micro_batch', 'gptkit/train.py'),
                               'gptkit.train.peak_flops': ('train.html#peak_flops', 'gptkit/train.py'),
-                              'gptkit.train.train': ('train.html#train', 'gptkit/train.py')}}}
+                              'gptkit.train.text_loss': ('train.html#text_loss', 'gptkit/train.py'),
+                              'gptkit.train.token_counts': ('train.html#token_counts', 'gptkit/train.py'),
+                              'gptkit.train.train': ('train.html#train', 'gptkit/train.py'),
+                              'gptkit.train.unigram_loss': ('train.html#unigram_loss', 'gptkit/train.py')}}}
