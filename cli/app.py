@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import os
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
-from typing import Annotated, List
+from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
@@ -60,7 +60,9 @@ def _version(value: bool):
 
 @app.callback()
 def root(version: Annotated[bool, typer.Option('--version', callback=_version, is_eager=True,
-                                               help='Show the version and exit.')] = False):
+                                               help='Show the version and exit.')] = False,
+         local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True,
+                                                           help="Set by DeepSpeed's launcher; ranks are read from the environment.")] = None):
     """Pre-train GPT models the Megatron-DeepSpeed way, from notebooks and one CLI.
 
     Start with [bold]gptkit quickstart[/], or size a run with [bold]gptkit estimate --params 13B[/].

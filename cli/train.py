@@ -70,7 +70,7 @@ def _ds_override(path: Optional[Path]) -> dict | None:
 def launch_command(launcher: str, nproc: int, argv: list[str], port: int = 29500) -> list[str]:
     "The launcher command that runs `gptkit train` (argv without --nproc/--launcher) in `nproc` local processes"
     if launcher == 'torchrun':
-        head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_port', str(port)]
+        head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_port', str(port), '-m']
     else:
         head = [sys.executable, '-m', 'deepspeed.launcher.runner', '--num_gpus', str(nproc), '--master_port', str(port), '--module']
     return head + ['gptkit_cli.main', 'train'] + argv
@@ -127,7 +127,8 @@ def train(
         world = nproc or int(os.environ.get('WORLD_SIZE', 1))
         if dry_run: return _dry_run(cfg, override, world, launcher, nproc)
         if nproc and nproc > 1 and not launched:
-            cmd = launch_command(launcher, nproc, _strip_launch_args(sys.argv[2:]))
+            from gptkit.engine import _free_port
+            cmd = launch_command(launcher, nproc, _strip_launch_args(sys.argv[2:]), int(os.environ.get('MASTER_PORT') or _free_port()))
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
             raise typer.Exit(subprocess.call(cmd))
         if rank == 0: _summary(cfg, world)

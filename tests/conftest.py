@@ -14,3 +14,20 @@ def pytest_addoption(parser):
 @pytest.fixture(scope='session')
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope='session')
+def tiny_data(tmp_path_factory):
+    "(dataset prefix, tokenizer folder): the built-in KJV tokenized with a 512-entry BPE trained on it"
+    from gptkit.data.corpus import clean_text, read_documents
+    from gptkit.data.prepare import PrepareConfig, prepare
+    from gptkit.tokenizer import save, train_bpe
+    d = tmp_path_factory.mktemp('tiny_data')
+    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:kjv'])), 512), d / 'tok')
+    res = prepare(PrepareConfig(('builtin:kjv',), str(d / 'kjv'), str(d / 'tok')))
+    return str(res.prefix), str(d / 'tok')
+
+
+TINY_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=2', 'model.seq_len=32', 'model.dropout=0',
+             'train.micro_batch=2', 'train.global_batch=4', 'train.precision=fp32', 'train.iters=6',
+             'train.eval_interval=3', 'train.eval_iters=1', 'train.log_interval=1', 'optim.lr=3e-3', 'optim.warmup=2']

@@ -1,0 +1,200 @@
+"""Training on DeepSpeed: exact resume, data parallelism against one process, and every kind of bad input."""
+import dataclasses
+import errno
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TINY_SETS
+from gptkit import checkpoint as ckpt
+from gptkit.config import ConfigError, DataError, resolve
+from gptkit.train import TrainingError, train
+
+
+def config(tiny_data, out, *sets, tokenizer=None):
+    prefix, tok = tiny_data
+    return resolve(sets=TINY_SETS + list(sets), overrides={'data': {'prefix': prefix, 'tokenizer': tokenizer or tok}}, out=str(out))
+
+
+def weights(result):
+    return {k: v.clone() for k, v in result.engine.module.state_dict().items()}
+
+
+@pytest.mark.parametrize('zero,dropout', [(0, 0.0), (2, 0.1)])
+def test_resume_equals_an_uninterrupted_run_bit_for_bit(tiny_data, tmp_path, zero, dropout):
+    sets = [f'parallel.zero={zero}', f'model.dropout={dropout}']
+    full = train(config(tiny_data, tmp_path / 'full', *sets))
+    half = config(tiny_data, tmp_path / 'half', *sets)
+    first = train(half, stop_after=3)
+    assert first.iteration == 3 and first.checkpoint.name == 'iter_0000003'
+    second = train(half, resume=True)
+    assert first.losses + second.losses == full.losses
+    a, b = weights(full), weights(second)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert second.valid_loss == full.valid_loss and second.test_loss == full.test_loss
+
+
+def test_run_folder_holds_config_metrics_tensorboard_and_checkpoint(tiny_data, tmp_path):
+    r = train(config(tiny_data, tmp_path / 'run', 'train.save_interval=2', 'train.keep=2'))
+    run = tmp_path / 'run'
+    assert resolve(file=run / 'config.json').model.vocab == 512           # the tokenizer's vocabulary, recorded
+    assert json.loads((run / 'ds_config.json').read_text())['gradient_accumulation_steps'] == 2
+    rows = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
+    steps = [r for r in rows if r['kind'] == 'train']
+    assert [s['iteration'] for s in steps] == list(range(1, 7))
+    assert {'loss', 'lr', 'grad_norm', 'tokens_per_s', 'tflops', 'memory_gib'} <= set(steps[0]) and steps[0]['grad_norm'] > 0
+    assert [r['iteration'] for r in rows if r['kind'] == 'valid'] == [3, 6] and any(r['kind'] == 'test' for r in rows)
+    assert [p.name for _, p in ckpt.checkpoints(run / 'checkpoints')] == ['iter_0000004', 'iter_0000006']   # keep=2
+    assert (run / 'checkpoints' / 'latest').read_text() == 'iter_0000006'
+    saved = r.checkpoint
+    assert ckpt.verify(saved) is None and (saved / 'tokenizer' / 'tokenizer.json').is_file()
+    assert resolve(file=saved / 'config.json').model.hidden == 32
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    ev = EventAccumulator(str(run / 'tensorboard')); ev.Reload()
+    assert [e.step for e in ev.Scalars('train/loss')] == list(range(1, 7))
+    assert [round(e.value, 5) for e in ev.Scalars('train/loss')] == [round(s['loss'], 5) for s in steps]
+    assert 'valid/loss' in ev.Tags()['scalars']
+
+
+def test_loss_falls(tiny_data, tmp_path):
+    r = train(config(tiny_data, tmp_path / 'run', 'train.iters=30', 'train.eval_interval=100'))
+    assert r.losses[-1] < r.losses[0] - 0.5, r.losses
+
+
+def test_missing_data_prefix_names_it(tiny_data, tmp_path):
+    cfg = dataclasses.replace(config(tiny_data, tmp_path / 'run'), data=dataclasses.replace(config(tiny_data, tmp_path).data, prefix=str(tmp_path / 'nope')))
+    with pytest.raises(DataError, match=r'nope\.(bin|idx): no such file; data.prefix'):
+        train(cfg)
+    with pytest.raises(ConfigError, match='data.prefix is not set'):
+        train(resolve(sets=TINY_SETS, out=str(tmp_path / 'x')))
+    assert not (tmp_path / 'run').exists()
+
+
+def test_ids_beyond_the_tokenizer_are_refused(tiny_data, tmp_path):
+    from gptkit.tokenizer import save, train_bpe
+    save(train_bpe(['a few words of text to learn from'] * 50, 300), tmp_path / 'small_tok')
+    with pytest.raises(DataError, match="token id .* is outside the tokenizer's .* entries; the data was prepared with a different tokenizer"):
+        train(config(tiny_data, tmp_path / 'run', tokenizer=str(tmp_path / 'small_tok')))
+
+
+def test_existing_checkpoints_are_not_overwritten_without_resume(tiny_data, tmp_path):
+    train(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
+    with pytest.raises(ConfigError, match='already holds checkpoints .*resume them with --resume'):
+        train(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
+
+
+def test_mismatched_model_lists_names_and_shapes(tiny_data, tmp_path):
+    train(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
+    with pytest.raises(ckpt.CheckpointError, match=r'does not fit this model; .*wte.weight: checkpoint \(512, 32\) vs model \(512, 64\)'):
+        train(config(tiny_data, tmp_path / 'run', 'train.iters=4', 'model.hidden=64'), resume=True)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous(tiny_data, tmp_path, caplog):
+    cfg = config(tiny_data, tmp_path / 'run', 'train.save_interval=2', 'train.iters=4')
+    train(cfg)
+    newest = tmp_path / 'run' / 'checkpoints' / 'iter_0000004'
+    f = newest / 'mp_rank_00_model_states.pt'
+    f.write_bytes(f.read_bytes()[:-100])                                   # truncated after the fact
+    (tmp_path / 'run' / 'checkpoints' / '.tmp-iter_0000006').mkdir()          # a save that never finished
+    with caplog.at_level(logging.WARNING):
+        r = train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=5)), resume=True)
+    assert 'skipping checkpoint iter_0000004' in caplog.text and 'bytes' in caplog.text
+    assert len(r.losses) == 3 and r.iteration == 5                          # resumed from step 2
+
+
+def test_full_disk_keeps_the_previous_checkpoint(tiny_data, tmp_path, monkeypatch):
+    cfg = config(tiny_data, tmp_path / 'run', 'train.iters=2')
+    train(cfg)
+    real_save = torch.save
+    def full_disk(obj, f, *a, **k):
+        if 'rng_rank' in str(f): raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, 'save', full_disk)
+    with pytest.raises(ckpt.CheckpointError, match='No space left on device; the previous checkpoint .*iter_0000002 is intact'):
+        train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=3)), resume=True)
+    root = tmp_path / 'run' / 'checkpoints'
+    assert [p.name for _, p in ckpt.checkpoints(root)] == ['iter_0000002'] and ckpt.verify(root / 'iter_0000002') is None
+    assert not list(root.glob('.tmp-*')) and (root / 'latest').read_text() == 'iter_0000002'
+
+
+def test_nan_losses_are_skipped_then_stop_the_run(tiny_data, tmp_path, monkeypatch, caplog):
+    from gptkit.model import GPT
+    real = GPT.loss
+    calls = {'n': 0}
+    def sometimes_nan(self, logits, targets):
+        calls['n'] += 1
+        loss = real(self, logits, targets)
+        return loss * float('nan') if calls['n'] in (3, 4) else loss    # both micro-batches of step 2
+    monkeypatch.setattr(GPT, 'loss', sometimes_nan)
+    with caplog.at_level(logging.WARNING):
+        r = train(config(tiny_data, tmp_path / 'a', 'train.iters=4', 'train.eval_iters=0'))
+    assert 'step 2: 2 of 2 micro-batches had a NaN or infinite loss' in caplog.text
+    assert math.isnan(r.losses[1]) and all(math.isfinite(l) for i, l in enumerate(r.losses) if i != 1)
+    assert all(torch.isfinite(p).all() for p in r.engine.module.parameters())
+    monkeypatch.setattr(GPT, 'loss', lambda self, logits, targets: real(self, logits, targets) * float('inf'))
+    with pytest.raises(TrainingError, match='NaN or infinite in 3 steps in a row .*stopped without saving'):
+        train(config(tiny_data, tmp_path / 'b', 'train.iters=10', 'train.max_bad_steps=3'))
+    assert not ckpt.checkpoints(tmp_path / 'b' / 'checkpoints')
+
+
+def test_a_model_too_big_for_this_machine_is_refused(tiny_data, tmp_path):
+    cfg = resolve('175b', sets=['train.precision=fp32'], overrides={'data': {'prefix': tiny_data[0], 'tokenizer': tiny_data[1]}}, out=str(tmp_path / 'r'))
+    with pytest.raises(TrainingError, match=r'preset 175b needs about [\d,.]+ GiB per process by gptkit.s estimate .* but this machine has [\d,.]+ GiB; .*--force'):
+        train(cfg)
+
+
+DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')   # set by the in-process runs above
+
+
+def _env():
+    return {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, 'PYTHONUNBUFFERED': '1'}
+
+
+def _cli(*args, **kw):
+    env = _env()
+    return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+def _sets(*extra):
+    return [a for s in TINY_SETS + list(extra) for a in ('--set', s)]
+
+
+@pytest.mark.parametrize('launcher', ['torchrun', 'deepspeed'])
+def test_two_data_parallel_processes_match_one(tiny_data, tmp_path, launcher):
+    prefix, tok = tiny_data
+    common = ['train', '--data', prefix, '--tokenizer', tok, *_sets('parallel.zero=2', 'train.eval_iters=0')]
+    one = _cli(*common, '--out', str(tmp_path / 'one'))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _cli(*common, '--out', str(tmp_path / 'two'), '--nproc', '2', '--launcher', launcher)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    losses = [[json.loads(l)['loss'] for l in (tmp_path / d / 'metrics.jsonl').read_text().splitlines() if '"train"' in l] for d in ('one', 'two')]
+    assert len(losses[0]) == 6 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert json.loads((tmp_path / 'two' / 'ds_config.json').read_text())['gradient_accumulation_steps'] == 1
+    ck = [torch.load(tmp_path / d / 'checkpoints' / 'iter_0000006' / 'mp_rank_00_model_states.pt', weights_only=False)['module'] for d in ('one', 'two')]
+    for k in ck[0]: torch.testing.assert_close(ck[1][k], ck[0][k], rtol=1e-4, atol=2e-5)   # Adam amplifies rounding near zero
+
+
+def test_sigint_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
+    prefix, tok = tiny_data
+    args = ['train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=100000', 'train.eval_iters=0')]
+    p = subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    metrics = tmp_path / 'run' / 'metrics.jsonl'
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.is_file() and metrics.read_text().count('"train"') >= 3): time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    output, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, output[-3000:]
+    assert 'interrupted' in output and '--resume' in output
+    (it, folder), = ckpt.checkpoints(tmp_path / 'run' / 'checkpoints')
+    assert 3 <= it < 100000 and ckpt.verify(folder) is None
+    r = _cli(*args[:-2], *_sets(f'train.iters={it + 2}', 'train.eval_iters=0')[2:], '--resume')
+    assert r.returncode == 0 and f'resumed from' in r.stdout and f'{it + 2} steps' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
