@@ -24,7 +24,7 @@ def test_help_lists_only_real_commands(opt):
     assert r.exit_code == 0
     assert 'estimate' in r.output and 'quickstart' in r.output
     commands = {c.name for c in __import__('typer').main.get_command(app).commands.values()}
-    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer'}
+    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train'}
 
 
 def test_version():
@@ -33,7 +33,7 @@ def test_version():
     assert r.exit_code == 0 and r.output.strip() == f'gptkit {version("gptkit")}'
 
 
-@pytest.mark.parametrize('args', [['--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
+@pytest.mark.parametrize('args', [['--help'], ['train', '--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
 def test_startup_imports_nothing_heavy(args):
     code = ('import sys; from gptkit_cli.main import app\n'
             'try: app(%r)\nexcept SystemExit: pass\n'
@@ -117,9 +117,13 @@ def test_search_that_finds_nothing_says_so():
 
 
 def test_quickstart(tmp_path):
-    r = run('quickstart', '--out', str(tmp_path / 'qs'), '--vocab-size', '1024')
+    r = run('quickstart', '--out', str(tmp_path / 'qs'), '--vocab-size', '1024', '--iters', '12')
     assert r.exit_code == 0, r.output
     assert '1,024 entries' in r.output and '174,604,836,864' in r.output and 'Done in' in r.output
+    import re
+    ours, base = map(float, re.search(r'held-out text .*?loss ([\d.]+) .*? against ([\d.]+)', r.output.replace('\n', ' ')).groups())
+    assert ours < 7 and base < 7       # both measured; the full 600-step run's margin is in the issue note
+    assert (tmp_path / 'qs' / 'run' / 'checkpoints' / 'iter_0000012' / 'state.json').is_file()
     from gptkit.data.indexed import IndexedDataset
     from gptkit.tokenizer import load
     ds, tok = IndexedDataset(tmp_path / 'qs' / 'data' / 'corpus_text_document'), load(tmp_path / 'qs' / 'tokenizer')

@@ -1,0 +1,85 @@
+"""`gptkit train` on the command line: dry runs, launch commands, and errors that name the flag or key."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TINY_SETS
+from gptkit_cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def sets(*items):
+    return [a for s in items for a in ('--set', s)]
+
+
+def test_dry_run_prints_config_deepspeed_config_and_launch_command(tiny_data):
+    prefix, tok = tiny_data
+    r = run('train', '--preset', '125m', '--data', prefix, '--tokenizer', tok, '--iters', '100', '--dry-run', '--nproc', '4',
+            *sets('train.micro_batch=8', 'parallel.zero=1', 'train.precision=bf16'))
+    assert r.exit_code == 0, r.output
+    assert '"gradient_accumulation_steps": 8' in r.output and '"train_batch_size": 256' in r.output
+    assert '"stage": 1' in r.output and '"bf16": {' in r.output.replace('\n', '')
+    assert '-m torch.distributed.run --nproc_per_node 4' in r.output and '-m gptkit_cli.main train' in r.output
+    assert '--dry-run' not in r.output.split('Launch command')[1]
+    assert '"vocab": 512' in r.output                              # the tokenizer decides the vocabulary
+    r = run('train', '--preset', 'tiny', '--dry-run', '--nproc', '2', '--launcher', 'deepspeed')
+    assert r.exit_code == 0 and '-m deepspeed.launcher.runner --num_gpus 2' in r.output and '--module gptkit_cli.main train' in r.output
+
+
+def test_cpu_defaults_to_fp32_unless_asked(tmp_path):
+    r = run('train', '--preset', 'tiny', '--dry-run')
+    assert '"precision": "fp32"' in r.output
+    assert '"precision": "bf16"' in run('train', '--preset', 'tiny', '--dry-run', '--set', 'train.precision=bf16').output
+
+
+def test_config_file_and_overrides(tmp_path):
+    (tmp_path / 'run.yaml').write_text('model:\n  layers: 3\ntrain:\n  iters: 7\noptim:\n  lr: 1.0e-3\n')
+    r = run('train', '--config', str(tmp_path / 'run.yaml'), '--dry-run', '--set', 'optim.lr=2e-3')
+    assert r.exit_code == 0, r.output
+    cfg = json.loads(r.output.split('Run config')[1].split('DeepSpeed config')[0])
+    assert (cfg['model']['layers'], cfg['train']['iters'], cfg['optim']['lr']) == (3, 7, 2e-3)
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--set', 'train.iter=5'], '--set train.iter is not a setting; train has'),
+    (['--set', 'iters=5'], "--set 'iters=5' must look like section.key=value"),
+    (['--set', 'train.micro_batch=0', '--set', 'optim.lr=-1'], '--set train.micro_batch must be a positive whole number, not 0; --set optim.lr must be positive'),
+    (['--preset', '7b'], "--preset '7b' is not a preset; choose one of tiny"),
+    (['--iters', '0'], '--iters must be a positive whole number, not 0'),
+    (['--set', 'parallel.tp=5', '--preset', '125m'], '--set parallel.tp 5 must divide the 12 attention heads'),
+    (['--launcher', 'mpirun', '--nproc', '2'], "--launcher must be torchrun or deepspeed, not 'mpirun'"),
+])
+def test_bad_settings_name_the_flag(args, message):
+    r = run('train', *args, '--dry-run')
+    assert r.exit_code == 2 and message in r.output.replace('\n', ' '), r.output
+
+
+def test_bad_files_name_the_file_and_line(tmp_path):
+    (tmp_path / 'bad.json').write_text('{"model": {"layers": 2,,}}')
+    r = run('train', '--config', str(tmp_path / 'bad.json'), '--dry-run')
+    assert r.exit_code == 2 and 'bad.json (line 1) is not valid JSON' in r.output.replace('\n', ' ')
+    (tmp_path / 'ds.json').write_text('[1, 2]')
+    r = run('train', '--deepspeed-config', str(tmp_path / 'ds.json'), '--dry-run')
+    assert r.exit_code == 2 and 'ds.json must hold a JSON object' in r.output.replace('\n', ' ')
+    r = run('train', '--config', str(tmp_path / 'missing.yaml'), '--dry-run')
+    assert r.exit_code == 2 and 'missing.yaml cannot be read' in r.output.replace('\n', ' ')
+
+
+def test_deepspeed_config_overrides_the_generated_one(tmp_path):
+    (tmp_path / 'ds.json').write_text('{"zero_optimization": {"reduce_bucket_size": 1000}, "gradient_clipping": 0.5}')
+    r = run('train', '--deepspeed-config', str(tmp_path / 'ds.json'), '--dry-run')
+    ds = json.loads(r.output.split('DeepSpeed config')[1].split('\n', 1)[1].split('Launch command')[0])
+    assert ds['zero_optimization'] == {'stage': 0, 'reduce_bucket_size': 1000} and ds['gradient_clipping'] == 0.5
+
+
+def test_missing_data_and_too_big_models_are_one_line_errors(tiny_data, tmp_path):
+    r = run('train', '--data', str(tmp_path / 'nothing'), '--tokenizer', tiny_data[1], '--out', str(tmp_path / 'r'))
+    assert r.exit_code == 1 and 'nothing.bin: no such file; data.prefix must name the PREFIX' in r.output.replace('\n', ' ')
+    r = run('train', '--preset', '175b', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', str(tmp_path / 'r'))
+    assert r.exit_code == 1 and 'preset 175b needs about' in r.output and '--force' in r.output
