@@ -198,3 +198,28 @@ def test_sigint_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
     assert 3 <= it < 100000 and ckpt.verify(folder) is None
     r = _cli(*args[:-2], *_sets(f'train.iters={it + 2}', 'train.eval_iters=0')[2:], '--resume')
     assert r.returncode == 0 and f'resumed from' in r.stdout and f'{it + 2} steps' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.parametrize('sets', [
+    ['parallel.zero=1', 'train.precision=bf16'],
+    ['parallel.zero=3', 'train.recompute=full'],
+    ['parallel.zero=2', 'train.precision=bf16', 'train.recompute=selective'],
+])
+def test_zero_stages_precisions_and_recompute_train(tiny_data, tmp_path, sets):
+    r = train(config(tiny_data, tmp_path / 'run', 'train.iters=4', 'train.eval_iters=0', *sets))
+    assert r.iteration == 4 and all(math.isfinite(l) for l in r.losses) and r.losses[-1] < r.losses[0]
+    assert ckpt.verify(r.checkpoint) is None
+    rows = [json.loads(l) for l in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
+    assert rows[-1]['grad_norm'] > 0
+
+
+def test_fp16_trains_with_a_loss_scale_or_is_refused_clearly(tiny_data, tmp_path):
+    from deepspeed.accelerator import get_accelerator
+    cfg = config(tiny_data, tmp_path / 'run', 'train.iters=3', 'train.eval_iters=0', 'train.precision=fp16')
+    if torch.float16 not in get_accelerator().supported_dtypes():     # DeepSpeed's CPU accelerator on most CPUs
+        with pytest.raises(ConfigError, match='train.precision fp16 is not supported by DeepSpeed on this cpu device; use fp32 or bf16'):
+            train(cfg)
+        return
+    train(cfg)
+    rows = [json.loads(l) for l in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
+    assert rows[-1]['loss_scale'] >= 1

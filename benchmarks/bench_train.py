@@ -1,0 +1,108 @@
+"""Training throughput: gptkit's GPT on its DeepSpeed engine against Hugging Face `GPT2LMHeadModel`, same process.
+
+Target (issue 4): gptkit tokens/s >= 1.0x transformers on CPU (aim 1.3x), with the same shape, batch, dtype and
+optimizer. Both models: GPT-2 architecture, exact GELU, SDPA attention, no dropout, fp32, AdamW (lr 1e-4, betas
+0.9/0.95, weight decay 0.1 on matrices, gradient clipping 1.0). gptkit runs the way `gptkit train` runs it (DeepSpeed
+engine, ZeRO 0); the bare gptkit model under the same plain PyTorch loop as transformers is also reported.
+Rounds alternate between the contenders so that machine noise hits all of them alike; the median per-step time wins.
+
+MFU inputs are printed: model FLOPs per step (Narayanan et al.), step time, and the device's dense peak when known,
+so the same script reports MFU on a GPU (--device cuda --dtype bf16).
+Run: .venv/bin/python benchmarks/bench_train.py [--preset small] [--vocab 8192] [--batch 8] [--rounds 5] [--steps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def hf_model(cfg, device, dtype):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    c = GPT2Config(vocab_size=cfg.vocab, n_positions=cfg.seq_len, n_embd=cfg.hidden, n_layer=cfg.layers, n_head=cfg.heads,
+                   n_inner=cfg.ffn, activation_function='gelu', resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                   tie_word_embeddings=True)
+    c._attn_implementation = 'sdpa'
+    return GPT2LMHeadModel(c).to(device=device, dtype=dtype).train()
+
+
+def adamw(model, cuda: bool):
+    from gptkit.engine import param_groups
+    return torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
+                             **({'fused': True} if cuda else {'foreach': True}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--preset', default='small')
+    ap.add_argument('--vocab', type=int, default=8192)
+    ap.add_argument('--batch', type=int, default=8)
+    ap.add_argument('--rounds', type=int, default=5)
+    ap.add_argument('--steps', type=int, default=5, help='steps per round')
+    ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    ap.add_argument('--dtype', default='fp32', choices=['fp32', 'bf16'])
+    a = ap.parse_args()
+
+    from gptkit.config import resolve
+    from gptkit.engine import build_engine, init_distributed
+    from gptkit.estimate import flops_per_iteration
+    from gptkit.model import GPT
+    from gptkit.train import peak_flops
+
+    cfg = resolve(a.preset, sets=[f'model.vocab={a.vocab}', 'model.dropout=0', f'train.micro_batch={a.batch}',
+                                  f'train.global_batch={a.batch}', f'train.precision={a.dtype}', 'optim.lr=1e-4', 'optim.warmup=0'])
+    m, dev = cfg.model, torch.device(a.device)
+    dtype = torch.bfloat16 if a.dtype == 'bf16' else torch.float32
+    cuda = dev.type == 'cuda'
+    init_distributed()
+    torch.manual_seed(0)
+    engine, _ = build_engine(cfg, GPT(m), iters=10**6)
+    bare = GPT(m).to(device=dev, dtype=dtype).train(); bare_opt = adamw(bare, cuda)
+    hf = hf_model(m, dev, dtype); hf_opt = adamw(hf, cuda)
+    data = torch.randint(0, m.vocab, (a.batch, m.seq_len + 1), device=dev)
+    x, y = data[:, :-1], data[:, 1:]
+
+    def step_engine():
+        loss = engine(x, y); engine.backward(loss); engine.step()
+
+    def plain(model, opt, fn):
+        def step():
+            loss = fn(model); loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step(); opt.zero_grad(set_to_none=True)
+        return step
+
+    contenders = {
+        'gptkit (DeepSpeed engine)': step_engine,
+        'gptkit model, plain loop': plain(bare, bare_opt, lambda mdl: mdl(x, y)),
+        'transformers GPT2LMHeadModel': plain(hf, hf_opt, lambda mdl: mdl(input_ids=x, labels=x).loss),
+    }
+    times = {k: [] for k in contenders}
+    for fn in contenders.values():
+        for _ in range(2): fn()                      # warm-up
+    for _ in range(a.rounds):
+        for name, fn in contenders.items():
+            if cuda: torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(a.steps): fn()
+            if cuda: torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t) / a.steps)
+
+    tokens = a.batch * m.seq_len
+    flops = flops_per_iteration(m, a.batch)
+    peak = peak_flops(dev.type, a.dtype)
+    print(f'{a.preset}: {m.layers} layers, hidden {m.hidden}, heads {m.heads}, context {m.seq_len}, vocab {m.vocab}; '
+          f'batch {a.batch}, {a.dtype}, {a.device}, {torch.get_num_threads()} threads; {a.rounds} rounds x {a.steps} steps')
+    print(f'MFU inputs: {flops / 1e9:.1f} GFLOP per step (model FLOPs, Narayanan et al.), {tokens} tokens per step, '
+          f'device peak {"unknown (CPU)" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"}')
+    ref = statistics.median(times['transformers GPT2LMHeadModel'])
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        mfu = f', MFU {flops / t / peak:.1%}' if peak else ''
+        print(f'  {name:30s} {t * 1000:8.1f} ms/step  {tokens / t:10,.0f} tokens/s  {flops / t / 1e12:.3f} TFLOP/s{mfu}  '
+              f'ratio vs transformers {ref / t:.2f}x')
+
+
+if __name__ == '__main__':
+    main()
