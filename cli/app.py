@@ -29,9 +29,9 @@ def flag(key: str) -> str:
     return '--' + key.replace('_', '-')
 
 
-def report(e: GptkitError) -> int:
-    "Print `e` as one red line naming the flag, file or key; return its exit code"
-    msg = e.render(flag) if isinstance(e, ConfigError) else str(e)
+def report(e: GptkitError, name=flag) -> int:
+    "Print `e` as one red line naming the flag, file or key (keys shown as `name(key)`); return its exit code"
+    msg = e.render(name) if isinstance(e, ConfigError) else str(e)
     err.print(f'[bold red]error:[/] {msg}', soft_wrap=True)
     return e.exit_code
 

@@ -14,7 +14,7 @@ import typer
 from gptkit.config import ConfigError, GptkitError, RunConfig
 
 from gptkit_cli import format as fmt
-from gptkit_cli.app import app, err, flag, out
+from gptkit_cli.app import app, flag, out, report
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters', 'train.tokens': '--tokens',
@@ -25,12 +25,6 @@ LAUNCHERS = ('torchrun', 'deepspeed')
 def key_name(key: str) -> str:
     "How a config key is shown to a `gptkit train` user"
     return FLAGS.get(key, f'--set {key}' if '.' in key else flag(key))
-
-
-def _fail(e: GptkitError):
-    msg = e.render(key_name) if isinstance(e, ConfigError) else str(e)
-    err.print(f'[bold red]error:[/] {msg}', soft_wrap=True)
-    raise typer.Exit(e.exit_code)
 
 
 def _has_cuda() -> bool:
@@ -135,7 +129,7 @@ def train(
         _run(cfg, override, resume, force, rank)
     except GptkitError as e:
         if os.environ.get('GPTKIT_DEBUG'): raise
-        _fail(e)
+        raise typer.Exit(report(e, key_name)) from None
 
 
 def _dry_run(cfg, override, world, launcher, nproc):
