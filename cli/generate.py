@@ -1,0 +1,110 @@
+"""`gptkit generate`: text from a checkpoint, streamed as it comes, from prompts, a file or an interactive prompt."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+
+from gptkit.config import ConfigError, GptkitError
+
+from gptkit_cli.app import app, err, flag, out, report
+
+Opt = typer.Option
+
+
+def _name(key: str) -> str:
+    "Sampling keys as flags; 'FILE line N' stays as it is"
+    return key if ' ' in key else flag(key)
+
+
+def read_prompts(prompts: list[str], prompt_file: Optional[Path]) -> list[tuple[str, str]]:
+    "(where, prompt) pairs from --prompt and --prompt-file (one prompt per line, \\n for a newline inside)"
+    found = [('prompt', p) for p in prompts]
+    if prompt_file is not None:
+        try: lines = prompt_file.read_text(encoding='utf-8').splitlines()
+        except OSError as e: raise ConfigError([('prompt_file', f'{{key}} {prompt_file} cannot be read: {e.strerror or e}')])
+        except UnicodeDecodeError: raise ConfigError([('prompt_file', f'{{key}} {prompt_file} is not UTF-8 text')])
+        found += [(f'{prompt_file} line {i}', line.replace('\\n', '\n')) for i, line in enumerate(lines, 1) if line.strip()]
+        if not any(w != 'prompt' for w, _ in found):
+            raise ConfigError([('prompt_file', f'{{key}} {prompt_file} holds no prompt (one per line)')])
+    return found
+
+
+def _sampling(**kw):
+    from gptkit.generate import Sampling
+    return Sampling(**kw)
+
+
+def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: int):
+    "Generate for (where, prompt) items; stream live when one sequence runs, else print each as it finishes"
+    seqs = [(w, p) for w, p in items for _ in range(samples)]
+    enc = [gen.encode(p, w) for w, p in seqs]
+    total, t0 = 0, time.perf_counter()
+    for start in range(0, len(seqs), batch_size):
+        part = list(range(start, min(start + batch_size, len(seqs))))
+        if len(seqs) == 1:
+            out.print(f'[bold]{seqs[0][1]}[/]', end='')
+            for c in gen.stream([enc[0]], sampling):
+                out.print(c.text, end='', markup=False, highlight=False)
+                total += c.token is not None
+                if c.finish_reason: out.print(f'\n[dim]({c.finish_reason})[/]')
+            continue
+        texts = {i: '' for i in part}
+        with out.status(f'generating {len(part)} sequences ({part[0] + 1}-{part[-1] + 1} of {len(seqs)})') as status:
+            for c in gen.stream([enc[i] for i in part], sampling):
+                i = part[c.index]
+                texts[i] += c.text
+                total += c.token is not None
+                status.update(f'generating: {total:,} tokens, {total / (time.perf_counter() - t0):,.1f} tokens/s')
+                if c.finish_reason:
+                    sample = f', sample {i % samples + 1}' if samples > 1 else ''
+                    out.rule(f'[dim]{seqs[i][0]}{sample} ({c.finish_reason})[/]', align='left')
+                    out.print(f'[bold]{seqs[i][1]}[/]', end='')
+                    out.print(texts[i], markup=False, highlight=False)
+    dt = time.perf_counter() - t0
+    err.print(f'[dim]{total:,} tokens in {dt:.2f} s ({total / max(dt, 1e-9):,.1f} tokens/s)[/]')
+
+
+@app.command()
+def generate(
+    checkpoint: Annotated[Path, Opt(help='A run folder, its checkpoints/ folder or one iter_XXXXXXX folder.')],
+    prompt: Annotated[Optional[List[str]], Opt(help='Text to continue (repeat for more). Without --prompt or --prompt-file: an interactive prompt.')] = None,
+    prompt_file: Annotated[Optional[Path], Opt(help='A text file with one prompt per line (\\n inside a line is a newline).')] = None,
+    max_new_tokens: Annotated[int, Opt(help='New tokens per sequence at most.')] = 64,
+    temperature: Annotated[float, Opt(help='Divide the logits by this (> 0); lower is more conservative.')] = 1.0,
+    top_k: Annotated[int, Opt(help='Sample from the k most likely tokens only (0: all).')] = 0,
+    top_p: Annotated[float, Opt(help='Sample from the smallest set of tokens whose probability reaches p (1: all).')] = 1.0,
+    greedy: Annotated[bool, Opt('--greedy', help='Always take the most likely token.')] = False,
+    seed: Annotated[Optional[int], Opt(help='Seed for reproducible sampling.')] = None,
+    num_samples: Annotated[int, Opt(help='Sequences per prompt.')] = 1,
+    stop: Annotated[Optional[List[str]], Opt(help='Stop a sequence before this text (repeat for more); the end of a document always stops.')] = None,
+    batch_size: Annotated[int, Opt(help='Sequences generated together.')] = 8,
+    device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
+):
+    """Generate text from a checkpoint, streamed as it comes (fp32 on CPU, bf16 on GPU)."""
+    try:
+        problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples), ('batch_size', batch_size)) if v < 1]
+        if problems: raise ConfigError(problems)
+        sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                             seed=seed, stop=tuple(stop or ()))
+        items = read_prompts(prompt or [], prompt_file)
+        from gptkit.generate import Generator
+        with out.status(f'loading {checkpoint}'):
+            gen = Generator.from_checkpoint(checkpoint, device=device)
+        p = gen.loaded.state
+        err.print(f'[dim]{gen.loaded.folder} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, hidden {gen.model.cfg.hidden}, '
+                  f'context {gen.context}) on {gen.model.wte.weight.device}, {str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
+        if items: return _run(gen, items, sampling, num_samples, batch_size)
+        err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
+        while True:
+            try: text = input('> ')
+            except (EOFError, KeyboardInterrupt): break
+            if not text.strip(): break
+            try: _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
+            except ConfigError as e: report(e, _name)
+    except GptkitError as e:
+        import os
+        if os.environ.get('GPTKIT_DEBUG'): raise
+        raise typer.Exit(report(e, _name)) from None
