@@ -1,0 +1,93 @@
+"""`gptkit checkpoint inspect|export|import`: look inside a checkpoint, and convert it to and from Hugging Face and Megatron-LM."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from gptkit.config import ConfigError
+from gptkit_cli.app import app, err, handles_errors, out
+
+checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face GPT-2 and Megatron-LM.',
+                             no_args_is_help=True, context_settings={'help_option_names': ['-h', '--help']})
+app.add_typer(checkpoint_app, name='checkpoint')
+Arg, Opt = typer.Argument, typer.Option
+FORMATS = {'hf': 'Hugging Face GPT-2', 'megatron': 'Megatron-LM legacy'}
+CheckpointPath = Annotated[Path, Arg(metavar='PATH', help='A run folder, its checkpoints/ folder, or one iter_XXXXXXX folder.')]
+
+
+def _format(value: str, key: str) -> str:
+    "The format named by --to/--from, or a ConfigError naming the flag"
+    if value not in FORMATS: raise ConfigError([(key, f"{{key}} must be {' or '.join(FORMATS)}, not {value!r}")])
+    return value
+
+
+def _size(n: int) -> str:
+    for unit in ('B', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB': return f'{n:,.0f} {unit}' if unit == 'B' else f'{n:,.1f} {unit}'
+        n /= 1024
+
+
+@checkpoint_app.command()
+@handles_errors
+def inspect(path: CheckpointPath,
+            as_json: Annotated[bool, Opt('--json', help='Print everything as one JSON object.')] = False):
+    """Config, iteration, tokens seen, parameters, dtypes, parallel layout and files of a checkpoint."""
+    from gptkit.checkpoint import inspect as read
+    info = read(path)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2)); return
+    m, lay, tok = info['model'], info['layout'], info['tokenizer']
+    t = Table(title=info['folder'], title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t.add_column(style='cyan'); t.add_column()
+    t.add_row('iteration', f"{info['iteration']:,}")
+    t.add_row('tokens seen', 'unknown' if info['tokens'] is None else f"{info['tokens']:,}")
+    t.add_row('consumed samples', 'unknown' if info['consumed_samples'] is None else f"{info['consumed_samples']:,}")
+    t.add_row('parameters', f"{info['parameters']:,} ({info['parameters_without_padding']:,} without vocabulary padding)")
+    t.add_row('dtype', ', '.join(info['dtypes']))
+    t.add_row('model', f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, context {m['seq_len']}, "
+                       f"vocabulary {m['vocab']:,}, {m['activation']}")
+    t.add_row('layout', f"tp {lay['tp']}, pp {lay['pp']}, dp {lay['dp']}, ZeRO {lay['zero']}, world size {lay['world_size']}, "
+                        f"{lay['precision']}, micro-batch {lay['micro_batch']}, global batch {lay['global_batch']}")
+    t.add_row('tokenizer', 'none saved' if tok is None else f"{tok['vocab_size']:,} entries, end of document = {tok['eod']}")
+    t.add_row('files', f"{len(info['files'])}, {_size(info['bytes'])}")
+    out.print(t)
+    f = Table(box=None, padding=(0, 2))
+    f.add_column('file', style='dim'); f.add_column('size', justify='right')
+    for name, size in info['files'].items(): f.add_row(name, _size(size))
+    out.print(f)
+
+
+@checkpoint_app.command()
+@handles_errors
+def export(path: CheckpointPath,
+           out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
+           to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel folder) or megatron (Megatron-LM's legacy layout).")]):
+    """Write a gptkit checkpoint as a Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint."""
+    fmt = _format(to, 'to')
+    from gptkit.checkpoint import export_hf, export_megatron
+    with err.status(f'exporting {path} to {FORMATS[fmt]} ...'):
+        done = (export_hf if fmt == 'hf' else export_megatron)(path, out_dir)
+    hint = (f"load it with GPT2LMHeadModel.from_pretrained('{done}') and AutoTokenizer" if fmt == 'hf'
+            else f'load it in Megatron-LM with --load {done} --no-load-optim --no-load-rng')
+    out.print(f'[bold green]exported[/] {path} to {done} ({FORMATS[fmt]}); {hint}', soft_wrap=True)
+
+
+@checkpoint_app.command('import')
+@handles_errors
+def import_(src: Annotated[Path, Arg(metavar='SRC', help='A Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint folder.')],
+            out_dir: Annotated[Path, Arg(metavar='OUT', help='The gptkit run folder to write (new or empty).')],
+            from_: Annotated[str, Opt('--from', help='hf or megatron.')],
+            tokenizer: Annotated[Optional[str], Opt(help="megatron: the tokenizer folder (or 'gpt2') when none is saved beside the checkpoint.")] = None):
+    """Turn a Hugging Face GPT-2 or Megatron-LM checkpoint into a gptkit run folder that trains and generates."""
+    fmt = _format(from_, 'from')
+    if tokenizer is not None and fmt != 'megatron': raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
+    from gptkit.checkpoint import import_hf, import_megatron
+    with err.status(f'importing {src} from {FORMATS[fmt]} ...'):
+        done = import_hf(src, out_dir) if fmt == 'hf' else import_megatron(src, out_dir, tokenizer)
+    out.print(f'[bold green]imported[/] {src} into {done}; continue training with '
+              f'[bold]gptkit train --config {done}/config.json --out {done} --resume --data PREFIX --iters N[/]', soft_wrap=True)
+
