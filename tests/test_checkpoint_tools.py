@@ -270,3 +270,22 @@ def test_help_imports_nothing_heavy():
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and '--to' in r.stdout, r.stderr
     assert r.stdout.strip().splitlines()[-1] == 'HEAVY='
+
+
+def test_hf_import_reads_the_original_pytorch_model_bin_layout(imported, tmp_path):
+    "OpenAI's GPT-2 as first published on the Hub: pytorch_model.bin, names without `transformer.`, causal-mask buffers, lm_head"
+    import shutil
+    hf, hf_dir, _ = imported
+    sd = {k.removeprefix('transformer.'): v.clone() for k, v in hf.state_dict().items()}
+    for i in range(hf.config.n_layer): sd[f'h.{i}.attn.bias'] = torch.ones(1, 1, 32, 32).tril()
+    (tmp_path / 'old').mkdir()
+    for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json'): shutil.copy(hf_dir / name, tmp_path / 'old' / name)
+    torch.save(sd, tmp_path / 'old' / 'pytorch_model.bin')
+    got = ck.load_model(ck.import_hf(tmp_path / 'old', tmp_path / 'run'))
+    ids = ids_for(512)
+    with torch.no_grad(): assert (got.model(ids) - hf(ids).logits).abs().max() <= 1e-5
+    sd['lm_head.weight'] = sd['lm_head.weight'] + 1                   # an untied output layer is refused, not dropped
+    torch.save(sd, tmp_path / 'old' / 'pytorch_model.bin')
+    with pytest.raises(ck.CheckpointError, match='lm_head.weight differs from transformer.wte.weight'):
+        ck.import_hf(tmp_path / 'old', tmp_path / 'run2')
+    assert not (tmp_path / 'run2').exists()
