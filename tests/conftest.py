@@ -31,3 +31,17 @@ def tiny_data(tmp_path_factory):
 TINY_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=2', 'model.seq_len=32', 'model.dropout=0',
              'train.micro_batch=2', 'train.global_batch=4', 'train.precision=fp32', 'train.iters=6',
              'train.eval_interval=3', 'train.eval_iters=1', 'train.log_interval=1', 'optim.lr=3e-3', 'optim.warmup=2']
+
+
+@pytest.fixture(scope='session')
+def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
+    "A gptkit run folder holding a random 2-layer GPT (context 64) with the tiny_data tokenizer, written by gptkit.checkpoint.write_run"
+    import torch
+    from gptkit.checkpoint import write_run
+    from gptkit.config import ModelConfig
+    from gptkit.model import GPT
+    from gptkit.tokenizer import load
+    tok = load(tiny_data[1])
+    torch.manual_seed(0)
+    cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)
+    return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('ckpt') / 'run', 'a random tiny GPT')

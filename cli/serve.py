@@ -1,0 +1,88 @@
+"""`gptkit serve` (Megatron's and OpenAI's APIs over HTTP) and `gptkit client` (an interactive prompt against a server)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gptkit.config import ConfigError, GptkitError
+
+from gptkit_cli.app import app, err, handles_errors, out
+
+Opt = typer.Option
+
+
+@app.command()
+@handles_errors
+def serve(
+    checkpoint: Annotated[Path, Opt(help='A run folder, its checkpoints/ folder or one iter_XXXXXXX folder.')],
+    host: Annotated[str, Opt(help='Address to listen on (0.0.0.0 for every interface).')] = '127.0.0.1',
+    port: Annotated[int, Opt(help='TCP port.')] = 5000,
+    max_new_tokens: Annotated[int, Opt(help='Most new tokens a request may ask for.')] = 1024,
+    max_prompt_tokens: Annotated[Optional[int], Opt(help="Longest prompt in tokens (default: the model's context less one).")] = None,
+    max_prompts: Annotated[int, Opt(help='Most sequences (prompts x samples) per request.')] = 128,
+    max_waiting: Annotated[int, Opt(help='Requests that may wait before the server answers 503.')] = 64,
+    name: Annotated[Optional[str], Opt(help='Model name in /v1/models (default: the run folder name).')] = None,
+    device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
+):
+    """Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions (streaming) and /v1/models, /health, and a web page at /."""
+    bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
+                                                                    ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1)) if v < 1]
+    if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
+    if bad: raise ConfigError(bad)
+    from gptkit.generate import Generator
+    from gptkit.serve import Limits, serve as run
+    with out.status(f'loading {checkpoint}'):
+        gen = Generator.from_checkpoint(checkpoint, device=device)
+    folder = gen.loaded.folder
+    name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)
+    out.print(f'[bold]{name}[/]: {folder} (step {gen.loaded.state.get("iteration", "?")}), context {gen.context}, '
+              f'on {gen.model.wte.weight.device}')
+    out.print(f'  web page   http://{host}:{port}/\n  Megatron   PUT  http://{host}:{port}/api\n'
+              f'  OpenAI     POST http://{host}:{port}/v1/completions  (base_url http://{host}:{port}/v1)\n'
+              f'  schema     http://{host}:{port}/docs')
+    run(gen, host, port, Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting), name)
+
+
+@app.command()
+@handles_errors
+def client(
+    url: Annotated[str, typer.Argument(help='The server, like http://127.0.0.1:5000.')],
+    max_tokens: Annotated[int, Opt(help='New tokens per answer.')] = 64,
+    temperature: Annotated[float, Opt(help='0 for greedy.')] = 0.8,
+    top_p: Annotated[float, Opt(help='Nucleus sampling.')] = 0.95,
+    stop: Annotated[Optional[str], Opt(help='Stop before this text.')] = None,
+):
+    """An interactive prompt against a running gptkit server (streams each answer)."""
+    import httpx
+    url = url.rstrip('/')
+    if not url.startswith(('http://', 'https://')): url = 'http://' + url
+    try: model = httpx.get(f'{url}/v1/models', timeout=10).json()['data'][0]['id']
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+        raise GptkitError(f'{url} does not answer as a gptkit server ({type(e).__name__}: {e})') from None
+    err.print(f'[dim]{url}, model {model}. Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
+    while True:
+        try: prompt = input('> ')
+        except (EOFError, KeyboardInterrupt): break
+        if not prompt.strip(): break
+        body = {'model': model, 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': temperature, 'top_p': top_p,
+                'stream': True, **({'stop': stop} if stop else {})}
+        try:
+            with httpx.stream('POST', f'{url}/v1/completions', json=body, timeout=None) as r:
+                if r.status_code != 200:
+                    r.read()
+                    err.print(f'[bold red]error:[/] {r.json().get("error", {}).get("message", r.text)}')
+                    continue
+                finish = None
+                for line in r.iter_lines():
+                    if not line.startswith('data: ') or line == 'data: [DONE]': continue
+                    msg = json.loads(line[6:])
+                    if 'error' in msg: err.print(f'\n[bold red]error:[/] {msg["error"]["message"]}'); break
+                    choice = msg['choices'][0]
+                    out.print(choice['text'], end='', markup=False, highlight=False)
+                    finish = choice['finish_reason'] or finish
+                out.print(f'\n[dim]({finish})[/]')
+        except httpx.HTTPError as e:
+            err.print(f'[bold red]error:[/] the connection to {url} failed: {e}')
