@@ -80,17 +80,15 @@ def _table(res) -> Table:
     t.add_column(style='cyan'); t.add_column(justify='right'); t.add_column(style='dim')
     p = res.perplexity
     if p is not None:
-        t.add_row('text', p.source, f'{p.documents:,} document{"s" if p.documents != 1 else ""}, {p.words:,} words')
+        t.add_row('text', f'{p.words:,} words', f'{p.source} ({p.documents:,} document{"s" if p.documents != 1 else ""})')
         t.add_row('tokens scored', f'{p.scored:,}', f'{p.windows:,} windows of {p.context}, stride {p.stride}')
         t.add_row('loss', f'{p.loss:.4f}', 'nats per token')
         t.add_row('perplexity', f'{p.perplexity:,.2f}', 'per token: exp(loss)')
         if p.word_perplexity is not None:
-            t.add_row('word perplexity', f'{p.word_perplexity:,.2f}',
-                      f'exp(loss x {(p.tokens - 1) / (p.words - 1):.3f} tokens per word), as Megatron reports WikiText-103')
+            t.add_row('word perplexity', f'{p.word_perplexity:,.2f}', f'per word: exp(loss x {(p.tokens - 1) / (p.words - 1):.3f} tokens/word)')
         t.add_row('time', f'{p.seconds:.2f} s', f'{p.scored / max(p.seconds, 1e-9):,.0f} tokens/s')
     c = res.cloze
     if c is not None:
-        t.add_row('cloze', c.source, 'last word predicted exactly (strict LAMBADA)')
-        t.add_row('accuracy', f'{c.accuracy:.2%}', f'{c.correct:,} of {c.examples:,} examples')
+        t.add_row('cloze accuracy', f'{c.accuracy:.2%}', f'{c.correct:,} of {c.examples:,} last words exact: {c.source}')
         t.add_row('time', f'{c.seconds:.2f} s', f'{c.examples / max(c.seconds, 1e-9):,.1f} examples/s')
     return t

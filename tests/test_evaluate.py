@@ -186,8 +186,9 @@ def test_cli_table_and_json(run, tmp_path):
     f = tmp_path / 'a.txt'; f.write_text('And God said, Let there be light: and there was light. ' * 20)
     r = cli('--checkpoint', run, '--text', f, '--lambada', CLOZE, '--stride', 16)
     assert r.exit_code == 0, r.output
-    for row in ('word perplexity', 'perplexity', 'loss', 'accuracy', 'tokens scored', 'stride 16', 'iter_0000008', 'step 8'):
-        assert row in r.stdout, row
+    shown = ' '.join(r.stdout.split())
+    for row in ('word perplexity', 'perplexity', 'loss', 'cloze accuracy', 'of 24 last words exact', 'tokens scored', 'stride 16', 'step 8'):
+        assert row in shown, row
     r = cli('--checkpoint', run, '--text', f, '--lambada', CLOZE, '--stride', 16, '--json')
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)                                       # stdout is JSON and nothing else
@@ -196,6 +197,7 @@ def test_cli_table_and_json(run, tmp_path):
     assert got['cloze'] | {'seconds': 0} == want['cloze'] | {'seconds': 0}
     assert got['iteration'] == 8 and got['perplexity']['stride'] == 16 and got['perplexity']['context'] == 32
     assert f'{got["perplexity"]["word_perplexity"]:,.2f}' in cli('--checkpoint', run, '--text', f, '--stride', 16).stdout
+    assert f'{got["cloze"]["accuracy"]:.2%}' in shown
 
 
 def test_cli_defaults_to_the_held_out_text(run):
