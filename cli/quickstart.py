@@ -24,14 +24,18 @@ def quickstart(
     vocab_size: Annotated[int, typer.Option(help='Entries in the tokenizer trained on the built-in corpus.')] = 4096,
     iters: Annotated[int, typer.Option(help='Training steps of the tiny model (16 x 256 tokens each).')] = 600,
 ):
-    """The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, evaluation, then sizing real runs."""
+    """The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, evaluation, sizing real runs, and a sample of text from the model."""
     start = time.perf_counter()
     _data_stage(out_dir, vocab_size)
     _train_stage(out_dir, iters)
     _estimate_stage()
+    run = out_dir / 'run'
     out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset tiny --data {out_dir}/data/corpus_text_document '
-              f'--tokenizer {out_dir}/tokenizer --out {out_dir}/run --resume --iters {2 * iters}[/] to train on, '
-              '[bold]gptkit estimate --help[/], and the notebooks in nbs/.')
+              f'--tokenizer {out_dir}/tokenizer --out {run} --resume --iters {2 * iters}[/] to train on, '
+              f'[bold]gptkit generate --checkpoint {run}[/] (an interactive prompt), [bold]gptkit serve --checkpoint {run}[/] '
+              f'(a web page and the Megatron and OpenAI APIs), [bold]gptkit eval --checkpoint {run}[/], '
+              f'[bold]gptkit checkpoint export {run} {out_dir}/hf --to hf[/], [bold]gptkit estimate --help[/], and the notebooks in nbs/.')
+    _sample_stage(run)
 
 
 def _data_stage(out_dir: Path, vocab_size: int):
@@ -80,6 +84,18 @@ def _train_stage(out_dir: Path, iters: int):
     out.print(f'4. held-out text ({HELD_OUT}, {len(held):,} tokens): loss [bold]{ours:.3f}[/] (perplexity {math.exp(ours):,.0f}) '
               f'against [bold]{base:.3f}[/] (perplexity {math.exp(base):,.0f}) for a unigram model of the training data\n')
     return ours, base
+
+
+def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int = 80):
+    "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
+    from gptkit.generate import Generator, Sampling
+    gen = Generator.from_checkpoint(run, device='cpu')
+    out.rule(f'[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {run} --top-k 40 --temperature 0.8 --seed 0)',
+             align='left')
+    out.print(f'[bold]{prompt}[/]', end='')
+    for c in gen.stream([prompt], Sampling(max_new_tokens=tokens, temperature=0.8, top_k=40, seed=0)):
+        out.print(c.text, end='', markup=False, highlight=False)
+    out.print()
 
 
 def _estimate_stage():

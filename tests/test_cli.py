@@ -24,7 +24,7 @@ def test_help_lists_only_real_commands(opt):
     assert r.exit_code == 0
     assert 'estimate' in r.output and 'quickstart' in r.output
     commands = {c.name for c in __import__('typer').main.get_command(app).commands.values()}
-    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train'}
+    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train', 'generate', 'serve', 'client', 'eval', 'checkpoint'}
 
 
 def test_version():
@@ -33,7 +33,7 @@ def test_version():
     assert r.exit_code == 0 and r.output.strip() == f'gptkit {version("gptkit")}'
 
 
-@pytest.mark.parametrize('args', [['--help'], ['train', '--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
+@pytest.mark.parametrize('args', [['--help'], ['train', '--help'], ['generate', '--help'], ['serve', '--help'], ['client', '--help'], ['eval', '--help'], ['checkpoint', 'export', '--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
 def test_startup_imports_nothing_heavy(args):
     code = ('import sys; from gptkit_cli.main import app\n'
             'try: app(%r)\nexcept SystemExit: pass\n'
@@ -128,3 +128,7 @@ def test_quickstart(tmp_path):
     from gptkit.tokenizer import load
     ds, tok = IndexedDataset(tmp_path / 'qs' / 'data' / 'corpus_text_document'), load(tmp_path / 'qs' / 'tokenizer')
     assert ds.num_documents == 1238 and tok.decode(ds.document(0)[:40]).startswith("ALL'S WELL THAT ENDS WELL")
+    from gptkit.generate import Generator, Sampling      # it ends with a sample from the checkpoint it trained
+    sample = Generator.from_checkpoint(tmp_path / 'qs' / 'run').complete(['And the king said unto'], Sampling(80, 0.8, 40, seed=0))[0].text
+    tail = r.output[r.output.index('9. A sample from the model trained above'):]
+    assert ' '.join(tail.split()).endswith(' '.join(('And the king said unto' + sample).split()))
