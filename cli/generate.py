@@ -60,7 +60,7 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
                 status.update(f'generating: {total:,} tokens, {total / (time.perf_counter() - t0):,.1f} tokens/s')
                 if c.finish_reason:
                     sample = f', sample {i % samples + 1}' if samples > 1 else ''
-                    out.rule(f'[dim]{seqs[i][0]}{sample} ({c.finish_reason})[/]', align='left')
+                    out.print(f'[dim]── {seqs[i][0]}{sample} ({c.finish_reason})[/]', soft_wrap=True)
                     out.print(f'[bold]{seqs[i][1]}[/]', end='')
                     out.print(texts[i], markup=False, highlight=False)
     dt = time.perf_counter() - t0
