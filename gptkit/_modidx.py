@@ -404,6 +404,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.train._Stop._handle': ('train.html#_stop._handle', 'gptkit/train.py'),
                               'gptkit.train._all_sum': ('train.html#_all_sum', 'gptkit/train.py'),
                               'gptkit.train._check_precision': ('train.html#_check_precision', 'gptkit/train.py'),
+                              'gptkit.train._follow_schedule': ('train.html#_follow_schedule', 'gptkit/train.py'),
                               'gptkit.train._grad_norm': ('train.html#_grad_norm', 'gptkit/train.py'),
                               'gptkit.train._setup_data': ('train.html#_setup_data', 'gptkit/train.py'),
                               'gptkit.train._split': ('train.html#_split', 'gptkit/train.py'),

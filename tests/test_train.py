@@ -43,6 +43,21 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tiny_data, tmp_path, zer
     assert second.valid_loss == full.valid_loss and second.test_loss == full.test_loss
 
 
+def test_resume_with_a_new_learning_rate_follows_it(tiny_data, tmp_path):
+    "Fine-tuning a checkpoint (an import, or a run continued) at another lr: the schedule follows the new optim settings"
+    from gptkit.config import lr_at
+    from gptkit.train import Callback
+    first = train(config(tiny_data, tmp_path, 'train.iters=3'))
+    lrs = []
+    class Lr(Callback):
+        def on_step(self, m): lrs.append((m.iteration, m.lr))
+    cfg = config(tiny_data, tmp_path, 'train.iters=6', 'optim.lr=5e-4', 'optim.warmup=0')
+    train(cfg, callbacks=[Lr()], resume=True)
+    assert first.iteration == 3 and [i for i, _ in lrs] == [4, 5, 6]
+    assert [lr for _, lr in lrs] == pytest.approx([lr_at(cfg.optim, i, 6) for i, _ in lrs], rel=1e-6)   # as a run at 5e-4 from the start
+    assert max(lr for _, lr in lrs) <= 5e-4
+
+
 def test_run_folder_holds_config_metrics_tensorboard_and_checkpoint(tiny_data, tmp_path):
     r = train(config(tiny_data, tmp_path / 'run', 'train.save_interval=2', 'train.keep=2'))
     run = tmp_path / 'run'
