@@ -90,8 +90,8 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
     "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
     from gptkit.generate import Generator, Sampling
     gen = Generator.from_checkpoint(run, device='cpu')
-    out.rule(f'[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {run} --top-k 40 --temperature 0.8 --seed 0)',
-             align='left')
+    out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {run} --top-k 40 --temperature 0.8 '
+              '--seed 0):', soft_wrap=True)
     out.print(f'[bold]{prompt}[/]', end='')
     for c in gen.stream([prompt], Sampling(max_new_tokens=tokens, temperature=0.8, top_k=40, seed=0)):
         out.print(c.text, end='', markup=False, highlight=False)
