@@ -71,6 +71,7 @@ def test_megatron_logprobs_and_scoring(url, gen):
     ({'prompts': ['']}, 'Empty prompts require add_BOS=true'),
     ({'prompts': ['a'], 'max_len': 5}, 'max_len is not a field of this API'),
     ({'prompts': ['word ' * 100]}, re.compile(r'prompts has \d+ tokens; this server takes at most 63')),
+    ({'prompts': ['a'], 'random_seed': 2**64}, 'random_seed must be a whole number from 0 to 2**63 - 1, not 18446744073709551616'),
 ])
 def test_megatron_bad_requests(url, body, message):
     r = httpx.put(url + '/api', json=body)
@@ -122,6 +123,8 @@ def test_stop_strings(url, gen):
     ({'prompt': 'x', 'max_token': 3}, 400, 'max_token is not a field of this API'),
     ({'prompt': 'x', 'stop': ['']}, 400, 'stop must be up to 4 non-empty strings'),
     ({'prompt': 'word ' * 100}, 400, 'prompt has '),
+    ({'prompt': 'x', 'seed': 2**70}, 400, 'seed must be a whole number from 0 to 2**63 - 1'),
+    (b'{"prompt": "x", "temperature": NaN}', 400, 'temperature must be between 0 and 2'),
 ])
 def test_openai_bad_requests(url, body, status, message):
     kw = {'content': body, 'headers': {'content-type': 'application/json'}} if isinstance(body, bytes) else {'json': body}
