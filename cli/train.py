@@ -18,7 +18,7 @@ from gptkit_cli.app import app, flag, out, report
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters', 'train.tokens': '--tokens',
-         'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set'}
+         'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp', 'parallel.pp': '--pp'}
 LAUNCHERS = ('torchrun', 'deepspeed')
 
 
@@ -32,7 +32,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens) -> RunConfig:
+def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None) -> RunConfig:
     "The RunConfig from the command line; on a CPU-only machine precision defaults to fp32"
     from gptkit.config import load_file, resolve
     sets = list(sets)
@@ -41,7 +41,8 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens) -
         if not in_file and not any(s.strip().startswith('train.precision=') for s in sets):
             sets.insert(0, 'train.precision=fp32')
     over = {'data': {k: v for k, v in (('prefix', data), ('tokenizer', tokenizer)) if v is not None},
-            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens)) if v is not None}}
+            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens)) if v is not None},
+            'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
     if preset is None and config is None: preset = 'tiny'
     cfg = resolve(preset, config, sets, {k: v for k, v in over.items() if v}, **top)
@@ -102,6 +103,8 @@ def train(
     out_dir: Annotated[Optional[Path], typer.Option('--out', help='Run folder: config, metrics, TensorBoard events, checkpoints.')] = None,
     iters: Annotated[Optional[int], typer.Option(help='Optimizer steps.')] = None,
     tokens: Annotated[Optional[str], typer.Option(help='Train on this many tokens instead of --iters (like 300B).')] = None,
+    tp: Annotated[Optional[int], typer.Option(help='Tensor-parallel degree (parallel.tp): each layer split over this many processes.')] = None,
+    pp: Annotated[Optional[int], typer.Option(help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')] = None,
     resume: Annotated[bool, typer.Option('--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
     dry_run: Annotated[bool, typer.Option('--dry-run', help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
     deepspeed_config: Annotated[Optional[Path], typer.Option(help='A DeepSpeed JSON merged over the generated one (experts).')] = None,
@@ -112,11 +115,13 @@ def train(
 ):
     """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed."""
     try:
-        cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens)
+        cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp)
         override = _ds_override(deepspeed_config)
         if launcher not in LAUNCHERS: raise ConfigError([('launcher', f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
         if nproc is not None and nproc < 1: raise ConfigError([('nproc', f'{{key}} must be at least 1, not {nproc}')])
         launched = 'RANK' in os.environ or local_rank is not None
+        if nproc is None and not launched and cfg.parallel.tp * cfg.parallel.pp > 1:
+            nproc = cfg.parallel.tp * cfg.parallel.pp     # one model replica: as many processes as the model is split into
         rank = int(os.environ.get('RANK', 0))
         world = nproc or int(os.environ.get('WORLD_SIZE', 1))
         if dry_run: return _dry_run(cfg, override, world, launcher, nproc)
