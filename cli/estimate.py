@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from gptkit.config import ConfigError, ParallelConfig, TrainConfig, derive_dp, parse_size
-from gptkit.estimate import Estimate, GiB, estimate as run_estimate, get_gpu, resolve_model, search as run_search
+from gptkit.estimate import Estimate, GiB, estimate as run_estimate, get_gpu, resolve_model, search as run_search, train_flags
 
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
@@ -131,3 +131,6 @@ def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
     out.print(t)
     out.print('[dim]Sequence parallelism on when tp > 1. Time: compute at the assumed MFU, plus TP communication and '
               'exposed data-parallel traffic, stretched by the pipeline bubble (see nbs/01_estimate.ipynb).[/]')
+    out.print(f'\n[bold]As gptkit train options[/] (on {gpus} processes; dp = processes / (tp x pp)):')
+    for i, e in enumerate(results, 1):
+        out.print(f'{i:>2}  {train_flags(e.parallel, e.train)}', soft_wrap=True, highlight=False)
