@@ -1,4 +1,4 @@
-"""`gptkit checkpoint inspect|export|import`: look inside a checkpoint, and convert it to and from Hugging Face and Megatron-LM."""
+"""`gptkit checkpoint inspect|export|import|reshard`: look inside a checkpoint, convert it to and from Hugging Face and Megatron-LM, and between parallel layouts."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from rich.table import Table
 from gptkit.config import ConfigError
 from gptkit_cli.app import app, err, handles_errors, out
 
-checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face GPT-2 and Megatron-LM.',
+checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face GPT-2 and Megatron-LM, and between parallel layouts.',
                              no_args_is_help=True, context_settings={'help_option_names': ['-h', '--help']})
 app.add_typer(checkpoint_app, name='checkpoint')
 Arg, Opt = typer.Argument, typer.Option
@@ -91,3 +91,19 @@ def import_(src: Annotated[Path, Arg(metavar='SRC', help='A Hugging Face GPT-2 f
     out.print(f'[bold green]imported[/] {src} into {done}; continue training with '
               f'[bold]gptkit train --config {done}/config.json --out {done} --resume --data PREFIX --iters N[/]', soft_wrap=True)
 
+
+
+@checkpoint_app.command()
+@handles_errors
+def reshard(path: CheckpointPath,
+            out_dir: Annotated[Path, Arg(metavar='OUT', help='The run folder to write (new or empty).')],
+            tp: Annotated[int, Opt(help='Tensor-parallel degree of the new layout.')] = 1,
+            pp: Annotated[int, Opt(help='Pipeline-parallel degree of the new layout.')] = 1,
+            balance: Annotated[str, Opt(help="Pipeline stages balanced by 'layers' or 'parameters'.")] = 'layers'):
+    """Convert a checkpoint of any tensor/pipeline layout into another one (weights, step and data position)."""
+    from gptkit.checkpoint import reshard as run
+    with err.status(f'resharding {path} to tp {tp} x pp {pp} ...'):
+        done = run(path, out_dir, tp, pp, balance)
+    out.print(f'[bold green]resharded[/] {path} into {done} for tp {tp} x pp {pp}; continue training with '
+              f'[bold]gptkit train --out {done} --config {done}/config.json --resume --tp {tp} --pp {pp} --data PREFIX[/] '
+              '(the optimizer restarts at the saved step)', soft_wrap=True)

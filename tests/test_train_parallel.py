@@ -1,0 +1,132 @@
+"""`gptkit train --tp/--pp` through a launcher: the same losses as one process, checkpoints that resume, and tools that read any layout."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TINY_SETS
+
+DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+
+
+def _cli(*args):
+    env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, 'PYTHONUNBUFFERED': '1'}
+    return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def _sets(*extra):
+    return [a for s in TINY_SETS + ['train.save_interval=3'] + list(extra) for a in ('--set', s)]
+
+
+def _losses(run):
+    rows = [json.loads(l) for l in (run / 'metrics.jsonl').read_text().splitlines()]
+    return [r['loss'] for r in rows if r['kind'] == 'train'], [r['loss'] for r in rows if r['kind'] in ('valid', 'test')]
+
+
+@pytest.fixture(scope='module')
+def runs(tiny_data, tmp_path_factory):
+    "One run per layout, all with the same global batch of 4 sequences"
+    prefix, tok = tiny_data
+    root = tmp_path_factory.mktemp('layouts')
+    layouts = {'one': [], 'tp2': ['--tp', '2'], 'pp2': ['--pp', '2'], 'tp2pp2': ['--tp', '2', '--pp', '2'],
+               'dp2tp2sp': ['--tp', '2', '--nproc', '4', '--set', 'parallel.sequence_parallel=true', '--set', 'parallel.zero=1']}
+    for name, extra in layouts.items():
+        r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(root / name), *_sets(), *extra)
+        assert r.returncode == 0, name + r.stdout[-3000:] + r.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize('name', ['tp2', 'pp2', 'tp2pp2', 'dp2tp2sp'])
+def test_every_layout_trains_like_one_process(runs, name):
+    (want, want_eval), (got, got_eval) = _losses(runs / 'one'), _losses(runs / name)
+    assert len(want) == 6 and got == pytest.approx(want, rel=1e-5) and got_eval == pytest.approx(want_eval, rel=1e-5)
+    ds = json.loads((runs / name / 'ds_config.json').read_text())
+    assert ds['train_batch_size'] == 4
+
+
+def test_a_parallel_run_resumes_where_it_stopped(runs, tiny_data, tmp_path):
+    prefix, tok = tiny_data
+    shutil.copytree(runs / 'tp2pp2', tmp_path / 'again', ignore=shutil.ignore_patterns('iter_0000006', 'metrics.jsonl', 'tensorboard'))
+    (tmp_path / 'again' / 'checkpoints' / 'latest').write_text('iter_0000003')
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'again'), *_sets(), '--tp', '2', '--pp', '2', '--resume')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert _losses(tmp_path / 'again')[0] == pytest.approx(_losses(runs / 'tp2pp2')[0][3:], rel=1e-6)
+
+
+def _logits_worker(rank, world, folder, ids_file, out):
+    import torch
+    import torch.distributed as dist
+    from gptkit.checkpoint import read_config, read_state
+    from gptkit.model import GPT
+    from gptkit.parallel import Layout, ParallelState, _gather, apply_tp, one_f_one_b, pipeline_stage, stage_input_shape
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'file://{out}/init', rank=rank, world_size=world)
+    try:
+        from pathlib import Path
+        folder = Path(folder)
+        cfg, layout = read_config(folder), read_state(folder)['layout']
+        ps = ParallelState.build(Layout.for_world(world, tp=layout['tp'], pp=layout['pp']))
+        model = pipeline_stage(apply_tp(GPT(cfg.model), ps), ps, layout.get('balance', 'layers'))
+        mp = ps.tp_rank + ps.layout.tp * ps.pp_rank
+        model.load_state_dict(torch.load(folder / f'mp_rank_{mp:02d}_model_states.pt', weights_only=False)['module'])
+        model.eval()
+        ids = torch.load(ids_file)
+        with torch.no_grad():
+            outs = one_f_one_b(model, None, [(ids, None)], ps, stage_input_shape(cfg.model, len(ids), ps.layout.tp), torch.float32, 'cpu', train=False)
+        if ps.is_last_stage:
+            logits = _gather(outs[0], ps.tp_group)[..., :cfg.model.vocab]
+            if ps.tp_rank == 0: torch.save(logits, f'{out}/logits.pt')
+    finally:
+        dist.destroy_process_group()
+
+
+def _parallel_logits(folder, world, ids, tmp):
+    import torch
+    from test_parallel_model import spawn
+    tmp.mkdir()
+    torch.save(ids, tmp / 'ids.pt')
+    spawn(_logits_worker, world, str(folder), str(tmp / 'ids.pt'), str(tmp))
+    return torch.load(tmp / 'logits.pt')
+
+
+def test_reshard_round_trip_gives_identical_logits(runs, tmp_path):
+    "TP 2 x PP 2 (as trained) -> TP 1 x PP 1 -> TP 2 x PP 1: the same logits from each layout, computed in that layout"
+    import torch
+    from gptkit.checkpoint import find, load_model, load_weights
+    trained = find(runs / 'tp2pp2')
+    r = _cli('checkpoint', 'reshard', str(trained), str(tmp_path / 'one'))
+    assert r.returncode == 0 and 'resharded' in r.stdout, r.stdout + r.stderr
+    r = _cli('checkpoint', 'reshard', str(tmp_path / 'one'), str(tmp_path / 'tp2'), '--tp', '2')
+    assert r.returncode == 0, r.stdout + r.stderr
+    ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    a = _parallel_logits(trained, 4, ids, tmp_path / 'a')
+    b = load_model(tmp_path / 'one').model(ids).detach()
+    c = _parallel_logits(find(tmp_path / 'tp2'), 2, ids, tmp_path / 'c')
+    assert a.shape == b.shape == c.shape == (2, 32, 512)
+    assert (a - b).abs().max() < 1e-5 and (c - b).abs().max() < 1e-5
+    w = load_weights(trained)
+    assert all(torch.equal(w[k], v) for k, v in load_weights(tmp_path / 'tp2').items())
+
+
+def test_tools_read_any_layout(runs, tmp_path):
+    "generate, inspect and export take the TP 2 x PP 2 checkpoint as it is"
+    r = _cli('checkpoint', 'inspect', str(runs / 'tp2pp2'), '--json')
+    assert r.returncode == 0 and json.loads(r.stdout)['layout']['tp'] == 2 and json.loads(r.stdout)['layout']['pp'] == 2
+    args = ['generate', '--prompt', 'And God said', '--greedy', '--max-new-tokens', '8']
+    a = _cli(*args, '--checkpoint', str(runs / 'tp2pp2'))
+    assert _cli('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'one')).returncode == 0
+    b = _cli(*args, '--checkpoint', str(tmp_path / 'one'))
+    assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and 'And God said' in a.stdout, a.stderr[-2000:]
+    e = _cli('checkpoint', 'export', str(runs / 'tp2pp2'), str(tmp_path / 'hf'), '--to', 'hf')
+    assert e.returncode == 0 and (tmp_path / 'hf' / 'model.safetensors').is_file(), e.stderr[-2000:]
+
+
+def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, tiny_data, tmp_path):
+    prefix, tok = tiny_data
+    shutil.copytree(runs / 'tp2pp2', tmp_path / 'run', ignore=shutil.ignore_patterns('metrics.jsonl', 'tensorboard'))
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'), '--resume')
+    assert r.returncode == 1
+    assert 'was saved with tp 2 pp 2' in r.stderr and 'gptkit checkpoint reshard' in r.stderr, r.stderr[-2000:]
