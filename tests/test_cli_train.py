@@ -52,7 +52,7 @@ def test_config_file_and_overrides(tmp_path):
     (['--set', 'train.micro_batch=0', '--set', 'optim.lr=-1'], '--set train.micro_batch must be a positive whole number, not 0; --set optim.lr must be positive'),
     (['--preset', '7b'], "--preset '7b' is not a preset; choose one of tiny"),
     (['--iters', '0'], '--iters must be a positive whole number, not 0'),
-    (['--set', 'parallel.tp=5', '--preset', '125m'], '--set parallel.tp 5 must divide the 12 attention heads'),
+    (['--set', 'parallel.tp=5', '--preset', '125m'], '--tp 5 must divide the 12 attention heads'),
     (['--launcher', 'mpirun', '--nproc', '2'], "--launcher must be torchrun or deepspeed, not 'mpirun'"),
 ])
 def test_bad_settings_name_the_flag(args, message):

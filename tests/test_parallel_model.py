@@ -78,3 +78,40 @@ def test_parallel_gpt_equals_the_single_process_model(tmp_path, world, tp, pp, s
     for rank in range(world):
         errs = torch.load(tmp_path / f'{rank}.pt')
         assert errs['loss'] < 1e-5 and errs['grad'] < 1e-5 and errs['weights'] < 1e-5, (rank, errs)
+
+
+def _dropout_worker(rank, world, init_file, out):
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
+    try:
+        ps = ParallelState.build(Layout.for_world(world, tp=world))
+        cfg = ModelConfig(layers=2, hidden=32, heads=4, seq_len=16, vocab=200, dropout=0.2)
+        ids = torch.randint(0, 200, (2, 17), generator=torch.Generator().manual_seed(3))
+        res = {}
+        for sp in (False, True):
+            for recompute in ('none', 'selective', 'full'):
+                torch.manual_seed(0)
+                model = apply_tp(GPT(cfg, recompute=recompute), ps, sequence_parallel=sp, seed=7)
+                loss = model(ids[:, :-1], ids[:, 1:])
+                loss.backward()
+                res[sp, recompute] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+        errs = {}
+        for sp in (False, True):     # recomputation replays the dropout masks it drew (tracker states included)
+            for recompute in ('selective', 'full'):
+                (l0, g0), (l1, g1) = res[sp, 'none'], res[sp, recompute]
+                errs[f'{sp}-{recompute}'] = max([abs(l0 - l1).item()] + [(g0[n] - g1[n]).abs().max().item() for n in g0])
+        losses = [torch.zeros(()) for _ in range(world)]
+        dist.all_gather(losses, res[False, 'none'][0])          # replicated activations got the same masks on every TP rank
+        errs['tp-ranks-agree'] = max(abs(l - losses[0]).item() for l in losses)
+        errs['dropout-active'] = -abs(res[False, 'none'][0] - res[True, 'none'][0]).item()   # SP draws its own masks: a different loss
+        torch.save(errs, f'{out}/{rank}.pt')
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dropout_is_shared_where_replicated_and_replayed_by_recomputation(tmp_path):
+    spawn(_dropout_worker, 2, str(tmp_path / 'init'), str(tmp_path))
+    for rank in range(2):
+        errs = torch.load(tmp_path / f'{rank}.pt')
+        assert errs.pop('dropout-active') < -1e-4, errs
+        assert max(errs.values()) < 1e-6, (rank, errs)

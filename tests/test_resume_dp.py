@@ -121,9 +121,14 @@ def test_model_parallel_checkpoints_on_another_data_parallel_size_are_refused(ti
     resumed = _from_step_3(two_ranks(1), tmp_path / 'resumed')
     state = resumed / 'checkpoints' / 'iter_0000003' / 'state.json'        # the layout that later versions record
     state.write_text(json.dumps({**json.loads(state.read_text()), 'layout': {'tp': 2, 'pp': 1, 'dp': 2}}))
-    with pytest.raises(ckpt.CheckpointError, match=r'iter_0000003 was saved with tp=2, pp=1 on 2 data-parallel ranks; only tp=pp=1 '
-                                                    r'checkpoints can resume on another number of data-parallel ranks \(1 here\)'):
+    with pytest.raises(ckpt.CheckpointError, match=r'iter_0000003 was saved with tp 2 pp 1 .* this run has tp 1 pp 1 .*; convert it with '
+                                                    r'gptkit checkpoint reshard .* or train with --tp 2 --pp 1'):
         _one_process(tiny_data, resumed, 1, resume=True)
+    folder = state.parent                                                   # the same split on another DP size
+    with pytest.raises(ckpt.CheckpointError, match=r'iter_0000003 was saved with tp=2, pp=1 on 2 data-parallel ranks; only tp=pp=1 '
+                                                    r'checkpoints can resume on another number of data-parallel ranks \(1 here\); '
+                                                    r'gptkit checkpoint reshard'):
+        ckpt._load_repartitioned(None, folder, json.loads(state.read_text()), 2, 1, 0)
 
 
 def test_resuming_with_another_global_batch_says_so(tiny_data, two_ranks, tmp_path, caplog):
