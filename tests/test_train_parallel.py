@@ -131,3 +131,16 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, tiny_d
     r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'), '--resume')
     assert r.returncode == 1
     assert 'was saved with tp 2 pp 2' in r.stderr and 'gptkit checkpoint reshard' in r.stderr, r.stderr[-2000:]
+
+
+def test_training_continues_in_another_layout_after_reshard(runs, tiny_data, tmp_path):
+    "TP 2 x PP 2 -> reshard -> TP 2 x PP 1: the run goes on from step 6 with the weights it had (the optimizer restarts)"
+    prefix, tok = tiny_data
+    assert _cli('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'tp2'), '--tp', '2').returncode == 0
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'tp2'), *_sets('train.iters=8', 'train.eval_iters=0'),
+             '--tp', '2', '--resume')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [json.loads(l) for l in (tmp_path / 'tp2' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
+    assert [row['iteration'] for row in rows] == [7, 8]
+    last = _losses(runs / 'tp2pp2')[0][-1]
+    assert abs(rows[0]['loss'] - last) < 0.05, (rows[0]['loss'], last)     # where the run was, not a fresh model (ln 512 = 6.2)
