@@ -44,11 +44,32 @@ def write_index(out: Path, pages: list[tuple[str, Path]]):
     tmp.replace(out / 'index.html')
 
 
+def test_flags() -> set[str]:
+    "The flags of cells nbdev-test skips unless asked: settings.ini `tst_flags` (the project uses gpu and slow)"
+    import configparser
+    ini = configparser.ConfigParser()
+    ini.read(ROOT / 'settings.ini')
+    return {'gpu', 'slow'} | set(ini.get('DEFAULT', 'tst_flags', fallback='').replace(',', ' ').split())
+
+
+def flagged(source: str, flags: set[str]) -> bool:
+    "Whether a cell carries one of `flags` as an nbdev directive (`#| gpu`)"
+    for line in source.splitlines():
+        s = line.strip()
+        if not s.startswith('#|'): break
+        if s[2:].strip() in flags: return True
+    return False
+
+
 def execute(nb_path: Path):
-    "Run a notebook in place, in its own folder, so its outputs appear in the docs"
+    "Run a notebook in place, in its own folder, so its outputs appear in the docs (flagged cells are shown, not run)"
     import nbformat
     from nbconvert.preprocessors import ExecutePreprocessor
     nb = nbformat.read(nb_path, as_version=4)
+    flags = test_flags()
+    for c in nb.cells:
+        if c.cell_type == 'code' and flagged(c.source, flags):
+            c.metadata.setdefault('tags', []).append('skip-execution')
     ExecutePreprocessor(timeout=600, kernel_name='python3').preprocess(nb, {'metadata': {'path': str(nb_path.parent)}})
     nbformat.write(nb, nb_path)
 
@@ -71,10 +92,12 @@ def render_html(out: Path, run: bool = True) -> list[Path]:
     build = ROOT / '_build' / 'nbs'
     shutil.rmtree(build.parent, ignore_errors=True)
     shutil.copytree(ROOT / 'nbs', build, ignore=shutil.ignore_patterns('*.yml', '.ipynb_checkpoints'))
-    if run:
-        for nb in sorted(build.glob('*.ipynb')):
+    if run:   # two kernels at a time: much of a notebook's run is start-up, imports and waiting on subprocesses
+        from concurrent.futures import ThreadPoolExecutor
+        def run_one(nb):
             execute(nb)
-            print(f'executed nbs/{nb.name}')
+            print(f'executed nbs/{nb.name}', flush=True)
+        with ThreadPoolExecutor(2) as pool: list(pool.map(run_one, sorted(build.glob('*.ipynb'))))
     proc_nbs(path=str(build), force=True)
     out.mkdir(parents=True, exist_ok=True)
     pages = []
