@@ -24,7 +24,7 @@ def test_help_lists_only_real_commands(opt):
     assert r.exit_code == 0
     assert 'estimate' in r.output and 'quickstart' in r.output
     commands = {c.name for c in __import__('typer').main.get_command(app).commands.values()}
-    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train', 'generate', 'serve', 'client', 'eval', 'checkpoint'}
+    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train', 'profile', 'generate', 'serve', 'client', 'eval', 'checkpoint'}
 
 
 def test_version():
@@ -33,7 +33,7 @@ def test_version():
     assert r.exit_code == 0 and r.output.strip() == f'gptkit {version("gptkit")}'
 
 
-@pytest.mark.parametrize('args', [['--help'], ['train', '--help'], ['generate', '--help'], ['serve', '--help'], ['client', '--help'], ['eval', '--help'], ['checkpoint', 'export', '--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
+@pytest.mark.parametrize('args', [['--help'], ['train', '--help'], ['profile', '--help'], ['generate', '--help'], ['serve', '--help'], ['client', '--help'], ['eval', '--help'], ['checkpoint', 'export', '--help'], ['estimate', '--params', '13B'], ['estimate', '--params', '175B', '--search', '--gpus', '1024']])
 def test_startup_imports_nothing_heavy(args):
     code = ('import sys; from gptkit_cli.main import app\n'
             'try: app(%r)\nexcept SystemExit: pass\n'
