@@ -389,6 +389,11 @@ class ParallelOutputLayer(nn.Module):
             z = z.masked_fill(pad, float('-inf'))
         return z
     def loss(self, logits, targets): return vocab_parallel_cross_entropy(logits, targets, self.group).mean()
+    def chunked_loss(self, x, weight, targets, use_triton: bool = True):
+        "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels, model.kernels)"
+        from gptkit.kernels import chunked_cross_entropy
+        x = gather_from_sequence(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
+        return chunked_cross_entropy(x, weight, targets, self.real, _rank(self.group) * weight.shape[0], self.group, use_triton=use_triton)
 
 # %% ../nbs/08_parallel.ipynb #ab79771c
 def regroup_qkv(t, heads: int, tp: int):

@@ -1,0 +1,89 @@
+"""Fused kernels: each gptkit Triton kernel (forward + backward) against its eager torch reference and torch.compile of
+that reference, same process, same inputs, on a CUDA GPU.
+
+Kernels: bias + GELU (exact and tanh) at the MLP's shape, LayerNorm at the model width, and the chunked cross entropy
+(output layer + loss, vocabulary 50,304) against F.linear + fp32 F.cross_entropy, whose peak memory is printed too.
+Rounds alternate between the contenders so that machine noise hits all of them alike; the median time wins.
+Without a GPU it says so and exits 0 (the kernels are checked on CPU by tests/test_kernels.py, in Triton's interpreter).
+Run: .venv/bin/python benchmarks/kernels.py [--tokens 8192] [--hidden 768] [--vocab 50304] [--dtype bf16] [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def timed(fn, warmup: int = 2, steps: int = 5) -> float:
+    "Median-friendly seconds per call of fn() (forward and backward), after warmup"
+    for _ in range(warmup): fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps): fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def fwd_bwd(op, *inputs):
+    "A closure running op(*inputs) forward and backward, gradients dropped each time"
+    def run():
+        for t in inputs:
+            if t.requires_grad: t.grad = None
+        out = op(*inputs)
+        out.backward(torch.ones_like(out) if out.dim() else None)
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--tokens', type=int, default=8192, help='batch x sequence')
+    ap.add_argument('--hidden', type=int, default=768)
+    ap.add_argument('--vocab', type=int, default=50304)
+    ap.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'])
+    ap.add_argument('--rounds', type=int, default=7)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print('benchmarks/kernels.py times the Triton kernels on a GPU; there is no CUDA GPU here, so nothing was timed.')
+        return
+    from gptkit import kernels as K
+    if K.triton is None:
+        print('benchmarks/kernels.py needs Triton: pip install -c constraints.txt triton')
+        return
+    dt = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[a.dtype]
+    dev, n, h, v = 'cuda', a.tokens, a.hidden, a.vocab
+    g = lambda *shape, scale=1.0: (torch.randn(*shape, device=dev) * scale).to(dt).requires_grad_()
+    torch.manual_seed(0)
+    x4, b4 = g(n, 4 * h), g(4 * h)
+    xh, w, b = g(n, h), g(h), g(h)
+    xc, W = g(n, h), g(v, h, scale=0.02)
+    t = torch.randint(0, v, (n,), device=dev)
+    ce_ref = lambda x, W: K.cross_entropy_reference(x, W, t)
+    cases = {
+        'bias+gelu': (lambda x, b: K.bias_gelu(x, b), K.bias_gelu_reference, (x4, b4)),
+        'bias+gelu tanh': (lambda x, b: K.bias_gelu(x, b, 'tanh'), lambda x, b: K.bias_gelu_reference(x, b, 'tanh'), (x4, b4)),
+        'layernorm': (K.layer_norm, lambda x, w, b: F.layer_norm(x, (h,), w, b), (xh, w, b)),
+        'chunked CE': (lambda x, W: K.chunked_cross_entropy(x, W, t, use_triton=True), ce_ref, (xc, W)),
+    }
+    print(f'{torch.cuda.get_device_name()}, {a.dtype}, {n} tokens, hidden {h}, vocabulary {v:,}; forward + backward, median of {a.rounds} rounds')
+    print(f"{'kernel':<16}{'triton ms':>11}{'eager ms':>10}{'compile ms':>12}{'eager/triton':>14}{'compile/triton':>16}")
+    for name, (fused, ref, inputs) in cases.items():
+        runs = {'triton': fwd_bwd(fused, *inputs), 'eager': fwd_bwd(ref, *inputs), 'compile': fwd_bwd(torch.compile(ref), *inputs)}
+        times = {k: [] for k in runs}
+        for _ in range(a.rounds):
+            for k, fn in runs.items(): times[k].append(timed(fn))
+        ms = {k: statistics.median(s) * 1e3 for k, s in times.items()}
+        print(f"{name:<16}{ms['triton']:>11.3f}{ms['eager']:>10.3f}{ms['compile']:>12.3f}"
+              f"{ms['eager'] / ms['triton']:>13.2f}x{ms['compile'] / ms['triton']:>15.2f}x")
+    peaks = {}
+    for k, fn in (('triton', fwd_bwd(cases['chunked CE'][0], xc, W)), ('eager', fwd_bwd(ce_ref, xc, W))):
+        fn(); torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats(); base = torch.cuda.memory_allocated()
+        fn(); torch.cuda.synchronize(); peaks[k] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    print(f"chunked CE peak memory above its inputs: {peaks['triton']:,.0f} MiB, eager {peaks['eager']:,.0f} MiB "
+          f"({peaks['eager'] / max(peaks['triton'], 1e-9):.1f}x)")
+
+
+if __name__ == '__main__':
+    main()
