@@ -1,4 +1,5 @@
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,13 @@ def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)
     return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('ckpt') / 'run', 'a random tiny GPT')
+
+
+@contextmanager
+def torch_threads(n: int):
+    "torch on `n` threads inside the block: tiny models run fastest on one, and do not stall when other processes share the cores"
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(old)

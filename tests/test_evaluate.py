@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from conftest import TINY_SETS
+from conftest import TINY_SETS, torch_threads
 from gptkit import evaluate as ev
 from gptkit.checkpoint import load_model
 from gptkit.config import resolve
@@ -24,11 +24,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope='module', autouse=True)
 def one_thread():
-    "The models here are tiny: one thread is fastest, and avoids stalls when other processes share the cores"
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1): yield
 
 
 @pytest.fixture(scope='module')

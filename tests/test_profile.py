@@ -6,6 +6,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from conftest import torch_threads
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -13,12 +14,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def one_thread():
-    "The tiny model is fastest on one thread, and does not stall when the two cores are shared"
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    with torch_threads(1): yield
 
 
 @pytest.mark.parametrize('steps,why', [('4-2', "'4-2' has the range 4-2, which ends before it starts"),
