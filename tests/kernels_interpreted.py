@@ -1,0 +1,227 @@
+"""gptkit.kernels: every Triton kernel, forward and backward, through Triton's interpreter on CPU tensors against its
+torch reference; the chunked cross entropy in its torch form, vocabulary-parallel on 2 gloo processes, in the model,
+and the `model.kernels` switch. CUDA-only checks are marked `gpu` (skipped without a GPU).
+
+tests/test_kernels.py runs this file in a fresh process with TRITON_INTERPRET=1 set from the start: in the main test
+process other libraries (megatron-core, DeepSpeed) import Triton first, without the interpreter."""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# Without a GPU the interpreter must be on when the kernels are defined (at import) and when they run: set it, import
+# (or re-import) gptkit.kernels, put the environment back, and set it again around each test here (fixture below).
+DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
+_saved = os.environ.get('TRITON_INTERPRET')
+if DEV == 'cpu': os.environ['TRITON_INTERPRET'] = '1'
+try:
+    import gptkit.kernels as K
+    if DEV == 'cpu' and K.triton is not None and not K.interpreted(): K = importlib.reload(K)
+finally:
+    if _saved is None: os.environ.pop('TRITON_INTERPRET', None)
+    else: os.environ['TRITON_INTERPRET'] = _saved
+
+from gptkit.config import ConfigError, ModelConfig
+from gptkit.model import GPT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    if DEV == 'cpu': monkeypatch.setenv('TRITON_INTERPRET', '1')
+needs_triton = pytest.mark.skipif(K.triton is None, reason='Triton is not installed')
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+def compare(fn, ref, inputs, tol):
+    "Max differences (relative to the largest value when above 1) of output and input gradients of fn (in the inputs' dtype) and ref (in fp32 on the same values)"
+    a = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    b = [t.detach().float().requires_grad_(t.is_floating_point()) if t.is_floating_point() else t for t in inputs]
+    ya, yb = fn(*a), ref(*b)
+    g = (torch.randn(yb.shape, generator=torch.Generator().manual_seed(3)) if yb.dim() else torch.tensor(1.0)).to(yb.device)
+    ya.backward(g.to(ya.dtype)); yb.backward(g)
+    errs = [(ya.float() - yb).abs().max().item() / max(1.0, yb.abs().max().item())]   # relative to the largest value
+    for p, q in zip(a, b):
+        if p.grad is not None:
+            scale = max(1.0, q.grad.abs().max().item())
+            errs.append((p.grad.float() - q.grad).abs().max().item() / scale)
+    assert max(errs) < tol, errs
+    return errs
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('approximate', ['none', 'tanh'])
+def test_bias_gelu_matches_torch(approximate, dtype):
+    torch.manual_seed(0)
+    x, b = (torch.randn(3, 5, 72) * 4).to(DEV, dtype), torch.randn(72).to(DEV, dtype)
+    x[0, 0, :4] = torch.tensor([-30.0, 30.0, 0.0, -1e-3])            # the tails of tanh and erf, and zero
+    compare(lambda x, b: K.bias_gelu(x, b, approximate), lambda x, b: K.bias_gelu_reference(x, b, approximate), [x, b], TOL[dtype])
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('shape', [(2, 9, 40), (37, 64)])
+def test_layer_norm_matches_torch(shape, dtype):
+    torch.manual_seed(0)
+    n = shape[-1]
+    x = (torch.randn(shape) * 3 + 2).to(DEV, dtype)
+    w, b = torch.randn(n).to(DEV, dtype), torch.randn(n).to(DEV, dtype)
+    compare(lambda x, w, b: K.layer_norm(x, w, b), lambda x, w, b: F.layer_norm(x, (n,), w, b), [x, w, b], TOL[dtype] * 2)
+
+
+def _ce_inputs(tokens=40, hidden=16, rows=96, vocab=90, dtype=torch.float32):
+    torch.manual_seed(0)
+    x, w = torch.randn(tokens, hidden).to(DEV, dtype), (torch.randn(rows, hidden) * 0.5).to(DEV, dtype)
+    t = torch.randint(0, vocab, (tokens,))
+    t[[3, 17]] = -100                                                  # ignored tokens
+    return x, w, t.to(DEV)
+
+
+def _ce_reference(x, w, t, vocab):
+    "F.cross_entropy on the real columns only (rows past `vocab` are padding)"
+    return K.cross_entropy_reference(x, w[:vocab], t)
+
+
+@pytest.mark.parametrize('chunk', [7, 16, 64])
+def test_chunked_cross_entropy_torch_form(chunk):
+    x, w, t = _ce_inputs()
+    compare(lambda x, w: K.chunked_cross_entropy(x, w, t, real=90, chunk=chunk), lambda x, w: _ce_reference(x, w, t, 90), [x, w], 1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+def test_chunked_cross_entropy_triton_kernels(dtype, monkeypatch):
+    monkeypatch.setattr(K, 'CE_BLOCK', 32)                            # several vocabulary blocks per row: the online lse
+    x, w, t = _ce_inputs(dtype=dtype)
+    compare(lambda x, w: K.chunked_cross_entropy(x, w, t, real=90, chunk=16, use_triton=True), lambda x, w: _ce_reference(x, w, t, 90),
+            [x, w], TOL[dtype])
+
+
+def test_chunk_size_follows_the_estimator():
+    from gptkit.estimate import ce_chunk_tokens
+    assert ce_chunk_tokens(8192, 50304) == 256 and ce_chunk_tokens(100, 50304) == 100 and ce_chunk_tokens(10**6, 10**7) == 16
+
+
+CFG = dict(layers=2, hidden=32, heads=2, seq_len=8, vocab=100, dropout=0.0)
+
+
+def _run(kernels, activation='gelu', ids=None):
+    torch.manual_seed(1)
+    m = GPT(ModelConfig(**CFG, activation=activation, kernels=kernels)).to(DEV)
+    loss = m(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    return m, loss, {n: p.grad for n, p in m.named_parameters()}
+
+
+@needs_triton
+@pytest.mark.parametrize('activation', ['gelu', 'gelu_tanh'])
+def test_model_with_triton_kernels_matches_torch(activation):
+    ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEV)
+    mt, lt, gt = _run('triton', activation, ids)
+    mr, lr, gr = _run('torch', activation, ids)
+    assert abs(lt.item() - lr.item()) < 1e-5
+    assert sorted(gt) == sorted(gr)                                    # no new parameters: checkpoints are the same
+    assert max((gt[n] - gr[n]).abs().max().item() for n in gr) < 1e-5
+    with torch.no_grad(): assert torch.allclose(mt(ids[:, :-1]), mr(ids[:, :-1]), atol=1e-5)   # generation keeps the logits path
+
+
+def test_switch():
+    x = torch.zeros(1)
+    assert not K.use_triton('auto', x) and not K.use_triton('torch', x)
+    if K.interpreted(): assert K.use_triton('triton', x)
+    elif K.triton is not None:
+        with pytest.raises(K.GptkitError, match='only under TRITON_INTERPRET=1'): K.use_triton('triton', x)
+    with pytest.raises(ConfigError, match="kernels must be one of auto, triton, torch, not 'cuda'"): ModelConfig(kernels='cuda')
+
+
+def test_auto_on_cpu_imports_no_triton():
+    code = ('import sys, torch; from gptkit.config import ModelConfig; from gptkit.model import GPT\n'
+            "m = GPT(ModelConfig(layers=1, hidden=16, heads=2, seq_len=8, vocab=50)); ids = torch.randint(0, 50, (1, 9))\n"
+            'm(ids[:, :-1], ids[:, 1:]).backward()\n'
+            "print([k for k in ('triton', 'gptkit.kernels') if k in sys.modules])")
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'TRITON_INTERPRET': '0'})
+    assert r.returncode == 0 and r.stdout.strip() == '[]', r.stderr
+
+
+def test_kernels_import_without_triton():
+    code = ("import sys; sys.modules['triton'] = None\n"                # `import triton` now raises ImportError
+            'import torch, gptkit.kernels as K\n'
+            'x, w, t = torch.randn(10, 8), torch.randn(20, 8), torch.randint(0, 20, (10,))\n'
+            'print(K.triton, K.use_triton("auto", x), round(abs(K.chunked_cross_entropy(x, w, t, chunk=4) - K.cross_entropy_reference(x, w, t)).item(), 6))\n'
+            'try: K.use_triton("triton", x)\nexcept Exception as e: print(type(e).__name__, e)')
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.splitlines()
+    assert first == 'None False 0.0' and second.startswith('GptkitError') and 'needs Triton installed' in second
+
+
+def test_estimator_logits_term_follows_the_switch():
+    from gptkit.estimate import logits_bytes
+    m = ModelConfig(layers=24, hidden=1024, heads=16, seq_len=1024)
+    chunked = ModelConfig(layers=24, hidden=1024, heads=16, seq_len=1024, kernels='triton')
+    assert logits_bytes(m, 8) == logits_bytes(ModelConfig(layers=24, hidden=1024, heads=16, seq_len=1024, kernels='torch'), 8)
+    assert logits_bytes(chunked, 8) < logits_bytes(m, 8) / 5
+    assert logits_bytes(chunked, 8, peak=False) < logits_bytes(m, 8, peak=False) / 10
+
+
+def _tp_worker(rank, world, sp, init_file):
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
+    try:
+        from gptkit.parallel import Layout, ParallelState, apply_tp, shard_weights
+        cfg = dict(layers=1, hidden=32, heads=2, seq_len=8, vocab=200, dropout=0.0)    # padded to 256: 128 rows a rank, 72 real on rank 1
+        ids = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(0))
+        ps = ParallelState.build(Layout.for_world(world, tp=world))
+        for kernels in (['triton', 'torch'] if K.interpreted() else ['torch']):
+            torch.manual_seed(0)
+            ref = GPT(ModelConfig(**cfg, kernels='torch'))
+            want = ref(ids[:, :-1], ids[:, 1:]); want.backward()
+            torch.manual_seed(0)
+            model = apply_tp(GPT(ModelConfig(**cfg, kernels=kernels)), ps, sequence_parallel=sp)
+            if kernels == 'torch':                                     # the torch chunked form, through the same hook
+                h = model.hidden_states(ids[:, :-1])
+                got = model.head.chunked_loss(h, model.output_weight(), ids[:, 1:], use_triton=False)
+            else: got = model(ids[:, :-1], ids[:, 1:])
+            got.backward()
+            assert abs(got.item() - want.item()) < 1e-5, (kernels, got.item(), want.item())
+            grads = shard_weights({n: p.grad for n, p in ref.named_parameters()}, ModelConfig(**cfg), ps.layout, ps.tp_rank, 0)
+            err = max((p.grad - grads[n]).abs().max().item() for n, p in model.named_parameters())
+            assert err < 1e-5, (kernels, err)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize('sp', [False, True], ids=['tp2', 'tp2-sp'])
+def test_vocab_parallel_chunked_cross_entropy(sp, tmp_path):
+    from test_parallel_model import spawn
+    spawn(_tp_worker, 2, sp, str(tmp_path / 'init'))
+
+
+def test_benchmark_says_plainly_without_a_gpu():
+    if torch.cuda.is_available(): pytest.skip('a GPU is here: the benchmark would run')
+    r = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'kernels.py')], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and 'no CUDA GPU' in r.stdout, r.stdout + r.stderr
+
+
+@gpu
+@needs_triton
+def test_kernels_on_cuda_at_training_shapes():
+    "Compiled kernels (run this file in a process without TRITON_INTERPRET for this one) in bf16 against fp32 torch"
+    if K.interpreted(): pytest.skip('the kernels here run in the interpreter; run the file alone on a GPU machine')
+    torch.manual_seed(0)
+    x, b = torch.randn(4, 512, 3072, device='cuda', dtype=torch.bfloat16), torch.randn(3072, device='cuda', dtype=torch.bfloat16)
+    compare(K.bias_gelu, K.bias_gelu_reference, [x, b], 5e-2)
+    x, w = torch.randn(4, 512, 768, device='cuda', dtype=torch.bfloat16), torch.randn(768, device='cuda', dtype=torch.bfloat16)
+    compare(K.layer_norm, lambda x, w, b: F.layer_norm(x, (768,), w, b), [x, w, w * 0.1], 5e-2)
+    x, W = torch.randn(2048, 768, device='cuda', dtype=torch.bfloat16), torch.randn(50304, 768, device='cuda', dtype=torch.bfloat16) * 0.02
+    t = torch.randint(0, 50257, (2048,), device='cuda')
+    compare(lambda x, W: K.chunked_cross_entropy(x, W, t, real=50257, use_triton=True), lambda x, W: _ce_reference(x, W, t, 50257), [x, W], 5e-2)
