@@ -238,3 +238,14 @@ def test_fp16_trains_with_a_loss_scale_or_is_refused_clearly(tiny_data, tmp_path
     train(cfg)
     rows = [json.loads(l) for l in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
     assert rows[-1]['loss_scale'] >= 1
+
+
+def test_every_optimizer_step_reaches_on_train_step(tiny_data, tmp_path):
+    "The per-step hook (gptkit profile's profiler.step()) runs once per step, before that step's report"
+    from gptkit.train import Callback
+    seen = []
+    class Steps(Callback):
+        def on_train_step(self, iteration): seen.append(('step', iteration))
+        def on_step(self, m): seen.append(('report', m.iteration))
+    train(config(tiny_data, tmp_path, 'train.iters=3', 'train.eval_iters=0', 'train.log_interval=2'), callbacks=[Steps()])
+    assert seen == [('step', 1), ('step', 2), ('report', 2), ('step', 3), ('report', 3)]
