@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from gptkit.config import ConfigError, ParallelConfig, TrainConfig, derive_dp, parse_size
-from gptkit.estimate import Estimate, GiB, estimate as run_estimate, get_gpu, resolve_model, search as run_search, train_flags
+from gptkit.config import ParallelConfig, TrainConfig, parse_size
+from gptkit.estimate import (Estimate, GiB, data_parallel, estimate as run_estimate, get_gpu, resolve_model,
+                             search as run_search, train_flags)
 
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
@@ -59,14 +60,13 @@ def estimate(
     batch = global_batch or (base.global_batch if base else None)
     if search:
         n = gpus or gpus_per_node
-        results = run_search(model, device, n, gpus_per_node, batch or 512, precision, flash, n_tokens, mfu, top)
+        results = run_search(model, device, n, gpus_per_node, precision=precision, flash=flash, tokens=n_tokens,
+                             mfu=mfu, top=top, **({'global_batch': batch} if batch else {}))
         if as_json: out.print_json(json.dumps([e.to_dict() for e in results]))
         else: _print_search(results, note, n, device.name)
         return
-    if dp is None: dp = derive_dp(gpus, tp, pp) if gpus else 1
-    elif gpus is not None and gpus != tp * pp * dp:
-        raise ConfigError([('gpus', f'{{key}} {gpus} is not tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}')])
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=sequence_parallel, offload=offload)
+    par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero,
+                         sequence_parallel=sequence_parallel, offload=offload)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute, flash=flash)
     est = run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node)
     if as_json: out.print_json(json.dumps(est.to_dict()))

@@ -35,11 +35,11 @@ def eval_(
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
         raise ConfigError([('lambada', '{key} is needed with --no-perplexity: there is nothing else to measure')])
-    import torch
     from gptkit.data.corpus import HELD_OUT
+    from gptkit.engine import device_type
     from gptkit.evaluate import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
-    device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    device = device or device_type()
     with _Bar() as bar:
         res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key, cloze=lambada,
                        stride=stride, batch_size=batch_size, max_documents=max_documents, device=device, progress=bar.update)

@@ -60,19 +60,21 @@ def _data_stage(out_dir: Path, vocab_size: int):
 
 def _train_stage(out_dir: Path, iters: int):
     import shutil
-    from gptkit.config import resolve
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
+    from gptkit.engine import device_type
     from gptkit.tokenizer import load
-    from gptkit.train import text_loss, token_counts, train, unigram_loss
+    from gptkit.train import run_config, text_loss, token_counts, train, unigram_loss
     from gptkit_cli.train import RichProgress
     run = out_dir / 'run'
     shutil.rmtree(run, ignore_errors=True)           # the quickstart always starts its run afresh
-    cfg = resolve('tiny', sets=['train.precision=fp32', f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
-                                'train.eval_iters=4', f'train.log_interval={max(1, min(10, iters // 20))}', 'optim.warmup=0.05'],
-                  overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'), 'tokenizer': str(out_dir / 'tokenizer')}},
-                  out=str(run))
+    cfg = run_config('tiny', sets=[f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
+                                   'train.eval_iters=4', f'train.log_interval={max(1, min(10, iters // 20))}',
+                                   'optim.warmup=0.05'],
+                     overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'),
+                                         'tokenizer': str(out_dir / 'tokenizer')}}, out=str(run))
     out.print(f'3. training the tiny preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context {cfg.model.seq_len}) '
-              f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this CPU')
+              f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this {device_type().upper()} '
+              f'in {cfg.train.precision}')
     result = train(cfg, callbacks=[RichProgress()])
     tok = load(out_dir / 'tokenizer')
     held = []

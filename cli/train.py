@@ -27,30 +27,14 @@ def key_name(key: str) -> str:
     return FLAGS.get(key, f'--set {key}' if '.' in key else flag(key))
 
 
-def _has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
-
-
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None) -> RunConfig:
-    "The RunConfig from the command line; on a CPU-only machine precision defaults to fp32"
-    from gptkit.config import load_file, resolve
-    sets = list(sets)
-    if not _has_cuda():
-        in_file = config is not None and 'precision' in (load_file(config).get('train') or {})
-        if not in_file and not any(s.strip().startswith('train.precision=') for s in sets):
-            sets.insert(0, 'train.precision=fp32')
+    "The RunConfig the command line describes, as `gptkit.train.run_config` completes it (machine defaults, vocabulary)"
+    from gptkit.train import run_config
     over = {'data': {k: v for k, v in (('prefix', data), ('tokenizer', tokenizer)) if v is not None},
             'train': {k: v for k, v in (('iters', iters), ('tokens', tokens)) if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
-    if preset is None and config is None: preset = 'tiny'
-    cfg = resolve(preset, config, sets, {k: v for k, v in over.items() if v}, **top)
-    if cfg.data.tokenizer:                        # the model's vocabulary is the tokenizer's, as in training
-        import dataclasses
-        from gptkit.tokenizer import load
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=load(cfg.data.tokenizer).vocab_size))
-    return cfg
+    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, **top)
 
 
 def _ds_override(path: Optional[Path]) -> dict | None:
@@ -82,15 +66,14 @@ def _strip_launch_args(argv: list[str]) -> list[str]:
     return outv
 
 
-def _summary(cfg: RunConfig, world: int):
+def _summary(cfg: RunConfig):
     from gptkit.estimate import count_params, flops_per_iteration
-    m, t = cfg.model, cfg.train
-    batch = t.global_batch or t.micro_batch * world
-    params = count_params(m).total
+    m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
+    params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
     out.print(f'[bold]{cfg.preset or "custom"}[/]: {params:,} parameters ({m.layers} layers, hidden {m.hidden}, {m.heads} heads, '
-              f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {cfg.parallel.zero}, recompute {t.recompute} | '
-              f'{cfg.iters:,} steps of {batch} x {m.seq_len} = {batch * m.seq_len:,} tokens '
-              f'({fmt.flops(flops_per_iteration(m, batch, t.recompute))} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out {cfg.out}')
+              f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {p.zero}, recompute {t.recompute} | '
+              f'tp {p.tp} x pp {p.pp} x dp {p.dp} | {plan.iters:,} steps of {plan.global_batch} x {m.seq_len} = '
+              f'{plan.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out {cfg.out}')
 
 
 @app.command(context_settings={'help_option_names': ['-h', '--help']})
@@ -120,30 +103,32 @@ def train(
         if launcher not in LAUNCHERS: raise ConfigError([('launcher', f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
         if nproc is not None and nproc < 1: raise ConfigError([('nproc', f'{{key}} must be at least 1, not {nproc}')])
         launched = 'RANK' in os.environ or local_rank is not None
-        if nproc is None and not launched and cfg.parallel.tp * cfg.parallel.pp > 1:
-            nproc = cfg.parallel.tp * cfg.parallel.pp     # one model replica: as many processes as the model is split into
+        from gptkit.engine import world_size
+        world = world_size(cfg, nproc)
+        cfg = cfg.for_world(world)
         rank = int(os.environ.get('RANK', 0))
-        world = nproc or int(os.environ.get('WORLD_SIZE', 1))
-        if dry_run: return _dry_run(cfg, override, world, launcher, nproc)
-        if nproc and nproc > 1 and not launched:
+        if dry_run: return _dry_run(cfg, override, world, launcher)
+        if world > 1 and not launched:
             from gptkit.engine import _free_port
-            cmd = launch_command(launcher, nproc, _strip_launch_args(sys.argv[2:]), int(os.environ.get('MASTER_PORT') or _free_port()))
+            port = int(os.environ.get('MASTER_PORT') or _free_port())
+            cmd = launch_command(launcher, world, _strip_launch_args(sys.argv[2:]), port)
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
             raise typer.Exit(subprocess.call(cmd))
-        if rank == 0: _summary(cfg, world)
+        if rank == 0: _summary(cfg)
         _run(cfg, override, resume, force, rank)
     except GptkitError as e:
         if os.environ.get('GPTKIT_DEBUG'): raise
         raise typer.Exit(report(e, key_name)) from None
 
 
-def _dry_run(cfg, override, world, launcher, nproc):
+def _dry_run(cfg, override, world, launcher):
     from gptkit.engine import ds_config
-    _summary(cfg, world)
+    _summary(cfg)
     out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
-    out.print(f'[bold]DeepSpeed config[/] for {world} process(es)'); out.print_json(json.dumps(ds_config(cfg, world, override)))
+    out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
+    out.print_json(json.dumps(ds_config(cfg, override=override)))
     argv = _strip_launch_args(sys.argv[2:])
-    cmd = launch_command(launcher, nproc, argv) if nproc and nproc > 1 else ['gptkit', 'train'] + argv
+    cmd = launch_command(launcher, world, argv) if world > 1 else ['gptkit', 'train'] + argv
     out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True)
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'GptkitError',
            'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
-           'TrainConfig', 'validate_layout', 'derive_dp', 'OptimConfig', 'lr_at', 'DataConfig', 'RunConfig',
+           'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'DataConfig', 'RunConfig',
            'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
@@ -162,7 +162,7 @@ class ParallelConfig:
     "Parallel degrees and ZeRO sharding; the world size is tp x pp x dp"
     tp: int = 1                # tensor-parallel degree: splits each layer's matrices (stays inside a node)
     pp: int = 1                # pipeline-parallel degree: splits the layers into stages
-    dp: int = 1                # data-parallel degree: model replicas
+    dp: int = 1                # data-parallel degree (model replicas); a run's processes decide it: world / (tp x pp)
     zero: int = 0              # ZeRO stage: 1 shards optimizer states over dp, 2 also gradients, 3 also weights
     sequence_parallel: bool = False  # shard LayerNorm/dropout activations over tp (Korthikanti et al.)
     offload: str = 'none'      # model states kept in CPU memory: none, optimizer, optimizer+params
@@ -217,40 +217,133 @@ class TrainConfig:
         if self.recompute not in RECOMPUTE: out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {self.recompute!r}"))
         return out
 
-    def batch(self, dp: int) -> int:
-        "The global batch in sequences for data-parallel degree `dp`"
-        return self.global_batch or self.micro_batch * dp
+# %% ../nbs/00_config.ipynb #1980faaa
+@dataclass(frozen=True)
+class Layout:
+    "A job's parallel degrees and how the model is split; ranks ordered TP fastest, then DP, then PP (Megatron's order)"
+    tp: int = 1                      # tensor-parallel degree
+    pp: int = 1                      # pipeline-parallel degree
+    dp: int = 1                      # data-parallel degree: model replicas
+    sequence_parallel: bool = False  # the TP ranks also split the sequence outside the linear layers
+    balance: str = 'layers'          # pipeline stages balanced by 'layers' or 'parameters'
 
-    def micro_batches(self, dp: int) -> int:
-        "Micro-batches each pipeline runs per optimizer step (gradient accumulation steps)"
-        return self.batch(dp) // (self.micro_batch * dp)
+    def __post_init__(self):
+        bad = [(k, v) for k, v in (('tp', self.tp), ('pp', self.pp), ('dp', self.dp))
+               if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+        check([(k, f'{{key}} must be a whole number of at least 1, not {v!r}') for k, v in bad])
+
+    @classmethod
+    def build(cls, par: ParallelConfig, world: int | None = None, model: ModelConfig | None = None,
+              gpus_per_node: int | None = None) -> Layout:
+        "`par` on `world` processes (dp = world / (tp x pp); None: the planned `par.dp`), checked against `model`"
+        check(_positive({'tp': par.tp, 'pp': par.pp, 'world': world}))
+        mp = par.tp * par.pp                      # one model replica
+        if world is not None and world % mp:
+            raise ConfigError([('tp', f'{{key}} {par.tp} x pp {par.pp} = {mp} must divide the {world} processes')])
+        dp = par.dp if world is None else world // mp
+        layout = cls(par.tp, par.pp, dp, par.sequence_parallel, par.balance)
+        check(layout.problems(model, gpus_per_node))
+        return layout
+
+    @classmethod
+    def for_world(cls, world: int, tp: int = 1, pp: int = 1) -> Layout:
+        "The layout of `world` ranks with the given TP and PP degrees (DP is what is left)"
+        return cls.build(ParallelConfig(tp=tp, pp=pp), world)
+
+    def problems(self, model: ModelConfig | None = None, gpus_per_node: int | None = None) -> list[tuple[str, str]]:
+        "What makes this layout impossible for `model` on nodes of `gpus_per_node` GPUs"
+        out = []
+        if model is not None:
+            if model.heads % self.tp: out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
+            elif model.ffn % self.tp: out.append(('tp', f'{{key}} {self.tp} must divide the MLP width {model.ffn}'))
+            if model.layers % self.pp: out.append(('pp', f'{{key}} {self.pp} must divide the {model.layers} layers'))
+            if self.sequence_parallel and model.seq_len % self.tp:
+                out.append(('sequence_parallel',
+                            f'{{key}} needs model.seq_len {model.seq_len} divisible by tp {self.tp}'))
+        if gpus_per_node and self.tp > gpus_per_node:
+            out.append(('tp', f'{{key}} {self.tp} spans more than one node of {gpus_per_node} GPUs; '
+                              'tensor parallelism needs the fast links inside a node'))
+        return out
+
+    @property
+    def world(self) -> int: return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        "(tp_rank, dp_rank, pp_rank) of a global rank"
+        return rank % self.tp, rank // self.tp % self.dp, rank // (self.tp * self.dp)
+
+    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+
+    def groups(self, kind: str) -> list[list[int]]:
+        "Every group of `kind` as lists of global ranks: 'tp', 'dp', 'pp', 'mp' (one model replica) or 'embedding'"
+        if kind == 'embedding':   # the first and last stage of each pipeline, which both hold the tied embedding
+            return [sorted({g[0], g[-1]}) for g in self.groups('pp')]
+        axes = {'tp': (0,), 'dp': (1,), 'pp': (2,), 'mp': (0, 2)}[kind]
+        found = {}
+        for r in range(self.world):
+            c = list(self.coords(r))
+            for a in axes: c[a] = 0
+            found.setdefault(tuple(c), []).append(r)
+        return list(found.values())
+
+    def to_dict(self) -> dict: return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Layout:
+        "The layout `to_dict` wrote; keys it lacks (state.json of older checkpoints) take their defaults"
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+# %% ../nbs/00_config.ipynb #cb3500ab
+@dataclass(frozen=True)
+class BatchPlan:
+    "The shape of every optimizer step and the run's length in steps"
+    micro_batch: int     # sequences per process in one forward and backward
+    accumulation: int    # micro-batches each data-parallel replica runs per step (gradient accumulation)
+    dp: int              # data-parallel replicas, each on different sequences
+    seq_len: int         # tokens per sequence
+    iters: int           # optimizer steps in the run
+
+    @staticmethod
+    def problems(train: TrainConfig, dp: int) -> list[tuple[str, str]]:
+        "Whether `train`'s global batch splits into whole micro-batches over `dp` replicas"
+        batch, per = train.global_batch or train.micro_batch * dp, train.micro_batch * dp
+        if batch % per:
+            return [('global_batch', f'{{key}} {batch} must be a multiple of micro-batch x data-parallel = '
+                                     f'{train.micro_batch} x {dp} = {per}')]
+        return []
+
+    @classmethod
+    def build(cls, train: TrainConfig, layout: Layout, seq_len: int) -> BatchPlan:
+        "`train` on `layout`: `train.iters` steps, or enough for `train.tokens` (one step when neither is set)"
+        check(cls.problems(train, layout.dp))
+        mb, dp = train.micro_batch, layout.dp
+        batch = train.global_batch or mb * dp
+        tokens_per_step = batch * seq_len
+        iters = train.iters or -(-(train.tokens or tokens_per_step) // tokens_per_step)
+        return cls(mb, batch // (mb * dp), dp, seq_len, iters)
+
+    @property
+    def global_batch(self) -> int: return self.micro_batch * self.accumulation * self.dp
+
+    @property
+    def tokens_per_step(self) -> int: return self.global_batch * self.seq_len
+
+    @property
+    def tokens(self) -> int: return self.iters * self.tokens_per_step
 
 # %% ../nbs/00_config.ipynb #400a9574
 def validate_layout(model: ModelConfig, par: ParallelConfig, train: TrainConfig,
                     gpus_per_node: int | None = None):
-    "Raise one `ConfigError` listing everything that makes this layout impossible"
+    "Raise one `ConfigError` listing everything that makes this layout impossible (the planned `par.dp` replicas)"
     out = par.problems() + train.problems()
     bad = {k for k, _ in out}
-    if 'tp' not in bad and model.heads % par.tp:
-        out.append(('tp', f'{{key}} {par.tp} must divide the {model.heads} attention heads'))
-    elif 'tp' not in bad and model.ffn % par.tp:
-        out.append(('tp', f'{{key}} {par.tp} must divide the MLP width {model.ffn}'))
-    if 'tp' not in bad and gpus_per_node and par.tp > gpus_per_node:
-        out.append(('tp', f'{{key}} {par.tp} spans more than one node of {gpus_per_node} GPUs; tensor parallelism needs the fast links inside a node'))
-    if 'pp' not in bad and model.layers % par.pp:
-        out.append(('pp', f'{{key}} {par.pp} must divide the {model.layers} layers'))
-    if not bad & {'dp', 'micro_batch', 'global_batch'} and train.batch(par.dp) % (train.micro_batch * par.dp):
-        out.append(('global_batch', f'{{key}} {train.batch(par.dp)} must be a multiple of micro-batch x data-parallel = '
-                                    f'{train.micro_batch} x {par.dp} = {train.micro_batch * par.dp}'))
+    if not bad & {'tp', 'pp', 'dp', 'balance'}:
+        layout = Layout(par.tp, par.pp, par.dp, par.sequence_parallel, par.balance)
+        out += layout.problems(model, gpus_per_node)
+        if not bad & {'micro_batch', 'global_batch'}: out += BatchPlan.problems(train, layout.dp)
     check(out)
-
-# %% ../nbs/00_config.ipynb #c946514d
-def derive_dp(gpus: int, tp: int = 1, pp: int = 1, key: str = 'gpus') -> int:
-    "The data-parallel degree that fills `gpus` with tp x pp model replicas"
-    check(_positive({key: gpus, 'tp': tp, 'pp': pp}))
-    if gpus % (tp * pp):
-        raise ConfigError([(key, f'{{key}} {gpus} is not a multiple of tp x pp = {tp} x {pp} = {tp * pp}')])
-    return gpus // (tp * pp)
 
 # %% ../nbs/00_config.ipynb #2788f992
 @dataclass(frozen=True)
@@ -281,18 +374,6 @@ class OptimConfig:
 
     @property
     def floor(self) -> float: return self.lr / 10 if self.min_lr is None else self.min_lr
-
-    def warmup_steps(self, iters: int) -> int:
-        "Warmup length in steps for a run of `iters` steps"
-        return round(self.warmup * iters) if self.warmup < 1 else round(self.warmup)
-
-# %% ../nbs/00_config.ipynb #df6612ec
-def lr_at(optim: OptimConfig, step: int, iters: int) -> float:
-    "The learning rate of optimizer step `step` (0-based) in a run of `iters` steps"
-    warm = optim.warmup_steps(iters)
-    if step < warm: return optim.lr * (step + 1) / warm
-    progress = min(1.0, (step - warm) / max(1, iters - warm))
-    return optim.floor + 0.5 * (optim.lr - optim.floor) * (1 + math.cos(math.pi * progress))
 
 # %% ../nbs/00_config.ipynb #ab6bd5f1
 @dataclass(frozen=True)
@@ -328,19 +409,38 @@ class RunConfig:
     def to_dict(self) -> dict: return dataclasses.asdict(self)
 
     @property
-    def iters(self) -> int:
-        "Optimizer steps: `train.iters`, or `train.tokens` rounded up to whole steps"
-        if self.train.iters: return self.train.iters
-        tokens_per_step = self.train.batch(self.parallel.dp) * self.model.seq_len
-        return -(-(self.train.tokens or tokens_per_step) // tokens_per_step)
+    def layout(self) -> Layout:
+        "The parallel layout (with `parallel.dp` replicas: see `for_world`)"
+        return _section_keys(lambda: Layout.build(self.parallel, model=self.model))
 
     @property
-    def tokens_per_step(self) -> int: return self.train.batch(self.parallel.dp) * self.model.seq_len
+    def plan(self) -> BatchPlan:
+        "The shape of each step and the number of steps, on `layout`"
+        return _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
+
+    @property
+    def iters(self) -> int: return self.plan.iters
+
+    @property
+    def tokens_per_step(self) -> int: return self.plan.tokens_per_step
+
+    def for_world(self, world: int) -> RunConfig:
+        "This run on `world` processes: `parallel.dp` becomes what tp x pp leave of them (checked, batch plan included)"
+        layout = _section_keys(lambda: Layout.build(self.parallel, world, self.model))
+        run = dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, dp=layout.dp))
+        # refuse a global batch that these replicas cannot split
+        _section_keys(lambda: BatchPlan.build(run.train, layout, run.model.seq_len))
+        return run
 
 # %% ../nbs/00_config.ipynb #de8410d6
 _CLASSES = {'model': ModelConfig, 'data': DataConfig, 'parallel': ParallelConfig, 'train': TrainConfig, 'optim': OptimConfig}
-_LAYOUT_KEYS = {**{k: f'parallel.{k}' for k in ('tp', 'pp', 'dp', 'zero', 'sequence_parallel', 'offload')},
+_LAYOUT_KEYS = {**{k: f'parallel.{k}' for k in ('tp', 'pp', 'dp', 'zero', 'sequence_parallel', 'offload', 'balance')},
                 **{k: f'train.{k}' for k in ('micro_batch', 'global_batch', 'precision', 'recompute', 'flash')}}
+
+def _section_keys(fn: Callable):
+    "`fn()`, with the keys of a `ConfigError` it raises named by their sections (tp -> parallel.tp)"
+    try: return fn()
+    except ConfigError as e: raise ConfigError([(_LAYOUT_KEYS.get(k, k), m) for k, m in e.problems]) from None
 
 def _section(cls, name: str, values, problems: list):
     "Build section `name` from `values`, adding its problems (under dotted keys) to `problems`"
@@ -366,8 +466,8 @@ def from_dict(d: dict) -> RunConfig:
                 for k in d if k not in (*SECTIONS, 'out', 'preset')]
     parts = {name: _section(cls, name, d.get(name, {}), problems) for name, cls in _CLASSES.items()}
     if not problems:
-        try: validate_layout(parts['model'], parts['parallel'], parts['train'])
-        except ConfigError as e: problems += [(_LAYOUT_KEYS.get(k, k), m) for k, m in e.problems]
+        try: _section_keys(lambda: validate_layout(parts['model'], parts['parallel'], parts['train']))
+        except ConfigError as e: problems += e.problems
     check(problems)
     return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'))
 
@@ -420,9 +520,9 @@ def preset_dict(name: str) -> dict:
     return {'preset': name.lower(), 'model': p.model.to_dict(), 'optim': {'lr': p.lr}, 'train': {'global_batch': p.global_batch}}
 
 def resolve(preset: str | None = None, file: str | Path | None = None, sets: Iterable[str] = (),
-            overrides: dict | None = None, **top) -> RunConfig:
-    "The `RunConfig` from a preset, then a config file, then `section.key=value` strings, then `overrides` (nested dict), then `top` (like out=)"
-    d = preset_dict(preset) if preset else {}
+            overrides: dict | None = None, defaults: dict | None = None, **top) -> RunConfig:
+    "The `RunConfig` from `defaults`, a preset, a file, `section.key=value` strings, `overrides`, then `top` (out=)"
+    d = _merge(defaults or {}, preset_dict(preset) if preset else {})
     if file is not None: d = _merge(d, load_file(file))
     d = apply_sets(d, sets)
     if overrides: d = _merge(d, overrides)

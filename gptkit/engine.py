@@ -6,40 +6,31 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
+from dataclasses import dataclass
 
-from .config import ConfigError, RunConfig, lr_at
+from .config import BatchPlan, OptimConfig, RunConfig
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'data_parallel_size', 'ds_config', 'param_groups', 'make_optimizer', 'make_scheduler', 'device_type',
+__all__ = ['log', 'ds_config', 'param_groups', 'make_optimizer', 'Schedule', 'device_type', 'machine_defaults', 'world_size',
            'init_distributed', 'build_engine']
 
 # %% ../nbs/10_engine.ipynb #7d1311a2
-def data_parallel_size(cfg: RunConfig, world_size: int) -> int:
-    "The data-parallel degree for `world_size` processes, as Megatron derives it (world / (tp x pp))"
-    mp = cfg.parallel.tp * cfg.parallel.pp
-    if world_size % mp:
-        raise ConfigError([('parallel.tp', f'{{key}} x parallel.pp = {mp} must divide the {world_size} processes')])
-    return world_size // mp
-
-def ds_config(cfg: RunConfig, world_size: int = 1, override: dict | None = None) -> dict:
-    "The DeepSpeed config for `cfg` on `world_size` processes, with `override` merged over it"
-    t, par = cfg.train, cfg.parallel
-    dp = data_parallel_size(cfg, world_size)
-    batch = t.global_batch or t.micro_batch * dp
-    if batch % (t.micro_batch * dp):
-        raise ConfigError([('train.global_batch', f'{{key}} {batch} must be a multiple of micro-batch x data-parallel = {t.micro_batch} x {dp}')])
+def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | None = None) -> dict:
+    "The DeepSpeed config for `cfg` stepping as `plan` says (default: `cfg.plan`), with `override` merged over it"
+    t, par, plan = cfg.train, cfg.parallel, plan or cfg.plan
     zero = {'stage': par.zero}
     if par.zero == 3: zero['memory_efficient_linear'] = False   # it patches torch.nn.functional.linear process-wide
     if par.offload != 'none': zero['offload_optimizer'] = {'device': 'cpu'}
     if par.offload == 'optimizer+params': zero['offload_param'] = {'device': 'cpu'}
     out = {
-        'train_batch_size': batch,
-        'train_micro_batch_size_per_gpu': t.micro_batch,
-        'gradient_accumulation_steps': batch // (t.micro_batch * dp),
+        'train_batch_size': plan.global_batch,
+        'train_micro_batch_size_per_gpu': plan.micro_batch,
+        'gradient_accumulation_steps': plan.accumulation,
         'gradient_clipping': cfg.optim.grad_clip,
         'zero_optimization': zero,
         'bf16': {'enabled': t.precision == 'bf16'},
@@ -53,7 +44,8 @@ def ds_config(cfg: RunConfig, world_size: int = 1, override: dict | None = None)
         out['gradient_clipping'] = 0.0
     if par.offload != 'none':                  # ZeRO-Offload steps on the CPU with DeepSpeedCPUAdam
         o = cfg.optim
-        out['optimizer'] = {'type': 'AdamW', 'params': {'lr': o.lr, 'betas': [o.beta1, o.beta2], 'eps': o.eps, 'weight_decay': o.weight_decay}}
+        out['optimizer'] = {'type': 'AdamW', 'params': {'lr': o.lr, 'betas': [o.beta1, o.beta2], 'eps': o.eps,
+                                                        'weight_decay': o.weight_decay}}
     for k, v in (override or {}).items():
         out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
@@ -73,18 +65,56 @@ def make_optimizer(cfg: RunConfig, groups: list[dict], device: str):
     fast = {'fused': True} if device == 'cuda' else {'foreach': True}
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, **fast)
 
-def make_scheduler(cfg: RunConfig, iters: int):
-    "A function optimizer -> LambdaLR following `lr_at` over `iters` steps"
-    import torch
-    def build(optimizer):
-        for g in optimizer.param_groups: g['initial_lr'] = g['lr'] = cfg.optim.lr
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_at(cfg.optim, step, iters) / cfg.optim.lr)
-    return build
+# %% ../nbs/10_engine.ipynb #193c4863
+@dataclass(frozen=True)
+class Schedule:
+    "The learning rate of each step: linear warmup to `optim.lr`, then cosine decay to `optim.floor` at step `iters`"
+    optim: OptimConfig
+    iters: int           # optimizer steps in the run
+
+    @property
+    def warmup(self) -> int:
+        "Warmup length in steps"
+        w = self.optim.warmup
+        return round(w * self.iters) if w < 1 else round(w)
+
+    def __call__(self, step: int) -> float:
+        "The learning rate of optimizer step `step` (0-based)"
+        o, warm = self.optim, self.warmup
+        if step < warm: return o.lr * (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, self.iters - warm))
+        return o.floor + 0.5 * (o.lr - o.floor) * (1 + math.cos(math.pi * progress))
+
+    def scheduler(self, optimizer):
+        "A torch `LambdaLR` that sets `optimizer`'s learning rate to this schedule's, step by step"
+        import torch
+        for g in optimizer.param_groups: g['initial_lr'] = g['lr'] = self.optim.lr
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self(step) / self.optim.lr)
+
+    def follow(self, engine):
+        "After a resume, make `engine` follow this schedule rather than the peak lr its checkpoint saved"
+        from torch.optim.lr_scheduler import LambdaLR
+        sched = engine.lr_scheduler
+        if not isinstance(sched, LambdaLR) or all(b == self.optim.lr for b in sched.base_lrs): return
+        log.info('learning rate: following optim.lr=%g of this run (the checkpoint had %g)',
+                 self.optim.lr, sched.base_lrs[0])
+        sched.base_lrs = [self.optim.lr] * len(sched.base_lrs)
+        for g in engine.optimizer.param_groups: g['initial_lr'], g['lr'] = self.optim.lr, self(sched.last_epoch)
 
 # %% ../nbs/10_engine.ipynb #5075b8c9
 def device_type() -> str:
+    "'cuda' when this process can see a GPU, else 'cpu'"
     import torch
     return 'cuda' if torch.cuda.is_available() else 'cpu'
+
+def machine_defaults() -> dict:
+    "Settings this machine changes (under every other source of `config.resolve`): fp32 on a CPU, where bf16 is slow"
+    return {} if device_type() == 'cuda' else {'train': {'precision': 'fp32'}}
+
+def world_size(cfg: RunConfig, nproc: int | None = None) -> int:
+    "Processes that run `cfg`: a launcher's WORLD_SIZE inside one, else `nproc`, else one per rank (tp x pp x dp)"
+    if 'RANK' in os.environ and 'WORLD_SIZE' in os.environ: return int(os.environ['WORLD_SIZE'])
+    return nproc or cfg.parallel.world_size
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -113,17 +143,20 @@ def init_distributed() -> tuple[int, int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), local
 
 # %% ../nbs/10_engine.ipynb #f06e6974
-def build_engine(cfg: RunConfig, model, iters: int, world_size: int = 1, override: dict | None = None, mpu=None):
-    "(DeepSpeed engine, the DeepSpeed config it runs with) for `model`; `mpu` describes tensor and pipeline parallelism"
+def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override: dict | None = None, mpu=None,
+                 iters: int | None = None):
+    "(DeepSpeed engine, its config) for `model`, stepping as `plan` says (default `cfg.plan`); `iters`: schedule length"
     import deepspeed
-    config = ds_config(cfg, world_size, override)
+    plan = plan or cfg.plan
+    config = ds_config(cfg, plan, override)
     groups = param_groups(model, cfg.optim.weight_decay)
     optimizer = None if 'optimizer' in config else make_optimizer(cfg, groups, device_type())
-    scheduler = None if 'scheduler' in config else make_scheduler(cfg, iters)
+    schedule = Schedule(cfg.optim, plan.iters if iters is None else iters)
+    scheduler = None if 'scheduler' in config else schedule.scheduler
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
                                       lr_scheduler=scheduler, config=config, mpu=mpu)
     if config['zero_optimization']['stage'] == 3:
         deepspeed.zero.register_external_parameter(engine.module, engine.module.wte.weight)
-    if config['zero_optimization']['stage'] == 0 and world_size == 1:
-        engine.enable_backward_allreduce = False   # one replica: nothing to average; skip flattening every gradient
+    if config['zero_optimization']['stage'] == 0 and plan.dp == 1 and mpu is None:
+        engine.enable_backward_allreduce = False   # one process: nothing to average; skip flattening every gradient
     return engine, config

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .config import (ConfigError, GPT3_PRESETS, PRESETS, ModelConfig, ParallelConfig, Preset, TrainConfig,
-                           check, get_preset, parse_size, validate_layout)
+from .config import (ConfigError, GPT3_PRESETS, PRESETS, BatchPlan, Layout, ModelConfig, ParallelConfig, Preset,
+                           TrainConfig, check, get_preset, parse_size, validate_layout)
 
 # %% auto #0
 __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
@@ -19,8 +19,8 @@ __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUN
            'model_states', 'activation_element_bytes', 'LayerActivations', 'layer_activations', 'stage_moments',
            'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'overhead_bytes',
            'stage_activation_bytes', 'Memory', 'memory_per_gpu', 'flops_per_iteration', 'StepTime', 'dp_bytes',
-           'step_time', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'candidate_layouts',
-           'search', 'memory_breakdown']
+           'step_time', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel',
+           'candidate_layouts', 'search', 'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -220,12 +220,16 @@ def overhead_bytes(rest: float) -> float:
     return OVERHEAD_FIXED + OVERHEAD_FRACTION * rest
 
 # %% ../nbs/01_estimate.ipynb #6ed058bb
+def _plan(model: ModelConfig, par: ParallelConfig, train: TrainConfig) -> BatchPlan:
+    "The shape of a step of `train` on the layout `par` describes"
+    return BatchPlan.build(train, Layout.build(par), model.seq_len)
+
 def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: TrainConfig, stage: int = 0,
                            mask: float = 1, peak: bool = True) -> tuple[float, float]:
     "(activations, output layer and loss) bytes on one rank of pipeline `stage` for its micro-batches in flight"
     e = activation_element_bytes(train.precision)
     layer = layer_activations(model, train.micro_batch, par.tp, par.sequence_parallel, train.flash, e, mask)
-    k = min(par.pp - stage, train.micro_batches(par.dp))
+    k = min(par.pp - stage, _plan(model, par, train).accumulation)
     ends, rebuild = stage_moments(layer, model.layers // par.pp, k, train.recompute)
     emb = k * embedding_activations(model, train.micro_batch, par.tp, par.sequence_parallel, mask) if stage == 0 else 0.0
     lg = logits_bytes(model, train.micro_batch, par.tp, train.precision, par.sequence_parallel, peak) if stage == par.pp - 1 else 0.0
@@ -300,7 +304,8 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
               gpus_per_node: int = 8, params: ParamCount | None = None) -> StepTime:
     "Estimated seconds per step: compute at `mfu`, TP all-reduces, exposed DP traffic, the 1F1B bubble"
     params = params or count_params(model, par.tp, par.pp)
-    batch, m = train.batch(par.dp), train.micro_batches(par.dp)
+    plan = _plan(model, par, train)
+    batch, m = plan.global_batch, plan.accumulation
     compute = flops_per_iteration(model, batch, train.recompute, par.tp) / (par.world_size * gpu.peak(train.precision) * mfu)
     per_layer = 4 + (2 if train.recompute == 'full' else 0)
     act_bytes = 2 * model.seq_len * train.micro_batch * model.hidden * (2 if train.precision == 'fp32' else 1)
@@ -337,7 +342,7 @@ class Estimate:
     step: StepTime
 
     @property
-    def batch(self) -> int: return self.train.batch(self.parallel.dp)
+    def batch(self) -> int: return _plan(self.model, self.parallel, self.train).global_batch
     @property
     def iterations(self) -> int: return -(-self.tokens // (self.batch * self.model.seq_len))
     @property
@@ -353,10 +358,11 @@ class Estimate:
     def to_dict(self) -> dict:
         "Plain numbers for JSON: bytes, counts, FLOPs, seconds"
         p, m, gpus = self.params, self.memory, self.parallel.world_size
+        plan = _plan(self.model, self.parallel, self.train)
         return {
             'model': self.model.to_dict(),
             'layout': {**dataclasses.asdict(self.parallel), **dataclasses.asdict(self.train), 'gpus': gpus,
-                       'global_batch': self.batch, 'micro_batches': self.train.micro_batches(self.parallel.dp),
+                       'global_batch': plan.global_batch, 'micro_batches': plan.accumulation,
                        'train_flags': train_flags(self.parallel, self.train)},
             'gpu': {'name': self.gpu.name, 'memory': self.gpu.memory, 'peak_flops': self.gpu.peak(self.train.precision)},
             'params': {'total': p.total, 'unpadded': p.unpadded, 'embedding': p.embedding, 'transformer': p.transformer,
@@ -386,7 +392,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
     check(problems)
     validate_layout(model, par, train, gpus_per_node)
     params = count_params(model, par.tp, par.pp)
-    batch = train.batch(par.dp)
+    batch = _plan(model, par, train).global_batch
     return Estimate(model, par, train, gpu, tokens, mfu, params,
                     memory_per_gpu(model, par, train, gpu.memory, params),
                     flops_per_iteration(model, batch, train.recompute, par.tp),
@@ -419,6 +425,14 @@ def resolve_model(params: str | None = None, preset: str | None = None, **dims) 
     if dims: note += ' with ' + ', '.join(f'{k}={v}' for k, v in dims.items())
     return dataclasses.replace(base.model, **dims), base, note
 
+# %% ../nbs/01_estimate.ipynb #a9ac0df0
+def data_parallel(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None) -> int:
+    "The data-parallel degree of `gpus` GPUs split tp x pp ways (a given `dp` must fill them); no `gpus`: `dp` or 1"
+    if dp is None: return Layout.build(ParallelConfig(tp=tp, pp=pp), gpus).dp if gpus is not None else 1
+    if gpus is not None and gpus != tp * pp * dp:
+        raise ConfigError([('gpus', f'{{key}} {gpus} is not tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}')])
+    return dp
+
 # %% ../nbs/01_estimate.ipynb #7d8befd6
 def _divisors(n: int) -> list[int]: return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -426,19 +440,17 @@ def candidate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, global_
                       flash: bool = True, micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)):
     "Every (ParallelConfig, TrainConfig) that is valid for `gpus` GPUs"
     for tp in _divisors(model.heads):
-        if tp > gpus_per_node or gpus % tp: continue
         for pp in _divisors(model.layers):
-            if gpus % (tp * pp): continue
-            dp = gpus // (tp * pp)
-            if global_batch % dp: continue
+            degrees = ParallelConfig(tp=tp, pp=pp, sequence_parallel=tp > 1)
+            try: layout = Layout.build(degrees, gpus, model, gpus_per_node)
+            except ConfigError: continue                         # these degrees do not split these GPUs or this model
             for zero in ((0, 1) if pp > 1 else (0, 1, 2, 3)):
-                par = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=tp > 1)
-                if par.problems(): continue                  # a combination gptkit refuses to train
+                par = ParallelConfig(tp=tp, pp=pp, dp=layout.dp, zero=zero, sequence_parallel=tp > 1)
+                if par.problems(): continue                      # a combination gptkit refuses to train
                 for mb in micro_batches:
-                    if (global_batch // dp) % mb: continue
-                    for rc in ('none', 'selective', 'full'):
-                        yield par, TrainConfig(micro_batch=mb, global_batch=global_batch, precision=precision,
-                                               recompute=rc, flash=flash)
+                    train = TrainConfig(micro_batch=mb, global_batch=global_batch, precision=precision, flash=flash)
+                    if BatchPlan.problems(train, layout.dp): continue
+                    for rc in ('none', 'selective', 'full'): yield par, dataclasses.replace(train, recompute=rc)
 
 # %% ../nbs/01_estimate.ipynb #910cf1de
 def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, global_batch: int = 512,

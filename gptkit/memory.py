@@ -117,8 +117,9 @@ DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 def measure(model: ModelConfig, train: TrainConfig, attention: str = 'auto', seed: int = 0) -> Saved:
     "Saved bytes of one training step of gptkit's `GPT` on one process (`attention='math'` forces the math path)"
     from gptkit.model import GPT
+    from gptkit.parallel import Layout, ParallelState, parallelize
     torch.manual_seed(seed)
-    gpt = GPT(model, recompute=train.recompute).to(DTYPES[train.precision]).train()
+    gpt = parallelize(GPT(model), ParallelState(Layout(), 0), train.recompute).to(DTYPES[train.precision]).train()
     b, s = train.micro_batch, model.seq_len
     ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -168,17 +169,16 @@ PARALLEL_CASES = [(2, 1, False, 'none'), (2, 1, False, 'selective'), (2, 1, Fals
 def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
     import torch.distributed as dist
     from gptkit.model import GPT
-    from gptkit.parallel import Layout, ParallelState, apply_tp, pipeline_stage, stage_input_shape
+    from gptkit.parallel import Layout, ParallelState, parallelize, stage_input_shape
     import gptkit.model, gptkit.parallel
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
         results = []
         for tp, pp, sp, rc in cases:
-            ps = ParallelState.build(Layout(tp=tp, pp=pp, dp=world // (tp * pp)))
+            ps = ParallelState.build(Layout.build(ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp), world, model))
             torch.manual_seed(0)
-            gpt = GPT(model, recompute=rc, tp=tp)
-            pipeline_stage(apply_tp(gpt, ps, sequence_parallel=sp), ps).train()
+            gpt = parallelize(GPT(model), ps, rc).train()
             b, s = micro_batch, model.seq_len
             ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
             x = ids if ps.is_first_stage else torch.randn(stage_input_shape(model, b, tp, sp), requires_grad=True)

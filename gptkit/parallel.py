@@ -14,56 +14,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError, check
+from .config import RECOMPUTE, ConfigError, Layout, check
 
 # %% auto #0
-__all__ = ['Layout', 'ParallelState', 'copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear',
+__all__ = ['ParallelState', 'copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear',
            'RowParallelLinear', 'scatter_to_sequence', 'gather_from_sequence', 'reduce_scatter_to_sequence',
            'VocabParallelEmbedding', 'vocab_parallel_cross_entropy', 'RNGTracker', 'seed_parallel', 'TrackedDropout',
            'SequenceParallelLayerNorm', 'ScatterToSequence', 'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv',
            'apply_tp', 'stage_layers', 'shard_weights', 'merge_weights', 'pipeline_stage', 'stage_input_shape',
-           'sync_tied_grads', 'one_f_one_b', 'DeepSpeedMPU', 'grad_norm']
-
-# %% ../nbs/08_parallel.ipynb #20fc2b3f
-@dataclass(frozen=True)
-class Layout:
-    "The parallel degrees of a job; ranks ordered TP fastest, then DP, then PP (Megatron's order)"
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    def __post_init__(self):
-        check([(k, f'{{key}} must be a whole number of at least 1, not {v!r}') for k, v in
-               (('tp', self.tp), ('pp', self.pp), ('dp', self.dp)) if not isinstance(v, int) or isinstance(v, bool) or v < 1])
-
-    @classmethod
-    def for_world(cls, world: int, tp: int = 1, pp: int = 1) -> 'Layout':
-        "The layout of `world` ranks with the given TP and PP degrees (DP is what is left)"
-        if world % (tp * pp):
-            raise ConfigError([('tp', f'{{key}} {tp} x pp {pp} = {tp * pp} must divide the {world} processes')])
-        return cls(tp, pp, world // (tp * pp))
-
-    @property
-    def world(self) -> int: return self.tp * self.pp * self.dp
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        "(tp_rank, dp_rank, pp_rank) of a global rank"
-        return rank % self.tp, rank // self.tp % self.dp, rank // (self.tp * self.dp)
-
-    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
-
-    def groups(self, kind: str) -> list[list[int]]:
-        "Every group of `kind` as lists of global ranks: 'tp', 'dp', 'pp', 'mp' (tp x pp: one model replica) or 'embedding'"
-        if kind == 'embedding':   # the first and last stage of each pipeline, which both hold the tied embedding
-            return [sorted({g[0], g[-1]}) for g in self.groups('pp')]
-        axes = {'tp': (0,), 'dp': (1,), 'pp': (2,), 'mp': (0, 2)}[kind]
-        found = {}
-        for r in range(self.world):
-            c = list(self.coords(r))
-            for a in axes: c[a] = 0
-            found.setdefault(tuple(c), []).append(r)
-        return list(found.values())
+           'sync_tied_grads', 'one_f_one_b', 'DeepSpeedMPU', 'grad_norm', 'apply_recompute', 'parallelize']
 
 # %% ../nbs/08_parallel.ipynb #bbf723b2
 @dataclass
@@ -414,20 +373,16 @@ def _resized_embedding(emb: nn.Embedding, rows: int) -> nn.Embedding:
         out.weight[:n] = emb.weight[:n]
     return out
 
-def _tp_problems(cfg, tp: int) -> list[tuple[str, str]]:
-    out = []
-    if cfg.heads % tp: out.append(('parallel.tp', f'{{key}} {tp} must divide model.heads {cfg.heads}'))
-    if cfg.ffn % tp: out.append(('parallel.tp', f'{{key}} {tp} must divide the MLP width {cfg.ffn}'))
-    return out
+def _tp_problems(cfg, tp: int, sequence_parallel: bool = False) -> list[tuple[str, str]]:
+    "`Layout`'s problems with tensor parallelism `tp` for model `cfg`, under parallel.* keys"
+    return [(f'parallel.{k}', m) for k, m in Layout(tp=tp, sequence_parallel=sequence_parallel).problems(cfg)]
 
 def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, seed: int = 1234):
     "Turn the plain `GPT` into its tensor-parallel (and optionally sequence-parallel) form, in place"
     tp, g = parallel.layout.tp, parallel.tp_group
     if tp == 1: return model
     cfg = model.cfg
-    check(_tp_problems(cfg, tp))
-    if sequence_parallel and cfg.seq_len % tp:
-        raise ConfigError([('parallel.sequence_parallel', f'{{key}} needs model.seq_len {cfg.seq_len} divisible by parallel.tp {tp}')])
+    check(_tp_problems(cfg, tp, sequence_parallel))
     tracker = seed_parallel(seed, parallel) if model.rng_tracker is None else model.rng_tracker
     rows = cfg.padded_vocab(tp)
     model.wte = VocabParallelEmbedding(_resized_embedding(model.wte, rows), g)
@@ -630,3 +585,20 @@ def grad_norm(model, parallel: ParallelState) -> float:
         sq += p.grad.double().pow(2).sum()
     if parallel.mp_group is not None and dist.get_world_size(parallel.mp_group) > 1: dist.all_reduce(sq, group=parallel.mp_group)
     return float(sq.sqrt())
+
+# %% ../nbs/08_parallel.ipynb #2e9ecda3
+def apply_recompute(model, recompute: str = 'none'):
+    "Recompute activations in the backward pass: 'selective' (attention's core), 'full' (every block) or 'none'"
+    if recompute not in RECOMPUTE:
+        raise ConfigError([('train.recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {recompute!r}")])
+    model.recompute = recompute
+    for block in model.blocks.values(): block.attn.recompute = recompute == 'selective'
+    return model
+
+def parallelize(model, parallel: ParallelState, recompute: str = 'none', seed: int = 1234):
+    "The plain `GPT` as this rank's part of `parallel.layout`: TP random states, TP and SP, PP stage, recomputation"
+    layout = parallel.layout
+    if layout.world > layout.dp: model.rng_tracker = seed_parallel(seed, parallel)
+    model = apply_tp(model, parallel, layout.sequence_parallel, seed)
+    model = pipeline_stage(model, parallel, layout.balance)
+    return apply_recompute(model, recompute)

@@ -5,6 +5,7 @@
 # %% ../nbs/11_train.ipynb #6568c972
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -21,15 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from .config import ConfigError, DataError, GptkitError, RunConfig, save_config
+from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, resolve, save_config
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'TrainingError', 'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard',
-           'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'parallelize',
-           'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
+           'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'tokenizer_vocab',
+           'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due',
+           'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -145,14 +147,13 @@ def machine_memory() -> int:
     return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 # %% ../nbs/11_train.ipynb #37cb7c9b
-def check_fits(cfg: RunConfig, device: str, dp: int, force: bool = False):
-    "Raise a `TrainingError` if the estimate for `cfg` exceeds this device's memory"
+def check_fits(cfg: RunConfig, device: str, force: bool = False):
+    "Raise a `TrainingError` if the estimate for `cfg` (on its layout) exceeds this device's memory"
     if device == 'cuda':
         import torch
         capacity, what = torch.cuda.get_device_properties(0).total_memory, f'this GPU ({torch.cuda.get_device_name()})'
     else: capacity, what = machine_memory(), 'this machine'
-    par = dataclasses.replace(cfg.parallel, dp=dp)
-    mem = memory_per_gpu(cfg.model, par, cfg.train, capacity=capacity)
+    mem = memory_per_gpu(cfg.model, cfg.parallel, cfg.train, capacity=capacity)
     if mem.total > capacity and not force:
         name = f'preset {cfg.preset}' if cfg.preset else 'this model'
         raise TrainingError(f'{name} needs about {mem.total / 2**30:,.1f} GiB per process by gptkit\'s estimate (weights '
@@ -279,164 +280,282 @@ def _setup_data(cfg: RunConfig):
     return tok
 
 # %% ../nbs/11_train.ipynb #26e46c74
-def _check_precision(precision: str):
-    "Refuse a precision this device cannot train in, before DeepSpeed fails on it"
+def _check_precision(cfg: RunConfig):
+    "Refuse a precision this device or this layout cannot train in, before DeepSpeed fails on it"
     import torch
     from deepspeed.accelerator import get_accelerator
+    precision = cfg.train.precision
     dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}[precision]
     acc = get_accelerator()
+    why = None
     if dtype not in acc.supported_dtypes():
-        raise ConfigError([('train.precision', f'{{key}} {precision} is not supported by DeepSpeed on this {acc.device_name()} device; use fp32 or bf16')])
+        why = f'{{key}} {precision} is not supported by DeepSpeed on this {acc.device_name()} device; use fp32 or bf16'
+    elif cfg.parallel.pp > 1 and precision == 'fp16':
+        why = ('{key} fp16 cannot be combined with parallel.pp above 1 in gptkit '
+               '(the loss scale would reach the earlier stages twice); use bf16')
+    if why: raise ConfigError([('train.precision', why)])
 
-# %% ../nbs/11_train.ipynb #06349327
-def parallelize(model, cfg: RunConfig, world: int):
-    "(model, ParallelState): the plain model made tensor-, sequence- and pipeline-parallel for this rank, in that order"
-    from gptkit.parallel import Layout, ParallelState, apply_tp, pipeline_stage, seed_parallel
-    par = cfg.parallel
-    parallel = ParallelState.build(Layout.for_world(world, tp=par.tp, pp=par.pp))
-    if parallel.layout.world > parallel.layout.dp:
-        model.rng_tracker = seed_parallel(cfg.train.seed, parallel)
-        model = pipeline_stage(apply_tp(model, parallel, par.sequence_parallel, cfg.train.seed), parallel, par.balance)
-    return model, parallel
-
-def _follow_schedule(engine, cfg: RunConfig, iters: int):
-    "After a resume, the learning rate follows this run's `optim` settings, not the peak lr saved in the checkpoint"
-    from torch.optim.lr_scheduler import LambdaLR
-    from gptkit.config import lr_at
-    sched = engine.lr_scheduler
-    if not isinstance(sched, LambdaLR) or all(b == cfg.optim.lr for b in sched.base_lrs): return
-    log.info('learning rate: following optim.lr=%g of this run (the checkpoint had %g)', cfg.optim.lr, sched.base_lrs[0])
-    sched.base_lrs = [cfg.optim.lr] * len(sched.base_lrs)
-    for g in engine.optimizer.param_groups: g['initial_lr'], g['lr'] = cfg.optim.lr, lr_at(cfg.optim, sched.last_epoch, iters)
-
-def train(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
-          force: bool = False, stop_after: int | None = None) -> TrainResult:
-    "Train `cfg` in this process (alone or as one rank of a launcher); see the chapter for the steps"
-    import torch
-    from gptkit.engine import build_engine, data_parallel_size, device_type, init_distributed
-    from gptkit.model import GPT, num_params
-    from gptkit.parallel import DeepSpeedMPU
-    from gptkit.tokenizer import save as save_tokenizer
-    t_start = time.perf_counter()
-    tok = _setup_data(cfg)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=tok.vocab_size))
-    rank, world, _ = init_distributed()
-    device = device_type()
-    _check_precision(cfg.train.precision)
-    if cfg.parallel.pp > 1 and cfg.train.precision == 'fp16':
-        raise ConfigError([('train.precision', '{key} fp16 cannot be combined with parallel.pp above 1 in gptkit (the loss scale would reach the earlier stages twice); use bf16')])
-    dp = data_parallel_size(cfg, world)
-    check_fits(cfg, device, dp, force)
-    out, root = Path(cfg.out), Path(cfg.out) / 'checkpoints'
-    callbacks = list(callbacks) + [MetricsFile(), TensorBoard()] if rank == 0 else []
-
-    start_ckpt = None
+def _resume_from(root: Path, resume: bool | str | Path) -> Path | None:
+    "The checkpoint to resume from (`resume` True: the newest intact one in `root`); None starts afresh"
     if resume:
-        start_ckpt = Path(resume) if not isinstance(resume, bool) else ckpt.newest(root)
-        if start_ckpt is None and ckpt.checkpoints(root):
+        start = Path(resume) if not isinstance(resume, bool) else ckpt.newest(root)
+        if start is None and ckpt.checkpoints(root):
             raise ckpt.CheckpointError(f'{root} holds no intact checkpoint to resume from (see the warnings above)')
-    elif ckpt.checkpoints(root):
-        raise ConfigError([('out', f'{{key}} {out} already holds checkpoints (newest {ckpt.checkpoints(root)[-1][1].name}); '
+        return start
+    if ckpt.checkpoints(root):
+        newest = ckpt.checkpoints(root)[-1][1].name
+        raise ConfigError([('out', f'{{key}} {root.parent} already holds checkpoints (newest {newest}); '
                                    'resume them with --resume or choose another --out')])
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / 'config.json')
-        save_tokenizer(tok, out / 'tokenizer')
+    return None
+
+# %% ../nbs/11_train.ipynb #ea7e5954
+def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
+    "`cfg` with its model's vocabulary that of its tokenizer (`tok`, else `data.tokenizer`; unchanged without one)"
+    if tok is None and not cfg.data.tokenizer: return cfg
+    if tok is None:
+        from gptkit.tokenizer import load
+        tok = load(cfg.data.tokenizer)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=tok.vocab_size))
+
+def run_config(preset: str | None = None, file: str | Path | None = None, sets=(), overrides: dict | None = None,
+               **top) -> RunConfig:
+    "The run `gptkit train` trains: `resolve` on this machine's defaults (tiny by default), the tokenizer's vocabulary"
+    from gptkit.engine import machine_defaults
+    if preset is None and file is None: preset = 'tiny'
+    return tokenizer_vocab(resolve(preset, file, sets, overrides, defaults=machine_defaults(), **top))
+
+# %% ../nbs/11_train.ipynb #be114d04
+@dataclass
+class Window:
+    "The steps since the last report: their summed loss, how many had one, micro-batches dropped, time taken"
+    start: int                  # the iteration it opened after
+    t: float = field(default_factory=time.perf_counter)
+    loss: float = 0.0
+    steps: int = 0              # steps with a loss (not every micro-batch dropped)
+    skipped: int = 0            # micro-batches dropped for a non-finite loss
+
+    def add(self, loss: float, dropped: int):
+        if not math.isnan(loss): self.loss, self.steps = self.loss + loss, self.steps + 1
+        self.skipped += dropped
+
+    @contextlib.contextmanager
+    def paused(self):
+        "Time spent inside does not count against the step rate"
+        t = time.perf_counter()
+        try: yield
+        finally: self.t += time.perf_counter() - t
+
+# %% ../nbs/11_train.ipynb #7ef613ed
+@dataclass
+class Loop:
+    "A training run in progress in this process: what it was built with and where it stands"
+    cfg: RunConfig                 # the run on this world (`RunConfig.for_world`), vocabulary from its tokenizer
+    plan: BatchPlan                # the shape of every step and the number of steps
+    parallel: object               # this rank's gptkit.parallel.ParallelState
+    engine: object                 # the DeepSpeed engine
+    ds_config: dict                # the DeepSpeed config it runs with
+    train_set: object              # the train split's samples, in Megatron's order
+    valid: object | None           # the validation split's (None: no evaluation)
+    callbacks: list                # rank 0: the caller's, then MetricsFile and TensorBoard; other ranks: none
+    device: str
+    params: int                    # parameters of the whole model
+    shapes: dict                   # the plain model's tensor shapes, recorded with each checkpoint
+    resume_from: Path | None       # the checkpoint `restore` continues from
+    own_norm: bool                 # gptkit measures the gradient norm (DeepSpeed reports none, or a wrong one)
+    started: float                 # time.perf_counter() when setting up began
+    iteration: int = 0             # optimizer steps done
+    consumed: int = 0              # samples of the train split used
+    bad_steps: int = 0             # steps in a row with a NaN or infinite loss
+    grad_norm: float | None = None # the last one gptkit measured
+    stopping: bool = False         # a rank received SIGINT or SIGTERM
+    last_saved: Path | None = None
+    info: RunInfo | None = None
+    window: Window | None = None
+    result: TrainResult | None = None
+
+    @property
+    def rank(self) -> int: return self.parallel.rank
+    @property
+    def out(self) -> Path: return Path(self.cfg.out)
+    @property
+    def root(self) -> Path: return self.out / 'checkpoints'
+    @property
+    def tokens(self) -> int: return self.consumed * self.plan.seq_len
+
+# %% ../nbs/11_train.ipynb #d202b564
+def _write_run_folder(cfg: RunConfig, tok, out: Path):
+    "The run folder as every tool reads it: config.json and the tokenizer"
+    from gptkit.tokenizer import save as save_tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / 'config.json')
+    save_tokenizer(tok, out / 'tokenizer')
+
+def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
+          force: bool = False) -> Loop:
+    "Everything before the first step: checks, the run folder, this rank's part of the model, its engine, the data"
+    import torch
+    from gptkit.engine import build_engine, device_type, init_distributed
+    from gptkit.model import GPT, num_params
+    from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
+    started = time.perf_counter()
+    tok = _setup_data(cfg)
+    rank, world, _ = init_distributed()
+    cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's
+    device = device_type()
+    _check_precision(cfg)
+    check_fits(cfg, device, force)
+    out = Path(cfg.out)
+    resume_from = _resume_from(out / 'checkpoints', resume)
+    if rank == 0: _write_run_folder(cfg, tok, out)
 
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
-    model = GPT(cfg.model, recompute=cfg.train.recompute)
+    model = GPT(cfg.model)
     params, shapes = num_params(model), ckpt.model_shapes(model)
-    model, parallel = parallelize(model, cfg, world)
-    par = cfg.parallel
-    layout = {'tp': par.tp, 'pp': par.pp, 'dp': parallel.layout.dp, 'sequence_parallel': par.sequence_parallel, 'balance': par.balance}
-    iters = cfg.iters
-    engine, ds_cfg = build_engine(cfg, model, iters, world, ds_override, mpu=DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None)
-    if rank == 0: (out / 'ds_config.json').write_text(json.dumps(ds_cfg, indent=2))
-    mb, ga = cfg.train.micro_batch, ds_cfg['gradient_accumulation_steps']
-    batch, seq = ds_cfg['train_batch_size'], cfg.model.seq_len
+    parallel = ParallelState.build(cfg.layout)
+    model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
+    plan = cfg.plan
+    mpu = DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None
+    engine, ds = build_engine(cfg, model, plan, ds_override, mpu)
+    if rank == 0: (out / 'ds_config.json').write_text(json.dumps(ds, indent=2))
 
-    it, consumed = 0, 0
-    if start_ckpt is not None:
-        state = ckpt.load(engine, start_ckpt, rank, layout, shapes, parallel)
-        it, consumed = state['iteration'], state['consumed_samples']
-        _follow_schedule(engine, cfg, iters)
-    where = cfg.data.prefix
-    train_set = _split(cfg.data.prefix, cfg, 'train', max(iters * batch, 1), rank)
-    n_eval = cfg.train.eval_iters * batch
+    n_eval = cfg.train.eval_iters * plan.global_batch
+    train_set = _split(cfg.data.prefix, cfg, 'train', max(plan.iters * plan.global_batch, 1), rank)
     valid = _split(cfg.data.prefix, cfg, 'valid', n_eval, rank) if n_eval else None
-    info = RunInfo(cfg, iters, it, params, world, ga, device,
-                   flops_per_iteration(cfg.model, batch, cfg.train.recompute), peak_flops(device, cfg.train.precision), out, start_ckpt)
-    for c in callbacks: c.on_start(info)
+    callbacks = list(callbacks) + [MetricsFile(), TensorBoard()] if rank == 0 else []
+    # gptkit measures the gradient norm where DeepSpeed reports none (fp32, ZeRO 0) or a wrong one (ZeRO-0 pipelines)
+    own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)
+    return Loop(cfg, plan, parallel, engine, ds, train_set, valid, callbacks, device, params, shapes, resume_from,
+                own_norm, started)
 
-    def save(iteration):
-        client = {'iteration': iteration, 'consumed_samples': consumed, 'tokens': consumed * seq}
-        path = ckpt.save(engine, root, iteration, client, cfg, ds_cfg, out / 'tokenizer', rank, cfg.train.keep, layout, shapes)
-        for c in callbacks: c.on_checkpoint(path, iteration)
-        return path
+# %% ../nbs/11_train.ipynb #dcb94edc
+def restore(loop: Loop) -> Loop:
+    "Continue from `loop.resume_from` when there is one, then tell the callbacks where the run starts"
+    from gptkit.engine import Schedule
+    cfg, plan = loop.cfg, loop.plan
+    if loop.resume_from is not None:
+        state = ckpt.load(loop.engine, loop.resume_from, loop.rank, loop.parallel.layout.to_dict(), loop.shapes,
+                          loop.parallel)
+        loop.iteration, loop.consumed = state['iteration'], state['consumed_samples']
+        Schedule(cfg.optim, plan.iters).follow(loop.engine)
+    loop.info = RunInfo(cfg, plan.iters, loop.iteration, loop.params, loop.parallel.layout.world, plan.accumulation,
+                        loop.device, flops_per_iteration(cfg.model, plan.global_batch, cfg.train.recompute),
+                        peak_flops(loop.device, cfg.train.precision), loop.out, loop.resume_from)
+    loop.result, loop.window = TrainResult(loop.iteration, loop.tokens, []), Window(loop.iteration)
+    for c in loop.callbacks: c.on_start(loop.info)
+    return loop
 
-    result = TrainResult(it, consumed * seq, [])
-    window = {'loss': 0.0, 'steps': 0, 'skipped': 0, 't': time.perf_counter(), 'from': it}
-    bad_run, last_saved, grad_norm = 0, None, None
-    own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)   # no norm from DeepSpeed, or a wrong one
+# %% ../nbs/11_train.ipynb #a216d0df
+def train_step(loop: Loop, stop_requested: bool = False) -> float:
+    "One optimizer step over the global batch; returns its mean loss (NaN when every micro-batch was dropped)"
+    cfg, plan, engine = loop.cfg, loop.plan, loop.engine
+    batches = _micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
+                             plan.micro_batch, cfg.model.vocab, cfg.data.prefix, engine.device)
+    loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
+    if loop.own_norm: loop.grad_norm = norm
+    total, dropped, stopping = _all_sum([loss_sum, dropped, stop_requested], engine.device)
+    loop.iteration += 1; loop.consumed += plan.global_batch
+    loop.stopping, dropped, it = bool(stopping), int(dropped), loop.iteration
+    for c in loop.callbacks:
+        if hasattr(c, 'on_train_step'): c.on_train_step(it)    # callbacks need not subclass Callback
+    n = plan.accumulation * plan.dp
+    loss = total / (n - dropped) if dropped < n else float('nan')
+    loop.result.losses.append(loss)
+    if dropped:
+        loop.bad_steps += 1
+        log.warning('step %d: %d of %d micro-batches had a NaN or infinite loss and were left out of the step',
+                    it, dropped, n)
+        if loop.bad_steps >= cfg.train.max_bad_steps:
+            last = ckpt.newest(loop.root) or 'none'
+            raise TrainingError(f'the loss was NaN or infinite in {loop.bad_steps} steps in a row (up to step {it}); '
+                                f'stopped without saving. The last checkpoint is {last}. Lower optim.lr, prefer bf16 '
+                                'to fp16, or check the data')
+    else: loop.bad_steps = 0
+    loop.window.add(loss, dropped)
+    return loss
+
+# %% ../nbs/11_train.ipynb #250e93d7
+def report(loop: Loop) -> StepMetrics | None:
+    "When a report is due: the window's averages to the callbacks (`on_step`), and a new window; else None"
+    cfg, plan, engine, w, it = loop.cfg, loop.plan, loop.engine, loop.window, loop.iteration
+    if it % cfg.train.log_interval and it != plan.iters: return None
+    dt, steps = time.perf_counter() - w.t, it - w.start
+    norm = loop.grad_norm if loop.own_norm else engine.get_global_grad_norm()
+    scale = getattr(engine.optimizer, 'cur_scale', None) if cfg.train.precision == 'fp16' else None
+    tflops = loop.info.flops_per_step * steps / dt / loop.parallel.layout.world / 1e12
+    peak = loop.info.peak_flops
+    m = StepMetrics(it, w.loss / max(1, w.steps), engine.get_lr()[0], None if norm is None else float(norm),
+                    None if scale is None else float(scale), loop.tokens, steps * plan.tokens_per_step / dt, tflops,
+                    tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped)
+    for c in loop.callbacks: c.on_step(m)
+    loop.window = Window(it)
+    return m
+
+# %% ../nbs/11_train.ipynb #cb712719
+def is_due(iteration: int, every: int | None, iters: int) -> bool:
+    "Whether work done every `every` steps (None: never) runs after step `iteration` of `iters`"
+    return bool(every) and iteration % every == 0 and iteration < iters
+
+def _evaluate(loop: Loop, samples, split: str) -> float:
+    "The mean loss over `eval_iters` global batches of `samples`, told to the callbacks"
+    cfg, plan = loop.cfg, loop.plan
+    loss = evaluate(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch, loop.parallel,
+                    cfg.model.vocab, cfg.data.prefix)
+    for c in loop.callbacks: c.on_eval(split, loop.iteration, loss)
+    return loss
+
+def evaluate_if_due(loop: Loop) -> float | None:
+    "The validation loss after every `eval_interval` steps (None when not due, or when there is no validation split)"
+    if loop.valid is None or not is_due(loop.iteration, loop.cfg.train.eval_interval, loop.plan.iters): return None
+    loop.result.valid_loss = _evaluate(loop, loop.valid, 'valid')
+    return loop.result.valid_loss
+
+# %% ../nbs/11_train.ipynb #b8d9037c
+def save(loop: Loop) -> Path:
+    "A checkpoint of the run as it stands (every rank writes its part); the callbacks hear of it"
+    it, cfg = loop.iteration, loop.cfg
+    client = {'iteration': it, 'consumed_samples': loop.consumed, 'tokens': loop.tokens}
+    path = ckpt.save(loop.engine, loop.root, it, client, cfg, loop.ds_config, loop.out / 'tokenizer', loop.rank,
+                     cfg.train.keep, loop.parallel.layout.to_dict(), loop.shapes)
+    for c in loop.callbacks: c.on_checkpoint(path, it)
+    return path
+
+def save_if_due(loop: Loop) -> Path | None:
+    "A checkpoint after every `save_interval` steps (None when not due)"
+    if not is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters): return None
+    loop.last_saved = save(loop)
+    return loop.last_saved
+
+# %% ../nbs/11_train.ipynb #70eb153c
+def finish(loop: Loop) -> TrainResult:
+    "A checkpoint of the last step run (unless just saved), the final evaluations of a complete run, `on_end`"
+    r, it, cfg = loop.result, loop.iteration, loop.cfg
+    r.iteration, r.tokens, r.interrupted = it, loop.tokens, loop.stopping
+    saved = loop.last_saved
+    r.checkpoint = saved if saved is not None and saved.name == ckpt.tag(it) else save(loop)
+    if it >= loop.plan.iters:
+        if loop.valid is not None: r.valid_loss = _evaluate(loop, loop.valid, 'valid')
+        n_eval = cfg.train.eval_iters * loop.plan.global_batch
+        test = _split(cfg.data.prefix, cfg, 'test', n_eval, loop.rank) if n_eval else None
+        if test is not None: r.test_loss = _evaluate(loop, test, 'test')
+    r.seconds = time.perf_counter() - loop.started
+    for c in loop.callbacks: c.on_end(r)
+    r.engine = loop.engine
+    return r
+
+# %% ../nbs/11_train.ipynb #06349327
+def train(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
+          force: bool = False, stop_after: int | None = None) -> TrainResult:
+    "Train `cfg` in this process (alone or as one rank of a launcher): set up, restore, then step until the run is done"
+    loop = restore(setup(cfg, callbacks, resume, ds_override, force))
     with _Stop() as stop:
-        while it < iters:
-            batches = _micro_batches(train_set, consumed, ga, dp, parallel.dp_rank, mb, cfg.model.vocab, where, engine.device)
-            loss_sum, dropped, norm = _step(engine, parallel, batches, own_norm, cfg.optim.grad_clip)
-            if own_norm: grad_norm = norm
-            total, dropped_all, stopping = _all_sum([loss_sum, dropped, stop.signal is not None], engine.device)
-            it += 1; consumed += batch
-            for c in callbacks:
-                if hasattr(c, 'on_train_step'): c.on_train_step(it)    # callbacks need not subclass Callback
-            good = ga * dp - dropped_all
-            step_loss = total / good if good else float('nan')
-            result.losses.append(step_loss)
-            if dropped_all:
-                bad_run += 1
-                log.warning('step %d: %d of %d micro-batches had a NaN or infinite loss and were left out of the step',
-                            it, int(dropped_all), ga * dp)
-                if bad_run >= cfg.train.max_bad_steps:
-                    last = ckpt.newest(root)
-                    raise TrainingError(f'the loss was NaN or infinite in {bad_run} steps in a row (up to step {it}); stopped without '
-                                        f'saving. The last checkpoint is {last or "none"}. Lower optim.lr, prefer bf16 to fp16, or check the data')
-            else: bad_run = 0
-            window['loss'] += 0 if math.isnan(step_loss) else step_loss; window['steps'] += 0 if math.isnan(step_loss) else 1
-            window['skipped'] += int(dropped_all)
-            if it % cfg.train.log_interval == 0 or it == iters:
-                dt = time.perf_counter() - window['t']
-                steps = it - window['from']
-                gn = grad_norm if own_norm else engine.get_global_grad_norm()
-                scale = getattr(engine.optimizer, 'cur_scale', None) if cfg.train.precision == 'fp16' else None
-                tflops = info.flops_per_step * steps / dt / world / 1e12
-                metrics = StepMetrics(it, window['loss'] / max(1, window['steps']), engine.get_lr()[0],
-                                      None if gn is None else float(gn), None if scale is None else float(scale),
-                                      consumed * seq, steps * batch * seq / dt, tflops,
-                                      tflops * 1e12 / info.peak_flops if info.peak_flops else None,
-                                      memory_gib(device), dt / steps, window['skipped'])
-                for c in callbacks: c.on_step(metrics)
-                window = {'loss': 0.0, 'steps': 0, 'skipped': 0, 't': time.perf_counter(), 'from': it}
-            paused = time.perf_counter()       # evaluation and saving do not count against the step rate
-            if valid is not None and it % cfg.train.eval_interval == 0 and it < iters:
-                result.valid_loss = evaluate(engine, valid, cfg.train.eval_iters * ga, mb, parallel, cfg.model.vocab, where)
-                for c in callbacks: c.on_eval('valid', it, result.valid_loss)
-            if cfg.train.save_interval and it % cfg.train.save_interval == 0 and it < iters: last_saved = save(it)
-            window['t'] += time.perf_counter() - paused
-            if stopping or (stop_after is not None and it >= stop_after):
-                result.interrupted = bool(stopping)
-                break
-    result.iteration, result.tokens = it, consumed * seq
-    result.checkpoint = save(it) if last_saved is None or last_saved.name != ckpt.tag(it) else last_saved
-    if it >= iters:
-        if valid is not None:
-            result.valid_loss = evaluate(engine, valid, cfg.train.eval_iters * ga, mb, parallel, cfg.model.vocab, where)
-            for c in callbacks: c.on_eval('valid', it, result.valid_loss)
-        test = _split(cfg.data.prefix, cfg, 'test', n_eval, rank) if n_eval else None
-        if test is not None:
-            result.test_loss = evaluate(engine, test, cfg.train.eval_iters * ga, mb, parallel, cfg.model.vocab, where)
-            for c in callbacks: c.on_eval('test', it, result.test_loss)
-    result.seconds = time.perf_counter() - t_start
-    for c in callbacks: c.on_end(result)
-    result.engine = engine
-    return result
+        while loop.iteration < loop.plan.iters:
+            train_step(loop, stop.signal is not None)
+            report(loop)
+            with loop.window.paused():           # evaluation and saving do not count against the step rate
+                evaluate_if_due(loop)
+                save_if_due(loop)
+            if loop.stopping or (stop_after is not None and loop.iteration >= stop_after): break
+    return finish(loop)
 
 # %% ../nbs/11_train.ipynb #3a9459fe
 class LivePlot(Callback):

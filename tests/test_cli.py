@@ -46,7 +46,7 @@ def test_startup_imports_nothing_heavy(args):
 
 @pytest.mark.parametrize('args,flag', [
     (['--params', 'banana'], '--params'),
-    (['--preset', '350m', '--tp', '3'], '--tp 3 must divide the 16 attention heads'),
+    (['--preset', '350m', '--tp', '3'], '--tp 3 must divide model.heads 16'),
     (['--preset', '350m', '--pp', '5'], '--pp 5 must divide the 24 layers'),
     (['--preset', '350m', '--micro-batch', '0'], '--micro-batch'),
     (['--preset', '350m', '--layers', '-3'], '--layers'),

@@ -32,6 +32,30 @@ def test_dry_run_prints_config_deepspeed_config_and_launch_command(tiny_data):
     assert r.exit_code == 0 and '-m deepspeed.launcher.runner --num_gpus 2' in r.output and '--module gptkit_cli.main train' in r.output
 
 
+def test_dry_run_counts_steps_for_the_processes_that_will_train():
+    "--tokens without a global batch: two data-parallel processes take steps twice as large, so half as many"
+    common = ['train', '--preset', 'tiny', '--tokens', '20480', '--dry-run',
+              *sets('train.global_batch=null', 'train.micro_batch=4')]
+    one, two = run(*common), run(*common, '--nproc', '2')
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+    one, two = ' '.join(one.output.split()), ' '.join(two.output.split())       # rich wraps long lines
+    assert '20 steps of 4 x 256 = 1,024 tokens' in one and 'dp 1' in one
+    assert '10 steps of 8 x 256 = 2,048 tokens' in two and 'dp 2' in two
+    assert '"train_batch_size": 8' in two and '"gradient_accumulation_steps": 1' in two
+    assert '--nproc_per_node 2' in two
+
+
+def test_the_configured_layout_decides_the_processes_and_the_world_is_checked():
+    r = run('train', '--preset', 'tiny', '--dry-run', *sets('parallel.tp=2', 'parallel.dp=2'))
+    assert r.exit_code == 0 and '--nproc_per_node 4' in r.output, r.output
+    assert 'tp 2 x pp 1 x dp 2' in ' '.join(r.output.split())
+    r = run('train', '--preset', 'tiny', '--dry-run', '--tp', '2', '--nproc', '3')
+    assert r.exit_code == 2 and '--tp 2 x pp 1 = 2 must divide the 3 processes' in ' '.join(r.output.split()), r.output
+    r = run('train', '--preset', 'tiny', '--dry-run', '--nproc', '3')      # tiny's global batch of 16 over 3 replicas
+    want = '--set train.global_batch 16 must be a multiple of micro-batch x data-parallel = 1 x 3 = 3'
+    assert r.exit_code == 2 and want in ' '.join(r.output.split()), r.output
+
+
 def test_cpu_defaults_to_fp32_unless_asked(tmp_path):
     r = run('train', '--preset', 'tiny', '--dry-run')
     assert '"precision": "fp32"' in r.output
@@ -52,7 +76,7 @@ def test_config_file_and_overrides(tmp_path):
     (['--set', 'train.micro_batch=0', '--set', 'optim.lr=-1'], '--set train.micro_batch must be a positive whole number, not 0; --set optim.lr must be positive'),
     (['--preset', '7b'], "--preset '7b' is not a preset; choose one of tiny"),
     (['--iters', '0'], '--iters must be a positive whole number, not 0'),
-    (['--set', 'parallel.tp=5', '--preset', '125m'], '--tp 5 must divide the 12 attention heads'),
+    (['--set', 'parallel.tp=5', '--preset', '125m'], '--tp 5 must divide model.heads 12'),
     (['--launcher', 'mpirun', '--nproc', '2'], "--launcher must be torchrun or deepspeed, not 'mpirun'"),
 ])
 def test_bad_settings_name_the_flag(args, message):

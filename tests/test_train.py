@@ -45,7 +45,7 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tiny_data, tmp_path, zer
 
 def test_resume_with_a_new_learning_rate_follows_it(tiny_data, tmp_path):
     "Fine-tuning a checkpoint (an import, or a run continued) at another lr: the schedule follows the new optim settings"
-    from gptkit.config import lr_at
+    from gptkit.engine import Schedule
     from gptkit.train import Callback
     first = train(config(tiny_data, tmp_path, 'train.iters=3'))
     lrs = []
@@ -54,7 +54,8 @@ def test_resume_with_a_new_learning_rate_follows_it(tiny_data, tmp_path):
     cfg = config(tiny_data, tmp_path, 'train.iters=6', 'optim.lr=5e-4', 'optim.warmup=0')
     train(cfg, callbacks=[Lr()], resume=True)
     assert first.iteration == 3 and [i for i, _ in lrs] == [4, 5, 6]
-    assert [lr for _, lr in lrs] == pytest.approx([lr_at(cfg.optim, i, 6) for i, _ in lrs], rel=1e-6)   # as a run at 5e-4 from the start
+    schedule = Schedule(cfg.optim, 6)                   # as a run at 5e-4 from the start
+    assert [lr for _, lr in lrs] == pytest.approx([schedule(i) for i, _ in lrs], rel=1e-6)
     assert max(lr for _, lr in lrs) <= 5e-4
 
 
@@ -196,6 +197,25 @@ def test_two_data_parallel_processes_match_one(tiny_data, tmp_path, launcher):
     assert json.loads((tmp_path / 'two' / 'ds_config.json').read_text())['gradient_accumulation_steps'] == 1
     ck = [torch.load(tmp_path / d / 'checkpoints' / 'iter_0000006' / 'mp_rank_00_model_states.pt', weights_only=False)['module'] for d in ('one', 'two')]
     for k in ck[0]: torch.testing.assert_close(ck[1][k], ck[0][k], rtol=1e-4, atol=2e-5)   # Adam amplifies rounding near zero
+
+
+def test_tokens_without_a_global_batch_train_the_same_tokens_on_one_and_two_processes(tiny_data, tmp_path):
+    "--tokens, train.global_batch=null: two data-parallel processes take steps of twice the tokens, half as many"
+    prefix, tok = tiny_data
+    sets = [s for s in TINY_SETS if not s.startswith('train.iters=')]     # the run's length comes from --tokens
+    sets += ['train.global_batch=null', 'train.eval_iters=0', 'train.log_interval=100']
+    common = ['train', '--data', prefix, '--tokenizer', tok, '--tokens', '512',
+              *[a for s in sets for a in ('--set', s)]]
+    runs = {n: _cli(*common, '--out', str(tmp_path / f'dp{n}'), '--nproc', str(n)) for n in (1, 2)}
+    for n, r in runs.items(): assert r.returncode == 0, f'dp{n}: ' + r.stdout[-3000:] + r.stderr[-3000:]
+    rows = {n: (tmp_path / f'dp{n}' / 'metrics.jsonl').read_text().splitlines() for n in (1, 2)}
+    last = {n: [json.loads(l) for l in rows[n] if '"train"' in l][-1] for n in (1, 2)}
+    assert (last[1]['iteration'], last[1]['tokens']) == (8, 512)          # steps of 2 sequences of 32 tokens
+    assert (last[2]['iteration'], last[2]['tokens']) == (4, 512)          # steps of 2 x 2 sequences
+    assert '4 steps, 512 tokens' in runs[2].stdout and '8 steps, 512 tokens' in runs[1].stdout
+    ds = json.loads((tmp_path / 'dp2' / 'ds_config.json').read_text())
+    assert (ds['train_batch_size'], ds['gradient_accumulation_steps']) == (4, 1)
+    assert json.loads((tmp_path / 'dp2' / 'config.json').read_text())['parallel']['dp'] == 2   # the real layout
 
 
 def test_sigint_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
