@@ -10,8 +10,21 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .config import (ConfigError, GPT3_PRESETS, PRESETS, BatchPlan, Layout, ModelConfig, ParallelConfig, Preset,
-                           TrainConfig, check, get_preset, parse_size, validate_layout)
+from gptkit.config import (
+    GPT3_PRESETS,
+    PRESETS,
+    BatchPlan,
+    ConfigError,
+    Layout,
+    ModelConfig,
+    ParallelConfig,
+    Preset,
+    TrainConfig,
+    check,
+    get_preset,
+    parse_size,
+    validate_layout,
+)
 
 # %% auto #0
 __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
@@ -51,10 +64,14 @@ GPUS: dict[str, GPU] = {
 def get_gpu(name: str = 'a100-80gb', memory: int | None = None, tflops: float | None = None) -> GPU:
     "The GPU called `name`, with its memory (bytes) or 16-bit peak (TFLOP/s) overridden if given"
     gpu = GPUS.get(str(name).lower())
-    if gpu is None: raise ConfigError([('gpu', f"{{key}} {name!r} is not known; choose one of {', '.join(GPUS)} or give --gpu-memory and --gpu-tflops")])
+    if gpu is None:
+        raise ConfigError([('gpu', f"{{key}} {name!r} is not known; choose one of {', '.join(GPUS)} "
+                                   "or give --gpu-memory and --gpu-tflops")])
     problems = []
-    if memory is not None and (not isinstance(memory, int) or memory <= 0): problems.append(('gpu_memory', f'{{key}} must be positive, not {memory!r}'))
-    if tflops is not None and not tflops > 0: problems.append(('gpu_tflops', f'{{key}} must be positive, not {tflops!r}'))
+    if memory is not None and (not isinstance(memory, int) or memory <= 0):
+        problems.append(('gpu_memory', f'{{key}} must be positive, not {memory!r}'))
+    if tflops is not None and not tflops > 0:
+        problems.append(('gpu_tflops', f'{{key}} must be positive, not {tflops!r}'))
     check(problems)
     if memory is None and tflops is None: return gpu
     scale = (tflops * 1e12 / gpu.peak_16bit) if tflops else 1.0
@@ -160,9 +177,11 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     masks = 2 * mask if model.dropout > 0 else 0              # after attention and after the MLP
     sbh = s * b * h
     replicated = 2 * element + masks                          # LayerNorm inputs, two dropout masks: split only by SP
-    gathered = 2 * element                                    # QKV and fc1 inputs (SP keeps its slice, gathers again in backward)
+    # QKV and fc1 inputs (SP keeps its slice, gathers again in backward)
+    gathered = 2 * element
     split = (4 + 2 * f / h) * element                         # q, k, v and attention output; GELU and fc2 inputs
-    base = sbh * ((replicated + gathered) / ts + split / t) + 16 * s * b / ts   # + LayerNorm mean, 1/std (fp32, two LNs)
+    # + LayerNorm mean, 1/std (fp32, two LNs)
+    base = sbh * ((replicated + gathered) / ts + split / t) + 16 * s * b / ts
     per_score = element + (mask + element if model.dropout > 0 else 0)   # softmax output; its dropout mask and output
     scores = 4 * a * s * b / t if flash else a * s * s * b * per_score / t
     core = sbh * element / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v copies
@@ -195,20 +214,22 @@ def embedding_activations(model: ModelConfig, micro_batch: int, tp: int = 1, seq
 CE_CHUNK_BYTES = 64 * MiB    # the chunked cross entropy's budget for one chunk of fp32 logits
 
 def ce_chunk_tokens(tokens: int, columns: int) -> int:
-    "Tokens per chunk of the chunked cross entropy: the largest power of two (16 at least) whose fp32 logits over `columns` fit CE_CHUNK_BYTES, `tokens` at most"
+    """Tokens per chunk of the chunked cross entropy: the largest power of two (16 at least) whose fp32 logits
+    over `columns` fit CE_CHUNK_BYTES, `tokens` at most"""
     c = 16
     while 2 * c * columns * 4 <= CE_CHUNK_BYTES: c *= 2
     return max(1, min(c, tokens))
 
 def logits_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, precision: str = 'bf16',
                  sequence_parallel: bool = False, peak: bool = True) -> float:
-    "Bytes of the final LayerNorm, output layer and fp32 loss on the last stage: kept for backward, or at the loss's peak"
+    "Bytes of the final LayerNorm, output layer and fp32 loss on the last stage: kept for backward or at the loss peak"
     s, b, h, ts = model.seq_len, micro_batch, model.hidden, tp if sequence_parallel else 1
     e = activation_element_bytes(precision)
     columns = model.vocab if tp == 1 else model.padded_vocab(tp) / tp
     logits = s * b * columns
     targets = 8 * s * b + (s * b if tp > 1 else 0)            # int64 targets (+ which of them are this rank's, TP)
-    if model.kernels == 'triton':                             # chunked: LN in, stats, whole head in, lse; one chunk at the peak
+    # chunked: LN in, stats, whole head in, lse; one chunk at the peak
+    if model.kernels == 'triton':
         chunk = ce_chunk_tokens(s * b, int(columns)) * columns
         kept = s * b * h * e / ts + 8 * s * b / ts + s * b * h * e + targets + 4 * s * b
         return kept + ((12 * chunk + (4 * columns * h if e < 4 else 0)) if peak else 0)
@@ -231,8 +252,10 @@ def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: Train
     layer = layer_activations(model, train.micro_batch, par.tp, par.sequence_parallel, train.flash, e, mask)
     k = min(par.pp - stage, _plan(model, par, train).accumulation)
     ends, rebuild = stage_moments(layer, model.layers // par.pp, k, train.recompute)
-    emb = k * embedding_activations(model, train.micro_batch, par.tp, par.sequence_parallel, mask) if stage == 0 else 0.0
-    lg = logits_bytes(model, train.micro_batch, par.tp, train.precision, par.sequence_parallel, peak) if stage == par.pp - 1 else 0.0
+    emb = (k * embedding_activations(model, train.micro_batch, par.tp, par.sequence_parallel, mask)
+           if stage == 0 else 0.0)
+    lg = (logits_bytes(model, train.micro_batch, par.tp, train.precision, par.sequence_parallel, peak)
+          if stage == par.pp - 1 else 0.0)
     return max((ends + emb, lg), (rebuild + emb, 0.0), key=sum)
 
 # %% ../nbs/01_estimate.ipynb #b52154ba
@@ -249,7 +272,8 @@ class Memory:
     stage: int           # the pipeline stage these numbers are for
 
     @property
-    def total(self) -> float: return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.other
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.other
     @property
     def allocated(self) -> float: return self.total - self.other
     @property
@@ -306,7 +330,8 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
     params = params or count_params(model, par.tp, par.pp)
     plan = _plan(model, par, train)
     batch, m = plan.global_batch, plan.accumulation
-    compute = flops_per_iteration(model, batch, train.recompute, par.tp) / (par.world_size * gpu.peak(train.precision) * mfu)
+    compute = (flops_per_iteration(model, batch, train.recompute, par.tp)
+               / (par.world_size * gpu.peak(train.precision) * mfu))
     per_layer = 4 + (2 if train.recompute == 'full' else 0)
     act_bytes = 2 * model.seq_len * train.micro_batch * model.hidden * (2 if train.precision == 'fp32' else 1)
     tp_bytes = m * (model.layers // par.pp) * per_layer * 2 * act_bytes * (par.tp - 1) / par.tp
@@ -349,7 +374,8 @@ class Estimate:
     def seconds(self) -> float:
         "Training time at the assumed MFU"
         gpus = self.parallel.world_size
-        return self.iterations * self.model_flops_per_iteration / (gpus * self.gpu.peak(self.train.precision) * self.mfu)
+        peak = self.gpu.peak(self.train.precision)
+        return self.iterations * self.model_flops_per_iteration / (gpus * peak * self.mfu)
     @property
     def layout_seconds(self) -> float:
         "Training time with this layout's pipeline bubble and tensor-parallel communication"
@@ -364,7 +390,8 @@ class Estimate:
             'layout': {**dataclasses.asdict(self.parallel), **dataclasses.asdict(self.train), 'gpus': gpus,
                        'global_batch': plan.global_batch, 'micro_batches': plan.accumulation,
                        'train_flags': train_flags(self.parallel, self.train)},
-            'gpu': {'name': self.gpu.name, 'memory': self.gpu.memory, 'peak_flops': self.gpu.peak(self.train.precision)},
+            'gpu': {'name': self.gpu.name, 'memory': self.gpu.memory,
+                    'peak_flops': self.gpu.peak(self.train.precision)},
             'params': {'total': p.total, 'unpadded': p.unpadded, 'embedding': p.embedding, 'transformer': p.transformer,
                        'vocab': self.model.vocab, 'vocab_padded': p.vocab_padded, 'per_rank_max': p.per_rank_max,
                        'per_stage': [s.per_rank for s in p.stages]},
@@ -388,7 +415,8 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
     "Parameters, memory per GPU, FLOPs and time for `model` trained on `tokens` with this layout"
     problems = []
     if not 0 < mfu <= 1: problems.append(('mfu', f'{{key}} must be a fraction in (0, 1], not {mfu!r}'))
-    if not isinstance(tokens, int) or tokens <= 0: problems.append(('tokens', f'{{key}} must be positive, not {tokens!r}'))
+    if not isinstance(tokens, int) or tokens <= 0:
+        problems.append(('tokens', f'{{key}} must be positive, not {tokens!r}'))
     check(problems)
     validate_layout(model, par, train, gpus_per_node)
     params = count_params(model, par.tp, par.pp)
@@ -405,7 +433,8 @@ def nearest_preset(n_params: int) -> str:
     return min(GPT3_PRESETS, key=lambda k: abs(math.log(count_params(PRESETS[k].model).total / n_params)))
 
 # %% ../nbs/01_estimate.ipynb #1a6fd7f8
-def resolve_model(params: str | None = None, preset: str | None = None, **dims) -> tuple[ModelConfig, Preset | None, str]:
+def resolve_model(params: str | None = None, preset: str | None = None,
+                  **dims) -> tuple[ModelConfig, Preset | None, str]:
     "(model, preset or None, note) from a size, a preset name or explicit `dims` (layers, hidden, ...)"
     dims = {k: v for k, v in dims.items() if v is not None}
     if params is not None and preset is not None:
@@ -420,7 +449,8 @@ def resolve_model(params: str | None = None, preset: str | None = None, **dims) 
         base, name = get_preset(preset), str(preset).lower()
         note = f'preset {name}'
     if base is None:
-        check([(k, '{key} is required when neither --params nor --preset is given') for k in ('layers', 'hidden', 'heads') if k not in dims])
+        check([(k, '{key} is required when neither --params nor --preset is given')
+               for k in ('layers', 'hidden', 'heads') if k not in dims])
         return ModelConfig(**dims), None, 'custom model'
     if dims: note += ' with ' + ', '.join(f'{k}={v}' for k, v in dims.items())
     return dataclasses.replace(base.model, **dims), base, note

@@ -25,14 +25,16 @@ def test_readme_has_the_two_commands_and_ci_runs_the_test_one():
     assert ci == [tests]
 
 
-def test_pyproject_holds_only_build_system_and_nbdev():
+def test_pyproject_holds_only_build_system_nbdev_and_ruff():
     cfg = tomllib.loads((ROOT / 'pyproject.toml').read_text())
-    assert set(cfg) == {'build-system', 'tool'} and set(cfg['tool']) == {'nbdev'}
+    assert set(cfg) == {'build-system', 'tool'} and set(cfg['tool']) == {'nbdev', 'ruff'}
+    assert cfg['tool']['ruff']['line-length'] == 120 and set(cfg['tool']['ruff']['lint']['select']) == {'E501', 'F', 'I'}
     assert {'slow', 'gpu'} <= set(cfg['tool']['nbdev']['tst_flags'].split())
 
 
 def test_constraints_pin_every_requirement_and_torch():
-    pins = dict(l.split('==') for l in (ROOT / 'constraints.txt').read_text().splitlines() if '==' in l and not l.startswith('#'))
+    lines = (ROOT / 'constraints.txt').read_text().splitlines()
+    pins = dict(l.split('==') for l in lines if '==' in l and not l.startswith('#'))
     assert pins['torch'] == '2.13.0'
     from configparser import ConfigParser
     cfg = ConfigParser(); cfg.read(ROOT / 'settings.ini')

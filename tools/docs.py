@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+from itertools import takewhile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,8 @@ def chapter_title(nb: Path) -> tuple[str, str]:
         if cell['cell_type'] != 'markdown': continue
         lines = ''.join(cell['source']).splitlines()
         title = next((l[2:].strip() for l in lines if l.startswith('# ')), nb.stem)
-        summary = next((l[1:].strip() for l in lines if l.startswith('>')), '')
+        start = next((i for i, l in enumerate(lines) if l.startswith('>')), len(lines))
+        summary = ' '.join(l[1:].strip() for l in takewhile(lambda l: l.startswith('>'), lines[start:]))
         return title, summary
     return nb.stem, ''
 

@@ -57,11 +57,15 @@ class IndexedWriter:
         "Append one document: its tokens, split into sequences of `lengths` (default: one sequence)"
         arr = np.asarray(tokens)
         if arr.dtype != self.dtype:
-            if arr.size and self.dtype.kind in 'iu' and (arr.min() < np.iinfo(self.dtype).min or arr.max() > np.iinfo(self.dtype).max):
-                raise DataError(f'{self.bin_path}: token id {int(arr.max())} does not fit in {self.dtype}; use a wider dtype')
+            info = np.iinfo(self.dtype) if self.dtype.kind in 'iu' else None
+            if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
+                raise DataError(f'{self.bin_path}: token id {int(arr.max())} does not fit in {self.dtype}; '
+                                'use a wider dtype')
             arr = arr.astype(self.dtype)
         lengths = [arr.size] if lengths is None else list(lengths)
-        if sum(lengths) != arr.size: raise DataError(f'{self.bin_path}: sequence lengths add up to {sum(lengths)}, not the {arr.size} tokens given')
+        if sum(lengths) != arr.size:
+            raise DataError(f'{self.bin_path}: sequence lengths add up to {sum(lengths)}, '
+                            f'not the {arr.size} tokens given')
         self._bin.write(arr.tobytes())
         self.lengths.extend(lengths)
         self.doc_index.append(len(self.lengths))
@@ -101,16 +105,21 @@ class IndexedDataset:
     def __init__(self, prefix: str | Path):
         self.bin_path, self.idx_path = data_paths(prefix)
         for p in (self.idx_path, self.bin_path):
-            if not p.is_file(): raise DataError(f'{p}: no such file (a dataset is a .bin and an .idx with the same prefix)')
+            if not p.is_file():
+                raise DataError(f'{p}: no such file (a dataset is a .bin and an .idx with the same prefix)')
         size = self.idx_path.stat().st_size
         with open(self.idx_path, 'rb') as f: head = f.read(HEADER.size)
         if len(head) < HEADER.size or head[:9] != MAGIC:
-            raise DataError(f'{self.idx_path}: not a Megatron indexed dataset index (its first bytes are not {MAGIC!r})')
+            raise DataError(f'{self.idx_path}: not a Megatron indexed dataset index '
+                            f'(its first bytes are not {MAGIC!r})')
         _, version, code, n, d = HEADER.unpack(head)
-        if version != VERSION: raise DataError(f'{self.idx_path}: index version {version} is not supported (expected {VERSION})')
+        if version != VERSION:
+            raise DataError(f'{self.idx_path}: index version {version} is not supported (expected {VERSION})')
         if code not in DTYPES: raise DataError(f'{self.idx_path}: unknown dtype code {code}')
         want = HEADER.size + 12 * n + 8 * d
-        if size != want: raise DataError(f'{self.idx_path}: truncated or corrupt: its header needs {want:,} bytes, the file has {size:,}')
+        if size != want:
+            raise DataError(f'{self.idx_path}: truncated or corrupt: its header needs {want:,} bytes, '
+                            f'the file has {size:,}')
         self.dtype = np.dtype(DTYPES[code])
         mm = np.memmap(self.idx_path, mode='r')
         self.sequence_lengths = np.frombuffer(mm, np.int32, n, HEADER.size)
@@ -120,7 +129,8 @@ class IndexedDataset:
         bin_size = self.bin_path.stat().st_size
         if bin_size != self.num_tokens * self.dtype.itemsize:
             raise DataError(f'{self.bin_path}: holds {bin_size:,} bytes but {self.idx_path.name} describes '
-                            f'{self.num_tokens:,} tokens of {self.dtype} ({self.num_tokens * self.dtype.itemsize:,} bytes)')
+                            f'{self.num_tokens:,} tokens of {self.dtype} '
+                            f'({self.num_tokens * self.dtype.itemsize:,} bytes)')
         if d == 0 or self.document_indices[0] != 0 or self.document_indices[-1] != n:
             raise DataError(f'{self.idx_path}: corrupt document index (it must run from 0 to {n})')
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode='r') if bin_size else np.zeros(0, self.dtype)
@@ -145,4 +155,5 @@ class IndexedDataset:
         return self._bin[start:start + int(self.sequence_lengths[lo:hi].sum())]
 
     def __repr__(self):
-        return f'IndexedDataset({str(self.bin_path)[:-4]!r}: {self.num_documents:,} documents, {self.num_tokens:,} tokens of {self.dtype})'
+        return (f'IndexedDataset({str(self.bin_path)[:-4]!r}: {self.num_documents:,} documents, '
+                f'{self.num_tokens:,} tokens of {self.dtype})')
