@@ -64,6 +64,7 @@ def inspect(
 ):
     """Documents, tokens, dtype, length histogram and a few decoded documents of a .bin/.idx pair."""
     import numpy as np
+
     from gptkit.data.indexed import IndexedDataset
     ds = IndexedDataset(prefix)
     doc_lengths = np.diff(np.concatenate([[0], np.cumsum(ds.sequence_lengths, dtype=np.int64)])[ds.document_indices])

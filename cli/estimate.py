@@ -8,9 +8,16 @@ import typer
 from rich.table import Table
 
 from gptkit.config import ParallelConfig, TrainConfig, parse_size
-from gptkit.estimate import (Estimate, GiB, data_parallel, estimate as run_estimate, get_gpu, resolve_model,
-                             search as run_search, train_flags)
-
+from gptkit.estimate import (
+    Estimate,
+    GiB,
+    data_parallel,
+    estimate as run_estimate,
+    get_gpu,
+    resolve_model,
+    search as run_search,
+    train_flags,
+)
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 

@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 
 from gptkit.config import ConfigError
-
 from gptkit_cli import format as fmt
 from gptkit_cli.app import TextKey, app, err, handles_errors, out
 
@@ -52,7 +51,14 @@ def eval_(
 class _Bar:
     "A rich progress bar per stage on stderr (count, rate, ETA), gone when done"
     def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         self.progress = Progress(TextColumn('[bold]{task.description}'), BarColumn(), MofNCompleteColumn(),
                                  TextColumn('{task.fields[rate]}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
                                  console=err, transient=True)

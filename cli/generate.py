@@ -8,7 +8,6 @@ from typing import Annotated, List, Optional
 import typer
 
 from gptkit.config import ConfigError, GptkitError
-
 from gptkit_cli.app import app, err, flag, out, report
 
 Opt = typer.Option

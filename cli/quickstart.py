@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from rich.table import Table
 
 from gptkit.config import GPT3_PRESETS, PRESETS, ParallelConfig, TrainConfig
 from gptkit.estimate import GPUS, count_params, estimate, search
-
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 
@@ -60,6 +58,7 @@ def _data_stage(out_dir: Path, vocab_size: int):
 
 def _train_stage(out_dir: Path, iters: int):
     import shutil
+
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
     from gptkit.engine import device_type
     from gptkit.tokenizer import load

@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from gptkit.config import ConfigError, GptkitError
-
 from gptkit_cli.app import app, err, handles_errors, out
 
 Opt = typer.Option

@@ -24,10 +24,11 @@ def train(
 ):
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
     import time
-    from gptkit.data.corpus import Tally, clean_text, read_documents
-    from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
+
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from gptkit.data.corpus import expand_inputs
+
+    from gptkit.data.corpus import Tally, clean_text, expand_inputs, read_documents
+    from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
     tally, paths = Tally(), expand_inputs(input)
     total = sum(p.stat().st_size for p in paths)
     start = time.perf_counter()

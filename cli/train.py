@@ -12,7 +12,6 @@ from typing import Annotated, List, Optional
 import typer
 
 from gptkit.config import ConfigError, GptkitError, RunConfig
-
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, out, report
 
@@ -135,7 +134,14 @@ def _dry_run(cfg, override, world, launcher):
 class RichProgress:
     "A rich progress bar with loss, tokens/s and ETA; evaluations and checkpoints as lines above it"
     def __init__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
         self.progress = Progress(TextColumn('[bold]train[/]'), BarColumn(), MofNCompleteColumn(), TextColumn('{task.fields[stats]}'),
                                  TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(), console=out, transient=False)
 

@@ -34,11 +34,14 @@ def parse_steps(spec: str, key: str = 'steps') -> list[tuple[int, int]]:
     ranges = []
     for part in str(spec).split(','):
         m = re.fullmatch(r'\s*(\d+)\s*(?:-\s*(\d+)\s*)?', part)
-        if not m: raise bad(f'is not a list of step ranges like 3-5 or 2-4,7-9 ({part.strip() or "an empty part"!r} is not A-B or N)')
+        if not m:
+            raise bad(f'is not a list of step ranges like 3-5 or 2-4,7-9 '
+                      f'({part.strip() or "an empty part"!r} is not A-B or N)')
         a, b = int(m[1]), int(m[2] if m[2] is not None else m[1])
         if b < a: raise bad(f'has the range {a}-{b}, which ends before it starts')
         if ranges and a <= ranges[-1][1]:
-            raise bad(f'has the range {a}-{b} overlapping or before {ranges[-1][0]}-{ranges[-1][1]}; give ranges in increasing order')
+            raise bad(f'has the range {a}-{b} overlapping or before {ranges[-1][0]}-{ranges[-1][1]}; '
+                      'give ranges in increasing order')
         ranges.append((a, b))
     return ranges
 
@@ -64,15 +67,18 @@ def profiler_schedule(ranges: list[tuple[int, int]], warmup: int = 1) -> Callabl
 # %% ../nbs/13_profile.ipynb #23dbc40e
 CATEGORIES = ('matmul', 'attention', 'norm', 'elementwise', 'communication', 'optimizer', 'other')
 RULES = (   # (category, regular expression searched in the lower-cased name), first match wins
-    ('communication', r'nccl|gloo|c10d|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_to_all|isend|irecv'),
+    ('communication', r'nccl|gloo|c10d|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|all_to_all|'
+                      r'isend|irecv'),
     ('optimizer', r'optimizer|adam|lamb|_foreach_|multi_tensor'),
     ('attention', r'attention|attn|flash|fmha|sdpa|(?<!log_)softmax'),
     ('matmul', r'aten::(mm|addmm|bmm|baddbmm|matmul|linear)\b|gemm|xmma|cutlass|cublas|nvjet|mmbackward|addmmbackward'),
     ('norm', r'layer_?norm|rms_?norm|group_?norm|batch_?norm'),
-    ('elementwise', r'elementwise|vectorized|aten::(add|sub|mul|div|gelu|silu|relu|tanh|exp|pow|sqrt|rsqrt|neg|where|dropout|'
-                    r'native_dropout|copy|fill|zero|clamp|masked_fill|lerp|addcmul|addcdiv|sum|mean|to|_to_copy)(_|_backward)?\b'),
+    ('elementwise', r'elementwise|vectorized|aten::(add|sub|mul|div|gelu|silu|relu|tanh|exp|pow|sqrt|rsqrt|neg|where|'
+                    r'dropout|native_dropout|copy|fill|zero|clamp|masked_fill|lerp|addcmul|addcdiv|sum|mean|to|'
+                    r'_to_copy)(_|_backward)?\b'),
 )
-REGIONS = ('communication', 'optimizer', 'attention', 'norm', 'matmul')  # categories an enclosing event passes on to what it calls
+# categories an enclosing event passes on to what it calls
+REGIONS = ('communication', 'optimizer', 'attention', 'norm', 'matmul')
 
 def categorize(name: str) -> str:
     "The category of an operator or kernel name: one of CATEGORIES"
@@ -101,12 +107,14 @@ def op_stats(prof) -> dict[str, OpStat]:
     import warnings
     out = {}
     with warnings.catch_warnings():
-        warnings.simplefilter('ignore')      # "the profiler clears events at the end of each cycle": gptkit adds the cycles up itself
+        # "the profiler clears events at the end of each cycle": gptkit adds the cycles up itself
+        warnings.simplefilter('ignore')
         averages = prof.key_averages()
     for e in averages:
         if _PYTHON.search(e.key): continue
         out[e.key] = OpStat(e.key, e.count, e.self_cpu_time_total, getattr(e, 'self_device_time_total', 0.0) or 0.0,
-                            e.self_cpu_memory_usage, getattr(e, 'self_device_memory_usage', 0) or 0, float(e.flops or 0), categorize(e.key))
+                            e.self_cpu_memory_usage, getattr(e, 'self_device_memory_usage', 0) or 0,
+                            float(e.flops or 0), categorize(e.key))
     return out
 
 def merge_stats(a: dict[str, OpStat], b: dict[str, OpStat]) -> dict[str, OpStat]:
@@ -116,7 +124,8 @@ def merge_stats(a: dict[str, OpStat], b: dict[str, OpStat]) -> dict[str, OpStat]
         if k not in out: out[k] = s; continue
         o = out[k]
         out[k] = OpStat(k, o.calls + s.calls, o.self_cpu_us + s.self_cpu_us, o.self_device_us + s.self_device_us,
-                        o.self_cpu_memory + s.self_cpu_memory, o.self_device_memory + s.self_device_memory, o.flops + s.flops, o.category)
+                        o.self_cpu_memory + s.self_cpu_memory, o.self_device_memory + s.self_device_memory,
+                        o.flops + s.flops, o.category)
     return out
 
 # %% ../nbs/13_profile.ipynb #96fdc86b
@@ -134,8 +143,9 @@ class Profiler(Callback):
         from torch.profiler import ProfilerActivity, profile
         self.info = info
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device == 'cuda' else [])
-        self.prof = profile(activities=acts, schedule=profiler_schedule(self.ranges, self.warmup), on_trace_ready=self._ready,
-                            record_shapes=True, profile_memory=True, with_stack=self.stack, with_flops=True)
+        self.prof = profile(activities=acts, schedule=profiler_schedule(self.ranges, self.warmup),
+                            on_trace_ready=self._ready, record_shapes=True, profile_memory=True, with_stack=self.stack,
+                            with_flops=True)
         self._cycle = 0
         self.prof.start()
         self._sync(); self._t = time.perf_counter()
@@ -180,7 +190,7 @@ class ProfileResult:
     world_size: int
     ranges: list[tuple[int, int]]
     step_seconds: dict[int, float]         # every step of the run, profiled or not
-    flops_per_step: float                  # model FLOPs of one step, the Narayanan et al. formula (recomputation included)
+    flops_per_step: float                  # model FLOPs of one step, Narayanan et al.'s formula (with recomputation)
     peak_flops: float | None               # the device's dense peak FLOP/s, None when unknown (CPUs)
     ops: list[OpStat]                      # totals over the profiled steps, by self time
     traces: list[str]
@@ -210,7 +220,8 @@ class ProfileResult:
     def plain_tflops(self) -> float | None:
         "TFLOP/s of the plain steps, for the profiler's overhead"
         p = self.plain_steps
-        return self.flops_per_step * len(p) / sum(self.step_seconds[s] for s in p) / self.world_size / 1e12 if p else None
+        if not p: return None
+        return self.flops_per_step * len(p) / sum(self.step_seconds[s] for s in p) / self.world_size / 1e12
     @property
     def profiler_flops_per_step(self) -> float:
         "FLOPs the profiler counted per step (matrix multiplications only)"
@@ -262,8 +273,9 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
     run = out / 'run'
     shutil.rmtree(run, ignore_errors=True)
     for old in ('traces', 'tensorboard'): shutil.rmtree(out / old, ignore_errors=True)
-    cfg = dataclasses.replace(cfg, out=str(run), train=dataclasses.replace(cfg.train, iters=iters, tokens=None, eval_iters=0,
-                                                                          save_interval=None, log_interval=1))
+    cfg = dataclasses.replace(cfg, out=str(run), train=dataclasses.replace(cfg.train, iters=iters, tokens=None,
+                                                                          eval_iters=0, save_interval=None,
+                                                                          log_interval=1))
     ds_report = out / 'deepspeed_flops.txt'
     ds_report.unlink(missing_ok=True)
     override = {'flops_profiler': {'enabled': True, 'profile_step': iters - 1, 'module_depth': -1, 'top_modules': 3,
@@ -272,23 +284,28 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
     train(cfg, callbacks=[prof, *callbacks], ds_override=override, force=force)
     info, n = prof.info, sum(b - a + 1 for a, b in ranges)
     report = ds_report.read_text() if deepspeed_flops and ds_report.exists() else None
-    result = ProfileResult(cfg.preset, info.device, info.world_size, ranges, prof.step_seconds, info.flops_per_step, info.peak_flops,
-                           sorted(prof.ops.values(), key=lambda o: -(o.self_device_us if info.device == 'cuda' else o.self_cpu_us)),
+    result = ProfileResult(cfg.preset, info.device, info.world_size, ranges, prof.step_seconds, info.flops_per_step,
+                           info.peak_flops,
+                           sorted(prof.ops.values(),
+                                  key=lambda o: -(o.self_device_us if info.device == 'cuda' else o.self_cpu_us)),
                            [str(p) for p in prof.traces], str(out / 'tensorboard'), str(out),
-                           str(ds_report) if report is not None else None, deepspeed_fwd_flops(report) if report else None,
+                           str(ds_report) if report is not None else None,
+                           deepspeed_fwd_flops(report) if report else None,
                            info.grad_accum, {k: v / n for k, v in prof.categories.items()})
     (out / 'summary.json').write_text(json.dumps(result.to_dict(), indent=1))
     return result
 
 # %% ../nbs/13_profile.ipynb #d7be35d4
-def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | None = None, corpus: str = 'builtin:kjv') -> tuple[str, str]:
+def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | None = None,
+                    corpus: str = 'builtin:kjv') -> tuple[str, str]:
     "(dataset prefix, tokenizer) made from the built-in `corpus` under `out`, or found there from an earlier call"
     from gptkit.data.prepare import PrepareConfig, prepare
     out = Path(out)
     tok_dir = tokenizer or str(out / 'tokenizer')
     name = 'kjv' if tokenizer is None else 'kjv_' + re.sub(r'[^A-Za-z0-9]+', '_', Path(tokenizer).name or 'tok')
     prefix = out / f'{name}_text_document'
-    if Path(f'{prefix}.bin').exists() and Path(f'{prefix}.idx').exists() and Path(tok_dir).exists() or (tokenizer == 'gpt2' and Path(f'{prefix}.idx').exists()):
+    if (Path(f'{prefix}.bin').exists() and Path(f'{prefix}.idx').exists() and Path(tok_dir).exists()
+            or (tokenizer == 'gpt2' and Path(f'{prefix}.idx').exists())):
         return str(prefix), tok_dir
     if tokenizer is None:
         from gptkit.data.corpus import clean_text, read_documents
@@ -307,7 +324,8 @@ def _cpu_categories(events: list[dict]) -> tuple[dict, dict]:
     times, by_id = dict.fromkeys(CATEGORIES, 0.0), {}
     threads = {}
     for e in events:
-        if e.get('ph') == 'X' and e.get('cat') in ('cpu_op', 'user_annotation'): threads.setdefault((e['pid'], e['tid']), []).append(e)
+        if e.get('ph') == 'X' and e.get('cat') in ('cpu_op', 'user_annotation'):
+            threads.setdefault((e['pid'], e['tid']), []).append(e)
     for evs in threads.values():
         evs.sort(key=lambda e: (e['ts'], -e['dur']))
         stack = []     # [event, end, region, children's time]
@@ -342,7 +360,8 @@ def category_times(trace: dict) -> dict[str, float]:
 def memory_timeline(trace: dict, device_type: int | None = None) -> tuple[list[float], list[int]]:
     "(milliseconds since the trace's first event, bytes allocated) from the trace's [memory] events"
     events = trace['traceEvents']
-    mem = [e for e in events if e.get('name') == '[memory]' and (device_type is None or e['args'].get('Device Type') == device_type)]
+    mem = [e for e in events
+           if e.get('name') == '[memory]' and (device_type is None or e['args'].get('Device Type') == device_type)]
     if device_type is None and any(e['args'].get('Device Type') == 1 for e in mem):
         mem = [e for e in mem if e['args'].get('Device Type') == 1]       # the GPU's memory when there is one
     t0 = min(e['ts'] for e in events if 'ts' in e)

@@ -129,12 +129,15 @@ class MegatronRequest(BaseModel):
     "Megatron's PUT /api body"
     model_config = ConfigDict(extra='forbid')
     prompts: list[str] = Field(description='Texts to continue', json_schema_extra={'minItems': 1})
-    tokens_to_generate: Optional[int] = Field(None, description="New tokens per prompt (default 64, or the server's limit if lower); 0 with logprobs scores the prompts only",
-                                              json_schema_extra={'minimum': 0})
+    tokens_to_generate: Optional[int] = Field(
+        None, description="New tokens per prompt (default 64, or the server's limit if lower); "
+                          "0 with logprobs scores the prompts only",
+        json_schema_extra={'minimum': 0})
     temperature: float = Field(1.0, json_schema_extra={'exclusiveMinimum': 0, 'maximum': 100})
     top_k: int = Field(0, description='Sample from the k most likely tokens (0: all; 1: greedy); not with top_p',
                        json_schema_extra={'minimum': 0, 'maximum': 1000})
-    top_p: float = Field(0.0, description='Nucleus sampling (0: off); not with top_k', json_schema_extra={'minimum': 0, 'maximum': 1})
+    top_p: float = Field(0.0, description='Nucleus sampling (0: off); not with top_k',
+                         json_schema_extra={'minimum': 0, 'maximum': 1})
     logprobs: bool = False
     random_seed: Optional[int] = None
     add_BOS: bool = False
@@ -144,8 +147,8 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra='forbid')
     model: Optional[str] = None
     prompt: Union[str, list[str]] = Field(description='A text or a list of texts to continue')
-    max_tokens: Optional[int] = Field(None, description="New tokens per sequence (default 16, or the server's limit if lower)",
-                                      json_schema_extra={'minimum': 1})
+    max_tokens: Optional[int] = Field(None, description="New tokens per sequence (default 16, or the server's limit "
+                                                        "if lower)", json_schema_extra={'minimum': 1})
     temperature: Optional[float] = Field(1.0, description='0: greedy', json_schema_extra={'minimum': 0, 'maximum': 2})
     top_p: Optional[float] = Field(1.0, json_schema_extra={'exclusiveMinimum': 0, 'maximum': 1})
     top_k: Optional[int] = Field(None, description='Not in OpenAI\'s API; as in vLLM', json_schema_extra={'minimum': 0})
@@ -153,7 +156,8 @@ class CompletionRequest(BaseModel):
     stream: Optional[bool] = False
     stop: Union[str, list[str], None] = None
     seed: Optional[int] = None
-    logprobs: Optional[int] = Field(None, description='0: the chosen tokens\' log-probabilities (top alternatives are not supported)')
+    logprobs: Optional[int] = Field(None, description="0: the chosen tokens' log-probabilities "
+                                                      "(top alternatives are not supported)")
     echo: Optional[bool] = False
     presence_penalty: Optional[float] = 0.0
     frequency_penalty: Optional[float] = 0.0
@@ -186,21 +190,29 @@ def megatron_job(gen: Generator, r: MegatronRequest, limits: Limits) -> tuple[li
     "Rows, sampling, whether to return log-probabilities, and the number of new tokens, from a Megatron request"
     if r.tokens_to_generate is None: r = r.model_copy(update={'tokens_to_generate': min(64, limits.max_new_tokens)})
     if not r.prompts: raise BadRequest('prompts is empty', 'prompts')
-    if len(r.prompts) > limits.max_prompts: raise BadRequest(f'Maximum number of prompts is {limits.max_prompts}', 'prompts')
-    if r.tokens_to_generate < 0: raise BadRequest('tokens_to_generate must be an integer greater than or equal to 0', 'tokens_to_generate')
+    if len(r.prompts) > limits.max_prompts:
+        raise BadRequest(f'Maximum number of prompts is {limits.max_prompts}', 'prompts')
+    if r.tokens_to_generate < 0:
+        raise BadRequest('tokens_to_generate must be an integer greater than or equal to 0', 'tokens_to_generate')
     if r.tokens_to_generate > limits.max_new_tokens:
-        raise BadRequest(f'tokens_to_generate must be at most {limits.max_new_tokens} on this server', 'tokens_to_generate')
-    if r.tokens_to_generate == 0 and not r.logprobs: raise BadRequest('tokens_to_generate=0 implies logprobs should be True', 'logprobs')
-    if not 0.0 < r.temperature <= 100.0: raise BadRequest('temperature must be a positive number less than or equal to 100.0', 'temperature')
-    if not 0 <= r.top_k <= 1000: raise BadRequest('top_k must be equal to or greater than 0 and less than or equal to 1000', 'top_k')
+        raise BadRequest(f'tokens_to_generate must be at most {limits.max_new_tokens} on this server',
+                         'tokens_to_generate')
+    if r.tokens_to_generate == 0 and not r.logprobs:
+        raise BadRequest('tokens_to_generate=0 implies logprobs should be True', 'logprobs')
+    if not 0.0 < r.temperature <= 100.0:
+        raise BadRequest('temperature must be a positive number less than or equal to 100.0', 'temperature')
+    if not 0 <= r.top_k <= 1000:
+        raise BadRequest('top_k must be equal to or greater than 0 and less than or equal to 1000', 'top_k')
     if not 0.0 <= r.top_p <= 1.0: raise BadRequest('top_p must be less than or equal to 1.0', 'top_p')
     if r.top_p > 0 and r.top_k > 0: raise BadRequest('cannot set both top-k and top-p samplings.', 'top_p')
-    if any(not p for p in r.prompts) and not r.add_BOS: raise BadRequest('Empty prompts require add_BOS=true', 'prompts')
-    if r.random_seed is not None and r.random_seed < 0: raise BadRequest('random_seed must be a positive integer', 'random_seed')
+    if any(not p for p in r.prompts) and not r.add_BOS:
+        raise BadRequest('Empty prompts require add_BOS=true', 'prompts')
+    if r.random_seed is not None and r.random_seed < 0:
+        raise BadRequest('random_seed must be a positive integer', 'random_seed')
     rows = _encode(gen, r.prompts, limits, 'prompts')
     if r.add_BOS: rows = [[gen.tok.eod] + row if row != [gen.tok.eod] else row for row in rows]
-    s = _sampling({'seed': 'random_seed'}, max_new_tokens=max(r.tokens_to_generate, 1), temperature=r.temperature, top_k=r.top_k,
-                  top_p=r.top_p or 1.0, greedy=r.top_k == 1, seed=r.random_seed)
+    s = _sampling({'seed': 'random_seed'}, max_new_tokens=max(r.tokens_to_generate, 1), temperature=r.temperature,
+                  top_k=r.top_k, top_p=r.top_p or 1.0, greedy=r.top_k == 1, seed=r.random_seed)
     return rows, s, r.logprobs, r.tokens_to_generate
 
 def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[list[str], list[list[int]], Sampling]:
@@ -210,19 +222,22 @@ def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[li
     n = 1 if r.n is None else r.n
     if not 1 <= n <= limits.max_prompts: raise BadRequest(f'n must be between 1 and {limits.max_prompts}', 'n')
     if len(prompts) * n > limits.max_prompts:
-        raise BadRequest(f'{len(prompts)} prompts x n={n} is more than the {limits.max_prompts} sequences this server takes per request', 'prompt')
+        raise BadRequest(f'{len(prompts)} prompts x n={n} is more than the {limits.max_prompts} sequences '
+                         'this server takes per request', 'prompt')
     max_tokens = min(16, limits.max_new_tokens) if r.max_tokens is None else r.max_tokens
     if not 1 <= max_tokens <= limits.max_new_tokens:
         raise BadRequest(f'max_tokens must be between 1 and {limits.max_new_tokens}', 'max_tokens')
     temperature = 1.0 if r.temperature is None else r.temperature
     if not 0 <= temperature <= 2: raise BadRequest('temperature must be between 0 and 2', 'temperature')
-    if r.logprobs not in (None, 0): raise BadRequest('logprobs above 0 (top alternatives) is not supported; use 0 or leave it out', 'logprobs')
+    if r.logprobs not in (None, 0):
+        raise BadRequest('logprobs above 0 (top alternatives) is not supported; use 0 or leave it out', 'logprobs')
     if r.echo: raise BadRequest('echo is not supported', 'echo')
     for name in ('presence_penalty', 'frequency_penalty'):
         if getattr(r, name) not in (None, 0): raise BadRequest(f'{name} is not supported; leave it out or 0', name)
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
     if len(stop) > 4 or any(not s for s in stop): raise BadRequest('stop must be up to 4 non-empty strings', 'stop')
-    names = {'max_new_tokens': 'max_tokens', 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed', 'temperature': 'temperature'}
+    names = {'max_new_tokens': 'max_tokens', 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed',
+             'temperature': 'temperature'}
     s = _sampling(names, max_new_tokens=max_tokens, temperature=temperature or 1.0, greedy=temperature == 0,
                   top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, seed=r.seed, stop=stop)
     rows = _encode(gen, prompts, limits, 'prompt')
@@ -243,7 +258,8 @@ def _validation_sentence(exc: RequestValidationError) -> tuple[str, str | None]:
     e = exc.errors()[0]
     loc = [str(x) for x in e.get('loc', ()) if x != 'body']
     where = '.'.join(loc) or 'the body'
-    if e.get('type') == 'json_invalid': return f'the body is not valid JSON ({e.get("ctx", {}).get("error", e["msg"])})', None
+    if e.get('type') == 'json_invalid':
+        return f'the body is not valid JSON ({e.get("ctx", {}).get("error", e["msg"])})', None
     if e.get('type') == 'extra_forbidden': return f'{where} is not a field of this API', where
     if e.get('type') == 'missing': return f'{where} is required', where
     return f'{where}: {e["msg"][0].lower() + e["msg"][1:]}', where
@@ -299,7 +315,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
     @app.get('/health')
     async def health() -> dict:
         "Liveness and load: the model, and how many requests wait"
-        return {'status': 'ok', 'model': name, 'waiting': len(worker.waiting), 'busy': worker.busy, 'served': worker.served}
+        return {'status': 'ok', 'model': name, 'waiting': len(worker.waiting), 'busy': worker.busy,
+                'served': worker.served}
 
     @app.put('/api', responses=ERRORS)
     async def megatron(r: MegatronRequest):
@@ -327,8 +344,9 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         "The one model this server serves"
         return {'object': 'list', 'data': [{'id': name, 'object': 'model', 'created': created, 'owned_by': 'gptkit'}]}
 
-    @app.post('/v1/completions', responses={**ERRORS, 200: {'description': 'The completion, or with stream=true its server-sent events',
-                                                            'content': {'application/json': {}, 'text/event-stream': {}}}})
+    ok = {'description': 'The completion, or with stream=true its server-sent events',
+          'content': {'application/json': {}, 'text/event-stream': {}}}
+    @app.post('/v1/completions', responses={**ERRORS, 200: ok})
     async def completions(r: CompletionRequest, request: Request):
         "OpenAI's completions API; with stream=true, server-sent events"
         try:
@@ -347,7 +365,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
                     async for c in _chunks(job):
                         if not c.text and not c.finish_reason: continue
                         choice = {'text': c.text, 'index': c.index, 'finish_reason': c.finish_reason,
-                                  'logprobs': lp([c.token] if c.token is not None else [], [c.logprob] if c.token is not None else [])}
+                                  'logprobs': lp([c.token] if c.token is not None else [],
+                                                 [c.logprob] if c.token is not None else [])}
                         yield f'data: {json.dumps({**head, "choices": [choice]})}\n\n'
                     yield 'data: [DONE]\n\n'
                 except Exception as e:
@@ -361,7 +380,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
                 if c.token is not None: toks[c.index].append(c.token); lps[c.index].append(c.logprob)
                 if c.finish_reason: finish[c.index] = c.finish_reason
         finally: job.cancelled = True
-        choices = [{'text': text[i], 'index': i, 'logprobs': lp(toks[i], lps[i]), 'finish_reason': finish[i]} for i in range(len(rows))]
+        choices = [{'text': text[i], 'index': i, 'logprobs': lp(toks[i], lps[i]), 'finish_reason': finish[i]}
+                   for i in range(len(rows))]
         used = sum(len(x) for x in toks)
         prompt_tokens = sum(len(x) for x in rows)
         return {**head, 'choices': choices, 'usage': {'prompt_tokens': prompt_tokens, 'completion_tokens': used,
@@ -388,7 +408,8 @@ def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Lim
 
 class Server:
     "The app on a uvicorn server in a background thread: `with Server(gen) as url: ...`"
-    def __init__(self, gen: Generator, limits: Limits = Limits(), host: str = '127.0.0.1', port: int = 0, name: str = 'gptkit'):
+    def __init__(self, gen: Generator, limits: Limits = Limits(), host: str = '127.0.0.1', port: int = 0,
+                 name: str = 'gptkit'):
         import uvicorn
         self.app = make_app(gen, limits, name)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level='warning',
