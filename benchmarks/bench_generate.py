@@ -1,7 +1,7 @@
 """Generation speed: gptkit's KV-cache generator against Hugging Face `generate` on the same weights, and the server under 16 clients.
 
 Target (issue 5): gptkit tokens/s >= 1.5x transformers `generate` on CPU, at batch 1 and batch 8.
-Both sides: the same GPT-2-architecture weights (gptkit's model exported with `gptkit.checkpoint.to_hf`, logits
+Both sides: the same GPT-2-architecture weights (gptkit's model exported with `gptkit.interop.to_hf`, logits
 checked equal first), fp32, greedy decoding of exactly --new tokens per sequence (end of document ignored), and
 the batch-8 prompts of different lengths (left-padded with an attention mask on both sides). The greedy tokens are
 compared too: a faster generator that produced other tokens would not count. Rounds alternate between the two so
@@ -23,7 +23,7 @@ import torch
 
 def models(preset: str, vocab: int | None):
     from transformers import GPT2Config, GPT2LMHeadModel
-    from gptkit.checkpoint import config_to_hf, to_hf
+    from gptkit.interop import config_to_hf, to_hf
     from gptkit.config import PRESETS
     from gptkit.model import GPT
     from gptkit.tokenizer import gpt2

@@ -1,4 +1,4 @@
-"""`gptkit checkpoint inspect|export|import|reshard`: look inside a checkpoint, convert it to and from Hugging Face and Megatron-LM, and between parallel layouts."""
+"""`gptkit checkpoint inspect|export|import|reshard`: look inside checkpoints; convert them between formats, layouts."""
 from __future__ import annotations
 
 import json
@@ -11,12 +11,14 @@ from rich.table import Table
 from gptkit.config import ConfigError
 from gptkit_cli.app import app, err, handles_errors, out
 
-checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face GPT-2 and Megatron-LM, and between parallel layouts.',
+checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face GPT-2 and Megatron-LM, '
+                                  'and between parallel layouts.',
                              no_args_is_help=True, context_settings={'help_option_names': ['-h', '--help']})
 app.add_typer(checkpoint_app, name='checkpoint')
 Arg, Opt = typer.Argument, typer.Option
 FORMATS = {'hf': 'Hugging Face GPT-2', 'megatron': 'Megatron-LM legacy'}
-CheckpointPath = Annotated[Path, Arg(metavar='PATH', help='A run folder, its checkpoints/ folder, or one iter_XXXXXXX folder.')]
+CheckpointPath = Annotated[Path, Arg(metavar='PATH',
+                                     help='A run folder, its checkpoints/ folder, or one iter_XXXXXXX folder.')]
 
 
 def _format(value: str, key: str) -> str:
@@ -46,13 +48,16 @@ def inspect(path: CheckpointPath,
     t.add_row('iteration', f"{info['iteration']:,}")
     t.add_row('tokens seen', 'unknown' if info['tokens'] is None else f"{info['tokens']:,}")
     t.add_row('consumed samples', 'unknown' if info['consumed_samples'] is None else f"{info['consumed_samples']:,}")
-    t.add_row('parameters', f"{info['parameters']:,} ({info['parameters_without_padding']:,} without vocabulary padding)")
+    t.add_row('parameters',
+              f"{info['parameters']:,} ({info['parameters_without_padding']:,} without vocabulary padding)")
     t.add_row('dtype', ', '.join(info['dtypes']))
     t.add_row('model', f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, context {m['seq_len']}, "
                        f"vocabulary {m['vocab']:,}, {m['activation']}")
-    t.add_row('layout', f"tp {lay['tp']}, pp {lay['pp']}, dp {lay['dp']}, ZeRO {lay['zero']}, world size {lay['world_size']}, "
-                        f"{lay['precision']}, micro-batch {lay['micro_batch']}, global batch {lay['global_batch']}")
-    t.add_row('tokenizer', 'none saved' if tok is None else f"{tok['vocab_size']:,} entries, end of document = {tok['eod']}")
+    t.add_row('layout', f"tp {lay['tp']}, pp {lay['pp']}, dp {lay['dp']}, ZeRO {lay['zero']}, "
+                        f"world size {lay['world_size']}, {lay['precision']}, micro-batch {lay['micro_batch']}, "
+                        f"global batch {lay['global_batch']}")
+    t.add_row('tokenizer',
+              'none saved' if tok is None else f"{tok['vocab_size']:,} entries, end of document = {tok['eod']}")
     t.add_row('files', f"{len(info['files'])}, {_size(info['bytes'])}")
     out.print(t)
     f = Table(box=None, padding=(0, 2))
@@ -65,10 +70,11 @@ def inspect(path: CheckpointPath,
 @handles_errors
 def export(path: CheckpointPath,
            out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
-           to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel folder) or megatron (Megatron-LM's legacy layout).")]):
+           to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel folder) "
+                                                "or megatron (Megatron-LM's legacy layout).")]):
     """Write a gptkit checkpoint as a Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint."""
     fmt = _format(to, 'to')
-    from gptkit.checkpoint import export_hf, export_megatron
+    from gptkit.interop import export_hf, export_megatron
     with err.status(f'exporting {path} to {FORMATS[fmt]} ...'):
         done = (export_hf if fmt == 'hf' else export_megatron)(path, out_dir)
     hint = (f"load it with GPT2LMHeadModel.from_pretrained('{done}') and AutoTokenizer" if fmt == 'hf'
@@ -78,18 +84,22 @@ def export(path: CheckpointPath,
 
 @checkpoint_app.command('import')
 @handles_errors
-def import_(src: Annotated[Path, Arg(metavar='SRC', help='A Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint folder.')],
+def import_(src: Annotated[Path, Arg(metavar='SRC',
+                                      help='A Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint folder.')],
             out_dir: Annotated[Path, Arg(metavar='OUT', help='The gptkit run folder to write (new or empty).')],
             from_: Annotated[str, Opt('--from', help='hf or megatron.')],
-            tokenizer: Annotated[Optional[str], Opt(help="megatron: the tokenizer folder (or 'gpt2') when none is saved beside the checkpoint.")] = None):
+            tokenizer: Annotated[Optional[str], Opt(help="megatron: the tokenizer folder (or 'gpt2') "
+                                                         "when none is saved beside the checkpoint.")] = None):
     """Turn a Hugging Face GPT-2 or Megatron-LM checkpoint into a gptkit run folder that trains and generates."""
     fmt = _format(from_, 'from')
-    if tokenizer is not None and fmt != 'megatron': raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
-    from gptkit.checkpoint import import_hf, import_megatron
+    if tokenizer is not None and fmt != 'megatron':
+        raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
+    from gptkit.interop import import_hf, import_megatron
     with err.status(f'importing {src} from {FORMATS[fmt]} ...'):
         done = import_hf(src, out_dir) if fmt == 'hf' else import_megatron(src, out_dir, tokenizer)
     out.print(f'[bold green]imported[/] {src} into {done}; continue training with '
-              f'[bold]gptkit train --config {done}/config.json --out {done} --resume --data PREFIX --iters N[/]', soft_wrap=True)
+              f'[bold]gptkit train --config {done}/config.json --out {done} --resume --data PREFIX --iters N[/]',
+              soft_wrap=True)
 
 
 
@@ -101,9 +111,10 @@ def reshard(path: CheckpointPath,
             pp: Annotated[int, Opt(help='Pipeline-parallel degree of the new layout.')] = 1,
             balance: Annotated[str, Opt(help="Pipeline stages balanced by 'layers' or 'parameters'.")] = 'layers'):
     """Convert a checkpoint of any tensor/pipeline layout into another one (weights, step and data position)."""
-    from gptkit.checkpoint import reshard as run
+    from gptkit.interop import reshard as run
     with err.status(f'resharding {path} to tp {tp} x pp {pp} ...'):
         done = run(path, out_dir, tp, pp, balance)
     out.print(f'[bold green]resharded[/] {path} into {done} for tp {tp} x pp {pp}; continue training with '
-              f'[bold]gptkit train --out {done} --config {done}/config.json --resume --tp {tp} --pp {pp} --data PREFIX[/] '
+              f'[bold]gptkit train --out {done} --config {done}/config.json --resume --tp {tp} --pp {pp} '
+              '--data PREFIX[/] '
               '(the optimizer restarts at the saved step)', soft_wrap=True)

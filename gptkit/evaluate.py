@@ -229,7 +229,8 @@ def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl
              cloze: str | Path | None = None, stride: int | None = None, batch_size: int = 8, max_documents: int | None = None,
              device: str = 'cpu', progress: Progress | None = None) -> Evaluation:
     "Perplexity on `source` (None: skip) and cloze accuracy on the JSON Lines file `cloze` for a gptkit checkpoint"
-    from gptkit.checkpoint import CheckpointError, load_model
+    from gptkit.checkpoint import load_model
+    from gptkit.store import CheckpointError
     from gptkit.model import num_params
     if max_documents is not None and (isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 1):
         raise ConfigError([('max_documents', f'{{key}} must be a positive number, not {max_documents!r}')])

@@ -218,7 +218,8 @@ class Generator:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None) -> 'Generator':
         "Load any gptkit checkpoint (run, checkpoints or iter folder); fp32 on CPU, bf16/fp16 on GPU"
-        from gptkit.checkpoint import CheckpointError, load_model
+        from gptkit.checkpoint import load_model
+        from gptkit.store import CheckpointError
         device, dtype = _device_dtype(device, dtype)
         loaded = load_model(path, device=device, dtype=dtype)
         if loaded.tokenizer is None: raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')

@@ -19,7 +19,7 @@ from .config import ConfigError, DataError, write_atomic
 
 # %% auto #0
 __all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'asset', 'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2', 'save',
-           'load', 'train_bpe', 'bytes_per_token']
+           'from_bpe_files', 'load', 'train_bpe', 'bytes_per_token']
 
 # %% ../nbs/02_tokenizer.ipynb #b9e26ae7
 EOD = '<|endoftext|>'
@@ -154,6 +154,12 @@ def save(tok: Tokenizer, directory: str | Path) -> Path:
     write_atomic(d / 'tokenizer.json', tok.hf.to_str())
     return d
 
+def from_bpe_files(vocab_file: str | Path, merges_file: str | Path) -> Tokenizer:
+    "A GPT-2-style tokenizer from a vocab.json and a merges.txt of any names (Megatron's --vocab-file, --merge-file)"
+    try: model = _read_bpe_files(*(Path(f).read_text(encoding='utf-8') for f in (vocab_file, merges_file)))
+    except (ValueError, UnicodeDecodeError) as e: raise DataError(f'{vocab_file}: not a GPT-2 vocabulary ({e})') from None
+    return Tokenizer(_gpt2_style(model), Path(vocab_file).parent.name)
+
 def load(name_or_dir: str | Path) -> Tokenizer:
     "The built-in `gpt2` tokenizer, or one saved in a directory"
     if str(name_or_dir) == 'gpt2': return gpt2()
@@ -164,9 +170,7 @@ def load(name_or_dir: str | Path) -> Tokenizer:
         except Exception as e: raise DataError(f'{d / "tokenizer.json"}: not a HuggingFace tokenizer file ({e})') from None
         return Tokenizer(hf, d.name)
     if (d / 'vocab.json').is_file() and (d / 'merges.txt').is_file():
-        try: model = _read_bpe_files((d / 'vocab.json').read_text(encoding='utf-8'), (d / 'merges.txt').read_text(encoding='utf-8'))
-        except (ValueError, UnicodeDecodeError) as e: raise DataError(f'{d / "vocab.json"}: not a GPT-2 vocabulary ({e})') from None
-        return Tokenizer(_gpt2_style(model), d.name)
+        return from_bpe_files(d / 'vocab.json', d / 'merges.txt')
     raise DataError(f'{d}: holds neither tokenizer.json nor vocab.json and merges.txt')
 
 # %% ../nbs/02_tokenizer.ipynb #f8ed48ad

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, store
 from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, resolve, save_config
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 
@@ -298,12 +298,12 @@ def _check_precision(cfg: RunConfig):
 def _resume_from(root: Path, resume: bool | str | Path) -> Path | None:
     "The checkpoint to resume from (`resume` True: the newest intact one in `root`); None starts afresh"
     if resume:
-        start = Path(resume) if not isinstance(resume, bool) else ckpt.newest(root)
-        if start is None and ckpt.checkpoints(root):
-            raise ckpt.CheckpointError(f'{root} holds no intact checkpoint to resume from (see the warnings above)')
+        start = Path(resume) if not isinstance(resume, bool) else store.newest(root)
+        if start is None and store.checkpoints(root):
+            raise store.CheckpointError(f'{root} holds no intact checkpoint to resume from (see the warnings above)')
         return start
-    if ckpt.checkpoints(root):
-        newest = ckpt.checkpoints(root)[-1][1].name
+    if store.checkpoints(root):
+        newest = store.checkpoints(root)[-1][1].name
         raise ConfigError([('out', f'{{key}} {root.parent} already holds checkpoints (newest {newest}); '
                                    'resume them with --resume or choose another --out')])
     return None
@@ -465,7 +465,7 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
         log.warning('step %d: %d of %d micro-batches had a NaN or infinite loss and were left out of the step',
                     it, dropped, n)
         if loop.bad_steps >= cfg.train.max_bad_steps:
-            last = ckpt.newest(loop.root) or 'none'
+            last = store.newest(loop.root) or 'none'
             raise TrainingError(f'the loss was NaN or infinite in {loop.bad_steps} steps in a row (up to step {it}); '
                                 f'stopped without saving. The last checkpoint is {last}. Lower optim.lr, prefer bf16 '
                                 'to fp16, or check the data')
@@ -531,7 +531,7 @@ def finish(loop: Loop) -> TrainResult:
     r, it, cfg = loop.result, loop.iteration, loop.cfg
     r.iteration, r.tokens, r.interrupted = it, loop.tokens, loop.stopping
     saved = loop.last_saved
-    r.checkpoint = saved if saved is not None and saved.name == ckpt.tag(it) else save(loop)
+    r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save(loop)
     if it >= loop.plan.iters:
         if loop.valid is not None: r.valid_loss = _evaluate(loop, loop.valid, 'valid')
         n_eval = cfg.train.eval_iters * loop.plan.global_batch

@@ -36,9 +36,9 @@ TINY_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=2', 'model.seq_le
 
 @pytest.fixture(scope='session')
 def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
-    "A gptkit run folder holding a random 2-layer GPT (context 64) with the tiny_data tokenizer, written by gptkit.checkpoint.write_run"
+    "A gptkit run folder: a random 2-layer GPT (context 64), the tiny_data tokenizer, written by interop.write_run"
     import torch
-    from gptkit.checkpoint import write_run
+    from gptkit.interop import write_run
     from gptkit.config import ModelConfig
     from gptkit.model import GPT
     from gptkit.tokenizer import load

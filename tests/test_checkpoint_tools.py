@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
-from gptkit import checkpoint as ck
+from gptkit import checkpoint as ck, interop, store
 from gptkit.model import GPT
 from gptkit.tokenizer import EOD, PROBE, load as load_tokenizer
 from gptkit_cli.main import app
@@ -47,7 +47,7 @@ def imported(request, tiny_data, tmp_path_factory):
     "(HF model, its folder, the gptkit run imported from it) for each GPT-2 activation gptkit represents"
     d = tmp_path_factory.mktemp(f'hf_{request.param}')
     model = make_hf(tiny_data[1], d / 'hf', request.param)
-    return model, d / 'hf', ck.import_hf(d / 'hf', d / 'run')
+    return model, d / 'hf', interop.import_hf(d / 'hf', d / 'run')
 
 
 def ids_for(vocab: int, batch: int = 2, seq: int = 32):
@@ -78,7 +78,7 @@ def test_hf_round_trip_gives_identical_tensors(imported, tmp_path):
     from safetensors.torch import load_file
     from transformers import GPT2LMHeadModel
     hf, hf_dir, run = imported
-    out = ck.export_hf(run, tmp_path / 'hf')
+    out = interop.export_hf(run, tmp_path / 'hf')
     orig, back = load_file(hf_dir / 'model.safetensors'), load_file(out / 'model.safetensors')
     assert set(orig) - {'lm_head.weight'} == set(back)
     for k, v in back.items(): assert torch.equal(orig[k], v), k
@@ -93,7 +93,7 @@ def test_hf_round_trip_gives_identical_tensors(imported, tmp_path):
 
 def test_exported_tokenizer_loads_offline_and_encodes_like_gptkit(imported, tiny_data, tmp_path):
     from transformers import AutoTokenizer
-    out = ck.export_hf(imported[2], tmp_path / 'hf')
+    out = interop.export_hf(imported[2], tmp_path / 'hf')
     hf_tok, tok = AutoTokenizer.from_pretrained(out), load_tokenizer(tiny_data[1])
     for text in TEXTS: assert hf_tok(text)['input_ids'] == tok.encode(text)
     assert hf_tok.eos_token_id == hf_tok.bos_token_id == tok.eod == json.loads((out / 'config.json').read_text())['eos_token_id']
@@ -121,17 +121,17 @@ def test_imported_checkpoint_trains_from_the_imported_weights(imported, tiny_dat
 
 def test_megatron_round_trip_gives_identical_tensors(imported, tmp_path):
     run = imported[2]
-    meg = ck.export_megatron(run, tmp_path / 'meg')
+    meg = interop.export_megatron(run, tmp_path / 'meg')
     raw = torch.load(megatron_file(meg), weights_only=False)
     assert raw['checkpoint_version'] == 3.0 and raw['iteration'] == ck.inspect(run)['iteration']
     enc = raw['model']['language_model']['encoder']
     assert enc['layers.1.self_attention.query_key_value.weight'].shape == (96, 32) and 'final_layernorm.bias' in enc
     assert raw['args'].padded_vocab_size == 512 and raw['args'].num_attention_heads == 4
-    back = ck.import_megatron(meg, tmp_path / 'back')
+    back = interop.import_megatron(meg, tmp_path / 'back')
     a, b = ck.load_weights(run), ck.load_weights(back)
     assert set(a) == set(b)
     for k in a: assert torch.equal(a[k], b[k]), k
-    assert ck.read_config(ck.find(back)).model == ck.read_config(ck.find(run)).model
+    assert ck.read_config(store.find(back)).model == ck.read_config(store.find(run)).model
 
 
 @pytest.fixture
@@ -191,14 +191,14 @@ def mcore_logits(raw: dict, ids, qkv_fix=lambda t: t):
 def test_megatron_export_runs_in_megatron_core_with_the_same_logits(imported, tmp_path, mcore):
     "The exported legacy weights, loaded into megatron-core's own GPTModel, compute gptkit's logits"
     run = imported[2]
-    meg = ck.export_megatron(run, tmp_path / 'meg')
+    meg = interop.export_megatron(run, tmp_path / 'meg')
     raw = torch.load(megatron_file(meg), weights_only=False)
     ids = ids_for(512)
     with torch.no_grad(): want = ck.load_model(run).model(ids)
     diff = (mcore_logits(raw, ids) - want).abs().max().item()
     assert diff <= 1e-5, diff
     # the control: gptkit's [3, heads, head_dim] rows, left un-interleaved, load without complaint but compute something else
-    wrong = (mcore_logits(raw, ids, lambda t: ck.qkv_from_megatron(t, 4)) - want).abs().max().item()
+    wrong = (mcore_logits(raw, ids, lambda t: interop.qkv_from_megatron(t, 4)) - want).abs().max().item()
     assert wrong > 1e-3, wrong
 
 
@@ -208,7 +208,7 @@ def test_inspect(imported):
     model = ck.load_model(run).model
     assert info['parameters'] == sum(p.numel() for p in model.parameters()) and info['dtypes'] == ['float32']
     assert info['layout']['zero'] == 0 and info['layout']['world_size'] == 1 and info['tokenizer']['vocab_size'] == 512
-    assert info['folder'] == str(ck.find(run)) and info['bytes'] == sum(info['files'].values()) > 0
+    assert info['folder'] == str(store.find(run)) and info['bytes'] == sum(info['files'].values()) > 0
     r = runner.invoke(app, ['checkpoint', 'inspect', str(run)])
     assert r.exit_code == 0, r.output
     text = ' '.join(r.output.split())
@@ -281,11 +281,11 @@ def test_hf_import_reads_the_original_pytorch_model_bin_layout(imported, tmp_pat
     (tmp_path / 'old').mkdir()
     for name in ('config.json', 'tokenizer.json', 'tokenizer_config.json'): shutil.copy(hf_dir / name, tmp_path / 'old' / name)
     torch.save(sd, tmp_path / 'old' / 'pytorch_model.bin')
-    got = ck.load_model(ck.import_hf(tmp_path / 'old', tmp_path / 'run'))
+    got = ck.load_model(interop.import_hf(tmp_path / 'old', tmp_path / 'run'))
     ids = ids_for(512)
     with torch.no_grad(): assert (got.model(ids) - hf(ids).logits).abs().max() <= 1e-5
     sd['lm_head.weight'] = sd['lm_head.weight'] + 1                   # an untied output layer is refused, not dropped
     torch.save(sd, tmp_path / 'old' / 'pytorch_model.bin')
-    with pytest.raises(ck.CheckpointError, match='lm_head.weight differs from transformer.wte.weight'):
-        ck.import_hf(tmp_path / 'old', tmp_path / 'run2')
+    with pytest.raises(store.CheckpointError, match='lm_head.weight differs from transformer.wte.weight'):
+        interop.import_hf(tmp_path / 'old', tmp_path / 'run2')
     assert not (tmp_path / 'run2').exists()

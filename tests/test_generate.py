@@ -105,7 +105,8 @@ def test_cli_bad_checkpoints_and_prompts(tiny_checkpoint, tmp_path):
 
 def test_checkpoints_with_dropped_settings_still_load(tiny_checkpoint, tmp_path):
     "A checkpoint written by an older gptkit, with a setting that has since been removed, loads with a warning"
-    from gptkit.checkpoint import find, load_model, manifest
+    from gptkit.checkpoint import load_model
+    from gptkit.store import find, manifest
     copy = tmp_path / 'old'
     shutil.copytree(tiny_checkpoint, copy)
     folder = find(copy)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_SETS
-from gptkit import checkpoint as ckpt
+from gptkit import checkpoint as ckpt, store
 from gptkit.config import resolve
 from gptkit.train import train
 
@@ -87,7 +87,7 @@ def test_a_checkpoint_of_two_processes_resumes_on_one(tiny_data, two_ranks, tmp_
                     'resuming a checkpoint from 2 data-parallel ranks on 1: its optimizer states are not partitioned and load unchanged']
     _nothing_hidden_left(resumed)
     saved = resumed / 'checkpoints' / 'iter_0000006'
-    assert ckpt.verify(saved) is None and ckpt.read_state(saved)['world_size'] == 1
+    assert store.verify(saved) is None and store.read_state(saved)['world_size'] == 1
     assert len(list(saved.glob('*optim_states.pt'))) == (1 if zero else 0)
 
 
@@ -101,7 +101,7 @@ def test_a_checkpoint_of_one_process_resumes_on_two(tiny_data, tmp_path, zero):
     _same_losses(resumed, full)
     _nothing_hidden_left(resumed)
     saved = resumed / 'checkpoints' / 'iter_0000006'
-    assert ckpt.verify(saved) is None and ckpt.read_state(saved)['world_size'] == 2
+    assert store.verify(saved) is None and store.read_state(saved)['world_size'] == 2
     assert len(list(saved.glob('*optim_states.pt'))) == 2
 
 
@@ -111,8 +111,9 @@ def test_a_failed_conversion_is_reported_and_leaves_nothing(tiny_data, two_ranks
         Path(dst).mkdir(parents=True); (Path(dst) / 'half.pt').write_bytes(b'x')
         raise OSError(errno.ENOSPC, 'No space left on device')
     monkeypatch.setattr(ckpt, 'to_universal', full_disk)
-    with pytest.raises(ckpt.CheckpointError, match=r'could not convert .*iter_0000003 for another number of data-parallel ranks '
-                                                    r'in .*\.universal-iter_0000003: No space left on device'):
+    with pytest.raises(store.CheckpointError,
+                       match=r'could not convert .*iter_0000003 for another number of data-parallel ranks '
+                             r'in .*\.universal-iter_0000003: No space left on device'):
         _one_process(tiny_data, resumed, 1, resume=True)
     _nothing_hidden_left(resumed)
 
@@ -121,13 +122,15 @@ def test_model_parallel_checkpoints_on_another_data_parallel_size_are_refused(ti
     resumed = _from_step_3(two_ranks(1), tmp_path / 'resumed')
     state = resumed / 'checkpoints' / 'iter_0000003' / 'state.json'        # the layout that later versions record
     state.write_text(json.dumps({**json.loads(state.read_text()), 'layout': {'tp': 2, 'pp': 1, 'dp': 2}}))
-    with pytest.raises(ckpt.CheckpointError, match=r'iter_0000003 was saved with tp 2 pp 1 .* this run has tp 1 pp 1 .*; convert it with '
-                                                    r'gptkit checkpoint reshard .* or train with --tp 2 --pp 1'):
+    with pytest.raises(store.CheckpointError,
+                       match=r'iter_0000003 was saved with tp 2 pp 1 .* this run has tp 1 pp 1 .*; convert it with '
+                             r'gptkit checkpoint reshard .* or train with --tp 2 --pp 1'):
         _one_process(tiny_data, resumed, 1, resume=True)
     folder = state.parent                                                   # the same split on another DP size
-    with pytest.raises(ckpt.CheckpointError, match=r'iter_0000003 was saved with tp=2, pp=1 on 2 data-parallel ranks; only tp=pp=1 '
-                                                    r'checkpoints can resume on another number of data-parallel ranks \(1 here\); '
-                                                    r'gptkit checkpoint reshard'):
+    with pytest.raises(store.CheckpointError,
+                       match=r'iter_0000003 was saved with tp=2, pp=1 on 2 data-parallel ranks; only tp=pp=1 '
+                             r'checkpoints can resume on another number of data-parallel ranks \(1 here\); '
+                             r'gptkit checkpoint reshard'):
         ckpt._load_repartitioned(None, folder, json.loads(state.read_text()), 2, 1, 0)
 
 

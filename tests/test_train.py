@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import TINY_SETS
-from gptkit import checkpoint as ckpt
+from gptkit import store
 from gptkit.config import ConfigError, DataError, resolve
 from gptkit.train import TrainingError, train
 
@@ -69,10 +69,10 @@ def test_run_folder_holds_config_metrics_tensorboard_and_checkpoint(tiny_data, t
     assert [s['iteration'] for s in steps] == list(range(1, 7))
     assert {'loss', 'lr', 'grad_norm', 'tokens_per_s', 'tflops', 'memory_gib'} <= set(steps[0]) and steps[0]['grad_norm'] > 0
     assert [r['iteration'] for r in rows if r['kind'] == 'valid'] == [3, 6] and any(r['kind'] == 'test' for r in rows)
-    assert [p.name for _, p in ckpt.checkpoints(run / 'checkpoints')] == ['iter_0000004', 'iter_0000006']   # keep=2
+    assert [p.name for _, p in store.checkpoints(run / 'checkpoints')] == ['iter_0000004', 'iter_0000006']   # keep=2
     assert (run / 'checkpoints' / 'latest').read_text() == 'iter_0000006'
     saved = r.checkpoint
-    assert ckpt.verify(saved) is None and (saved / 'tokenizer' / 'tokenizer.json').is_file()
+    assert store.verify(saved) is None and (saved / 'tokenizer' / 'tokenizer.json').is_file()
     assert resolve(file=saved / 'config.json').model.hidden == 32
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     ev = EventAccumulator(str(run / 'tensorboard')); ev.Reload()
@@ -110,7 +110,8 @@ def test_existing_checkpoints_are_not_overwritten_without_resume(tiny_data, tmp_
 
 def test_mismatched_model_lists_names_and_shapes(tiny_data, tmp_path):
     train(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
-    with pytest.raises(ckpt.CheckpointError, match=r'does not fit this model; .*wte.weight: checkpoint \(512, 32\) vs model \(512, 64\)'):
+    with pytest.raises(store.CheckpointError,
+                       match=r'does not fit this model; .*wte.weight: checkpoint \(512, 32\) vs model \(512, 64\)'):
         train(config(tiny_data, tmp_path / 'run', 'train.iters=4', 'model.hidden=64'), resume=True)
 
 
@@ -135,10 +136,12 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_data, tmp_path, monkeypatc
         if 'rng_rank' in str(f): raise OSError(errno.ENOSPC, 'No space left on device')
         return real_save(obj, f, *a, **k)
     monkeypatch.setattr(torch, 'save', full_disk)
-    with pytest.raises(ckpt.CheckpointError, match='No space left on device; the previous checkpoint .*iter_0000002 is intact'):
+    with pytest.raises(store.CheckpointError,
+                       match='No space left on device; the previous checkpoint .*iter_0000002 is intact'):
         train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=3)), resume=True)
     root = tmp_path / 'run' / 'checkpoints'
-    assert [p.name for _, p in ckpt.checkpoints(root)] == ['iter_0000002'] and ckpt.verify(root / 'iter_0000002') is None
+    assert [p.name for _, p in store.checkpoints(root)] == ['iter_0000002']
+    assert store.verify(root / 'iter_0000002') is None
     assert not list(root.glob('.tmp-*')) and (root / 'latest').read_text() == 'iter_0000002'
 
 
@@ -159,7 +162,7 @@ def test_nan_losses_are_skipped_then_stop_the_run(tiny_data, tmp_path, monkeypat
     monkeypatch.setattr(GPT, 'loss', lambda self, logits, targets: real(self, logits, targets) * float('inf'))
     with pytest.raises(TrainingError, match='NaN or infinite in 3 steps in a row .*stopped without saving'):
         train(config(tiny_data, tmp_path / 'b', 'train.iters=10', 'train.max_bad_steps=3'))
-    assert not ckpt.checkpoints(tmp_path / 'b' / 'checkpoints')
+    assert not store.checkpoints(tmp_path / 'b' / 'checkpoints')
 
 
 def test_a_model_too_big_for_this_machine_is_refused(tiny_data, tmp_path):
@@ -229,8 +232,8 @@ def test_sigint_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
     output, _ = p.communicate(timeout=120)
     assert p.returncode == 0, output[-3000:]
     assert 'interrupted' in output and '--resume' in output
-    (it, folder), = ckpt.checkpoints(tmp_path / 'run' / 'checkpoints')
-    assert 3 <= it < 100000 and ckpt.verify(folder) is None
+    (it, folder), = store.checkpoints(tmp_path / 'run' / 'checkpoints')
+    assert 3 <= it < 100000 and store.verify(folder) is None
     r = _cli(*args[:-2], *_sets(f'train.iters={it + 2}', 'train.eval_iters=0')[2:], '--resume')
     assert r.returncode == 0 and f'resumed from' in r.stdout and f'{it + 2} steps' in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
@@ -243,7 +246,7 @@ def test_sigint_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
 def test_zero_stages_precisions_and_recompute_train(tiny_data, tmp_path, sets):
     r = train(config(tiny_data, tmp_path / 'run', 'train.iters=4', 'train.eval_iters=0', *sets))
     assert r.iteration == 4 and all(math.isfinite(l) for l in r.losses) and r.losses[-1] < r.losses[0]
-    assert ckpt.verify(r.checkpoint) is None
+    assert store.verify(r.checkpoint) is None
     rows = [json.loads(l) for l in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
     assert rows[-1]['grad_norm'] > 0
 

@@ -60,7 +60,8 @@ def test_a_parallel_run_resumes_where_it_stopped(runs, tiny_data, tmp_path):
 def _logits_worker(rank, world, folder, ids_file, out):
     import torch
     import torch.distributed as dist
-    from gptkit.checkpoint import read_config, read_state
+    from gptkit.checkpoint import read_config
+    from gptkit.store import read_state
     from gptkit.model import GPT
     from gptkit.parallel import Layout, ParallelState, _gather, apply_tp, one_f_one_b, pipeline_stage, stage_input_shape
     torch.set_num_threads(1)
@@ -96,7 +97,8 @@ def _parallel_logits(folder, world, ids, tmp):
 def test_reshard_round_trip_gives_identical_logits(runs, tmp_path):
     "TP 2 x PP 2 (as trained) -> TP 1 x PP 1 -> TP 2 x PP 1: the same logits from each layout, computed in that layout"
     import torch
-    from gptkit.checkpoint import find, load_model, load_weights
+    from gptkit.checkpoint import load_model, load_weights
+    from gptkit.store import find
     trained = find(runs / 'tp2pp2')
     r = _cli('checkpoint', 'reshard', str(trained), str(tmp_path / 'one'))
     assert r.returncode == 0 and 'resharded' in r.stdout, r.stdout + r.stderr
