@@ -12,7 +12,8 @@ from rich.console import Console
 from gptkit.config import ConfigError, GptkitError
 
 # Options several commands share
-Inputs = Annotated[List[str], typer.Option('--input', '-i', help='File, directory, glob or builtin:NAME (repeat for more).')]
+Inputs = Annotated[List[str], typer.Option('--input', '-i',
+                                           help='File, directory, glob or builtin:NAME (repeat for more).')]
 TokenizerName = Annotated[str, typer.Option(help="'gpt2' or a tokenizer directory.")]
 TextKey = Annotated[str, typer.Option(help='JSON Lines field holding the text.')]
 
@@ -62,7 +63,8 @@ def _version(value: bool):
 def root(version: Annotated[bool, typer.Option('--version', callback=_version, is_eager=True,
                                                help='Show the version and exit.')] = False,
          local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True,
-                                                           help="Set by DeepSpeed's launcher; ranks are read from the environment.")] = None):
+                                                           help="Set by DeepSpeed's launcher; ranks are read from the "
+                                                                "environment.")] = None):
     """Pre-train GPT models the Megatron-DeepSpeed way, from notebooks and one CLI.
 
     Start with [bold]gptkit quickstart[/], or size a run with [bold]gptkit estimate --params 13B[/].

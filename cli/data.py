@@ -23,7 +23,8 @@ def prepare(
     text_key: TextKey = 'text',
     txt_split: Annotated[str, Opt(help=".txt files: one document per 'file' or per 'blank-line' block.")] = 'file',
     workers: Annotated[int, Opt(help='Tokenizer threads.')] = 2,
-    append_eod: Annotated[bool, Opt('--append-eod/--no-append-eod', help='End each document with <|endoftext|>.')] = True,
+    append_eod: Annotated[bool, Opt(
+        '--append-eod/--no-append-eod', help='End each document with <|endoftext|>.')] = True,
     min_tokens: Annotated[int, Opt(help='Drop documents with fewer tokens.')] = 0,
     dedupe: Annotated[bool, Opt('--dedupe', help='Drop exact duplicate documents.')] = False,
     clean: Annotated[bool, Opt('--clean/--no-clean', help='NFC, \\n line ends, no control characters.')] = True,
@@ -39,7 +40,8 @@ def prepare(
                   console=out, transient=True) as bar:
         task = bar.add_task('', total=None)
         update = lambda p: bar.update(task, total=p.input_total or None, completed=p.input_bytes,
-                                      description=f'{p.documents:,} docs, {p.bytes / 2**20:,.1f} MB, {p.tokens:,} tokens, '
+                                      description=f'{p.documents:,} docs, {p.bytes / 2**20:,.1f} MB, {p.tokens:,} '
+                                                  f'tokens, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
         res = run(cfg, update)
     t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
@@ -59,7 +61,8 @@ def prepare(
 @handles_errors
 def inspect(
     prefix: Annotated[str, typer.Argument(help='Dataset prefix (PREFIX.bin and PREFIX.idx).')],
-    tokenizer: Annotated[Optional[str], Opt(help="Decode a few documents with 'gpt2' or a tokenizer directory.")] = None,
+    tokenizer: Annotated[Optional[str], Opt(
+        help="Decode a few documents with 'gpt2' or a tokenizer directory.")] = None,
     show: Annotated[int, Opt(help='How many documents to decode.')] = 2,
 ):
     """Documents, tokens, dtype, length histogram and a few decoded documents of a .bin/.idx pair."""
@@ -68,9 +71,11 @@ def inspect(
     from gptkit.data.indexed import IndexedDataset
     ds = IndexedDataset(prefix)
     doc_lengths = np.diff(np.concatenate([[0], np.cumsum(ds.sequence_lengths, dtype=np.int64)])[ds.document_indices])
-    out.print(f'[bold]{prefix}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, {ds.num_tokens:,} tokens of {ds.dtype}')
+    out.print(f'[bold]{prefix}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, {ds.num_tokens:,} tokens of '
+              f'{ds.dtype}')
     if ds.num_documents:
-        out.print(f'document length: min {doc_lengths.min():,}, median {int(np.median(doc_lengths)):,}, max {doc_lengths.max():,} tokens')
+        out.print(f'document length: min {doc_lengths.min():,}, median {int(np.median(doc_lengths)):,}, max '
+                  f'{doc_lengths.max():,} tokens')
         edges = np.unique(np.geomspace(1, max(2, doc_lengths.max() + 1), 9).astype(int))
         counts, _ = np.histogram(doc_lengths, bins=edges)
         t = Table(title='length histogram (tokens)', title_justify='left', box=None)
@@ -83,7 +88,8 @@ def inspect(
         tok = load(tokenizer)
         for j in range(min(show, ds.num_documents)):
             text = tok.decode(ds.document(j))
-            out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): {text[:300]!r}{"..." if len(text) > 300 else ""}')
+            out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): '
+                      f'{text[:300]!r}{"..." if len(text) > 300 else ""}')
 
 
 @data_app.command()
@@ -94,6 +100,7 @@ def corpora():
     t = Table(title='Built-in corpora (sources and licences: gptkit/assets/PROVENANCE.md)', title_justify='left')
     for col in ('input', 'compressed', 'what'): t.add_column(col)
     for name, (_, what) in BUILTIN.items():
-        role = ' [dim](quickstart training corpus)[/]' if f'builtin:{name}' in DEFAULT_CORPUS else (' [dim](held out)[/]' if f'builtin:{name}' == HELD_OUT else '')
+        role = (' [dim](quickstart training corpus)[/]' if f'builtin:{name}' in DEFAULT_CORPUS
+                else ' [dim](held out)[/]' if f'builtin:{name}' == HELD_OUT else '')
         t.add_row(f'builtin:{name}', f'{builtin_path(name).stat().st_size / 2**20:.2f} MiB', what + role)
     out.print(t)

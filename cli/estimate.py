@@ -28,31 +28,46 @@ MODEL, LAYOUT, HW = 'Model', 'Layout', 'Hardware and budget'
 @app.command()
 @handles_errors
 def estimate(
-    params: Annotated[Optional[str], Opt(help='Model size such as 13B; picks the nearest GPT-3 preset.', rich_help_panel=MODEL)] = None,
-    preset: Annotated[Optional[str], Opt(help='125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b (or tiny, small).', rich_help_panel=MODEL)] = None,
+    params: Annotated[Optional[str], Opt(
+        help='Model size such as 13B; picks the nearest GPT-3 preset.', rich_help_panel=MODEL)] = None,
+    preset: Annotated[Optional[str], Opt(
+        help='125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b (or tiny, small).', rich_help_panel=MODEL)] = None,
     layers: Annotated[Optional[int], Opt(help='Transformer layers.', rich_help_panel=MODEL)] = None,
     hidden: Annotated[Optional[int], Opt(help='Hidden size.', rich_help_panel=MODEL)] = None,
     heads: Annotated[Optional[int], Opt(help='Attention heads.', rich_help_panel=MODEL)] = None,
     seq_len: Annotated[Optional[int], Opt(help='Sequence length [default: 2048].', rich_help_panel=MODEL)] = None,
-    vocab: Annotated[Optional[int], Opt(help='Vocabulary size before padding [default: 50257].', rich_help_panel=MODEL)] = None,
-    ffn_hidden: Annotated[Optional[int], Opt(help='MLP hidden size [default: 4 x hidden].', rich_help_panel=MODEL)] = None,
-    make_vocab_size_divisible_by: Annotated[Optional[int], Opt(help='Pad the vocabulary to a multiple of this x TP [default: 128].', rich_help_panel=MODEL)] = None,
-    gpus: Annotated[Optional[int], Opt(help='Number of GPUs [default: tp x pp x dp; one node with --search].', rich_help_panel=LAYOUT)] = None,
-    gpus_per_node: Annotated[int, Opt(help='GPUs per node; tensor parallelism stays inside one.', rich_help_panel=LAYOUT)] = 8,
+    vocab: Annotated[Optional[int], Opt(
+        help='Vocabulary size before padding [default: 50257].', rich_help_panel=MODEL)] = None,
+    ffn_hidden: Annotated[Optional[int], Opt(
+        help='MLP hidden size [default: 4 x hidden].', rich_help_panel=MODEL)] = None,
+    make_vocab_size_divisible_by: Annotated[Optional[int], Opt(
+        help='Pad the vocabulary to a multiple of this x TP [default: 128].', rich_help_panel=MODEL)] = None,
+    gpus: Annotated[Optional[int], Opt(
+        help='Number of GPUs [default: tp x pp x dp; one node with --search].', rich_help_panel=LAYOUT)] = None,
+    gpus_per_node: Annotated[int, Opt(
+        help='GPUs per node; tensor parallelism stays inside one.', rich_help_panel=LAYOUT)] = 8,
     tp: Annotated[int, Opt(help='Tensor-parallel degree.', rich_help_panel=LAYOUT)] = 1,
     pp: Annotated[int, Opt(help='Pipeline-parallel degree.', rich_help_panel=LAYOUT)] = 1,
-    dp: Annotated[Optional[int], Opt(help='Data-parallel degree [default: gpus / (tp x pp)].', rich_help_panel=LAYOUT)] = None,
+    dp: Annotated[Optional[int], Opt(
+        help='Data-parallel degree [default: gpus / (tp x pp)].', rich_help_panel=LAYOUT)] = None,
     zero: Annotated[int, Opt(help='ZeRO stage 0-3.', rich_help_panel=LAYOUT)] = 0,
-    sequence_parallel: Annotated[bool, Opt('--sequence-parallel/--no-sequence-parallel', help='Megatron sequence parallelism (with TP).', rich_help_panel=LAYOUT)] = False,
-    recompute: Annotated[str, Opt(help='Activation recomputation: none, selective or full.', rich_help_panel=LAYOUT)] = 'none',
-    flash: Annotated[bool, Opt('--flash/--no-flash', help='Fused attention that stores no s x s scores.', rich_help_panel=LAYOUT)] = True,
+    sequence_parallel: Annotated[bool, Opt(
+        '--sequence-parallel/--no-sequence-parallel',
+        help='Megatron sequence parallelism (with TP).',
+        rich_help_panel=LAYOUT)] = False,
+    recompute: Annotated[str, Opt(
+        help='Activation recomputation: none, selective or full.', rich_help_panel=LAYOUT)] = 'none',
+    flash: Annotated[bool, Opt(
+        '--flash/--no-flash', help='Fused attention that stores no s x s scores.', rich_help_panel=LAYOUT)] = True,
     micro_batch: Annotated[int, Opt(help='Sequences per GPU per forward/backward.', rich_help_panel=LAYOUT)] = 1,
-    global_batch: Annotated[Optional[int], Opt(help="Sequences per step [default: the preset's, else micro-batch x dp].", rich_help_panel=LAYOUT)] = None,
+    global_batch: Annotated[Optional[int], Opt(
+        help="Sequences per step [default: the preset's, else micro-batch x dp].", rich_help_panel=LAYOUT)] = None,
     precision: Annotated[str, Opt(help='fp32, fp16 or bf16.', rich_help_panel=LAYOUT)] = 'bf16',
     offload: Annotated[str, Opt(help='none, optimizer or optimizer+params (ZeRO-3).', rich_help_panel=LAYOUT)] = 'none',
     gpu: Annotated[str, Opt(help='a100-40gb, a100-80gb, h100-80gb or h200-141gb.', rich_help_panel=HW)] = 'a100-80gb',
     gpu_memory: Annotated[Optional[float], Opt(help='GPU memory in GiB (overrides --gpu).', rich_help_panel=HW)] = None,
-    gpu_tflops: Annotated[Optional[float], Opt(help='Dense 16-bit peak TFLOP/s (overrides --gpu).', rich_help_panel=HW)] = None,
+    gpu_tflops: Annotated[Optional[float], Opt(
+        help='Dense 16-bit peak TFLOP/s (overrides --gpu).', rich_help_panel=HW)] = None,
     tokens: Annotated[str, Opt(help='Training tokens, such as 300B.', rich_help_panel=HW)] = '300B',
     mfu: Annotated[float, Opt(help='Assumed model FLOPs utilization.', rich_help_panel=HW)] = 0.4,
     search: Annotated[bool, Opt('--search', help='Rank every layout that fits --gpus GPUs and show the best.')] = False,
@@ -61,7 +76,8 @@ def estimate(
 ):
     """Parameters, memory per GPU, FLOPs and time to train a GPT, before renting a GPU."""
     model, base, note = resolve_model(params, preset, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
-                                      vocab=vocab, ffn_hidden=ffn_hidden, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+                                      vocab=vocab, ffn_hidden=ffn_hidden,
+                                      make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     device = get_gpu(gpu, None if gpu_memory is None else round(gpu_memory * GiB), gpu_tflops)
     n_tokens = parse_size(tokens, 'tokens')
     batch = global_batch or (base.global_batch if base else None)
@@ -74,7 +90,8 @@ def estimate(
         return
     par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero,
                          sequence_parallel=sequence_parallel, offload=offload)
-    train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute, flash=flash)
+    train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
+                        flash=flash)
     est = run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node)
     if as_json: out.print_json(json.dumps(est.to_dict()))
     else: _print_estimate(est, note)
@@ -97,43 +114,53 @@ def _print_estimate(e: Estimate, note: str):
               f'global batch {e.batch}, offload {par.offload}\n')
     p = _table('Parameters')
     p.add_row('total', f'{e.params.total:,}', fmt.count(e.params.total))
-    p.add_row('  embeddings', f'{e.params.embedding:,}', f'vocabulary {e.model.vocab} padded to {e.params.vocab_padded}')
+    p.add_row('  embeddings', f'{e.params.embedding:,}',
+              f'vocabulary {e.model.vocab} padded to {e.params.vocab_padded}')
     p.add_row('  transformer', f'{e.params.transformer:,}', f'{e.model.layers} layers + final LayerNorm')
     p.add_row('total, vocabulary unpadded', f'{e.params.unpadded:,}', '')
-    p.add_row('most loaded rank', f'{e.params.per_rank_max:,}', f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
+    p.add_row('most loaded rank', f'{e.params.per_rank_max:,}',
+              f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
               + (' ...' if par.pp > 8 else ''))
     out.print(p); out.print()
     t = _table(f'Memory per GPU (pipeline stage {m.stage})' if par.pp > 1 else 'Memory per GPU')
-    why = {'weights': f'{tr.precision}, ZeRO {par.zero}', 'gradients': '', 'optimizer': 'Adam: master, fp32 grads, m, v' if tr.precision != 'fp32' else 'Adam m, v',
+    why = {'weights': f'{tr.precision}, ZeRO {par.zero}', 'gradients': '',
+           'optimizer': 'Adam: master, fp32 grads, m, v' if tr.precision != 'fp32' else 'Adam m, v',
            'activations': f'Korthikanti et al., recompute {tr.recompute}', 'logits': 'output layer and loss',
            'other': 'CUDA context, workspaces, fragmentation'}
     for k in ('weights', 'gradients', 'optimizer', 'activations', 'logits', 'other'):
         t.add_row(k, fmt.gib(getattr(m, k)), why[k])
-    verdict = (f'[green]fits[/], {fmt.gib(m.headroom)} to spare' if m.fits else f'[red]does not fit[/], {fmt.gib(-m.headroom)} over')
+    verdict = (f'[green]fits[/], {fmt.gib(m.headroom)} to spare' if m.fits else f'[red]does not fit[/], '
+                                                                                f'{fmt.gib(-m.headroom)} over')
     t.add_row('[bold]total[/]', f'[bold]{fmt.gib(m.total)}[/]', f'of {fmt.gib(m.capacity)}: {verdict}')
     out.print(t); out.print()
     c = _table('Compute and time')
-    c.add_row('FLOPs per iteration', fmt.flops(e.flops_per_iteration), f'with recompute {tr.recompute} (model: {fmt.flops(e.model_flops_per_iteration)})')
+    c.add_row('FLOPs per iteration', fmt.flops(e.flops_per_iteration),
+              f'with recompute {tr.recompute} (model: {fmt.flops(e.model_flops_per_iteration)})')
     c.add_row('FLOPs per token', fmt.flops(d['flops']['per_token']), '')
     c.add_row('iterations', f'{e.iterations:,}', f'{fmt.count(e.tokens)} tokens / ({e.batch} x {e.model.seq_len})')
-    c.add_row('time at MFU', fmt.duration(e.seconds), f'MFU {e.mfu:.0%} of {e.gpu.peak(tr.precision) / 1e12:.0f} TFLOP/s')
+    c.add_row('time at MFU', fmt.duration(e.seconds),
+              f'MFU {e.mfu:.0%} of {e.gpu.peak(tr.precision) / 1e12:.0f} TFLOP/s')
     c.add_row('GPU-hours', f'{d["time"]["gpu_hours"]:,.0f}', f'{gpus} GPUs')
     c.add_row('with this layout', fmt.duration(e.layout_seconds),
-              f'step {e.step.total:.2f} s: bubble {e.step.bubble_fraction:.1%}, TP comm {e.step.tp_comm:.2f} s, exposed DP comm {e.step.dp_comm:.2f} s')
+              f'step {e.step.total:.2f} s: bubble {e.step.bubble_fraction:.1%}, TP comm {e.step.tp_comm:.2f} s, '
+              f'exposed DP comm {e.step.dp_comm:.2f} s')
     out.print(c)
     if not m.fits: out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
     if not results:
-        out.print(f'[red]No layout of {note} fits in {gpus} x {gpu}[/]: add GPUs, choose a bigger GPU or a smaller model.')
+        out.print(f'[red]No layout of {note} fits in {gpus} x {gpu}[/]: add GPUs, choose a bigger GPU or a smaller '
+                  f'model.')
         return
     t = Table(title=f'Best layouts for {note} on {gpus} x {gpu}', title_justify='left', title_style='bold')
     for col in ('#', 'tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'GiB/GPU', 'step s', 'bubble', 'days'):
         t.add_column(col, justify='right')
     for i, e in enumerate(results, 1):
-        t.add_row(str(i), str(e.parallel.tp), str(e.parallel.pp), str(e.parallel.dp), str(e.parallel.zero), e.train.recompute,
-                  str(e.train.micro_batch), f'{e.memory.total / GiB:.1f}', f'{e.step.total:.2f}', f'{e.step.bubble_fraction:.1%}',
+        t.add_row(str(i), str(e.parallel.tp), str(e.parallel.pp), str(e.parallel.dp), str(e.parallel.zero),
+                  e.train.recompute,
+                  str(e.train.micro_batch), f'{e.memory.total / GiB:.1f}', f'{e.step.total:.2f}',
+                  f'{e.step.bubble_fraction:.1%}',
                   f'{e.layout_seconds / 86400:,.1f}')
     out.print(t)
     out.print('[dim]Sequence parallelism on when tp > 1. Time: compute at the assumed MFU, plus TP communication and '

@@ -21,15 +21,20 @@ def eval_(
     text: Annotated[Optional[str], Opt(help='Perplexity on this text file (one document; .gz allowed).')] = None,
     jsonl: Annotated[Optional[str], Opt(help='Perplexity on this JSON Lines file, one document per line.')] = None,
     text_key: TextKey = 'text',
-    lambada: Annotated[Optional[str], Opt(help='Cloze accuracy on a JSON Lines file of {"text": passage}: is the last word predicted exactly?')] = None,
-    perplexity: Annotated[bool, Opt('--perplexity/--no-perplexity', help='Measure perplexity (default on the built-in held-out Wikipedia text).')] = True,
-    stride: Annotated[Optional[int], Opt(help='New tokens per window (default: the context, no overlap); smaller gives more context.')] = None,
+    lambada: Annotated[Optional[str], Opt(
+        help='Cloze accuracy on a JSON Lines file of {"text": passage}: is the last word predicted exactly?')] = None,
+    perplexity: Annotated[bool, Opt(
+        '--perplexity/--no-perplexity',
+        help='Measure perplexity (default on the built-in held-out Wikipedia text).')] = True,
+    stride: Annotated[Optional[int], Opt(
+        help='New tokens per window (default: the context, no overlap); smaller gives more context.')] = None,
     batch_size: Annotated[int, Opt(help='Windows or examples per forward pass.')] = 8,
     max_documents: Annotated[Optional[int], Opt(help='Only the first N documents of the perplexity text.')] = None,
     device: Annotated[Optional[str], Opt(help="cpu, cuda, cuda:1 ... (default: cuda when there is one).")] = None,
     as_json: Annotated[bool, Opt('--json', help='Print the results as JSON only.')] = False,
 ):
-    """Measure a checkpoint: perplexity per token and per word (Megatron's WikiText-103 way) and LAMBADA-style accuracy."""
+    ("""Measure a checkpoint: perplexity per token and per word (Megatron's WikiText-103 way) and """
+     """LAMBADA-style accuracy.""")
     if text is not None and jsonl is not None:
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
@@ -40,8 +45,9 @@ def eval_(
     source = (text or jsonl or HELD_OUT) if perplexity else None
     device = device or device_type()
     with _Bar() as bar:
-        res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key, cloze=lambada,
-                       stride=stride, batch_size=batch_size, max_documents=max_documents, device=device, progress=bar.update)
+        res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key,
+                       cloze=lambada, stride=stride, batch_size=batch_size, max_documents=max_documents, device=device,
+                       progress=bar.update)
     if as_json:
         print(json.dumps(res.to_dict(), indent=1))
         return
@@ -60,7 +66,8 @@ class _Bar:
             TimeRemainingColumn,
         )
         self.progress = Progress(TextColumn('[bold]{task.description}'), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn('{task.fields[rate]}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
+                                 TextColumn('{task.fields[rate]}'), TimeElapsedColumn(), TextColumn('ETA'),
+                                 TimeRemainingColumn(),
                                  console=err, transient=True)
         self.progress.start()
         self.tasks = {}
@@ -86,15 +93,18 @@ def _table(res) -> Table:
     t.add_column(style='cyan'); t.add_column(justify='right'); t.add_column(style='dim')
     p = res.perplexity
     if p is not None:
-        t.add_row('text', f'{p.words:,} words', f'{p.source} ({p.documents:,} document{"s" if p.documents != 1 else ""})')
+        t.add_row('text', f'{p.words:,} words',
+                  f'{p.source} ({p.documents:,} document{"s" if p.documents != 1 else ""})')
         t.add_row('tokens scored', f'{p.scored:,}', f'{p.windows:,} windows of {p.context}, stride {p.stride}')
         t.add_row('loss', f'{p.loss:.4f}', 'nats per token')
         t.add_row('perplexity', f'{p.perplexity:,.2f}', 'per token: exp(loss)')
         if p.word_perplexity is not None:
-            t.add_row('word perplexity', f'{p.word_perplexity:,.2f}', f'per word: exp(loss x {(p.tokens - 1) / (p.words - 1):.3f} tokens/word)')
+            t.add_row('word perplexity', f'{p.word_perplexity:,.2f}',
+                      f'per word: exp(loss x {(p.tokens - 1) / (p.words - 1):.3f} tokens/word)')
         t.add_row('time', f'{p.seconds:.2f} s', f'{p.scored / max(p.seconds, 1e-9):,.0f} tokens/s')
     c = res.cloze
     if c is not None:
-        t.add_row('cloze accuracy', f'{c.accuracy:.2%}', f'{c.correct:,} of {c.examples:,} last words exact: {c.source}')
+        t.add_row('cloze accuracy', f'{c.accuracy:.2%}',
+                  f'{c.correct:,} of {c.examples:,} last words exact: {c.source}')
         t.add_row('time', f'{c.seconds:.2f} s', f'{c.examples / max(c.seconds, 1e-9):,.1f} examples/s')
     return t

@@ -23,9 +23,11 @@ def read_prompts(prompts: list[str], prompt_file: Optional[Path]) -> list[tuple[
     found = [('prompt', p) for p in prompts]
     if prompt_file is not None:
         try: lines = prompt_file.read_text(encoding='utf-8').splitlines()
-        except OSError as e: raise ConfigError([('prompt_file', f'{{key}} {prompt_file} cannot be read: {e.strerror or e}')])
+        except OSError as e: raise ConfigError([('prompt_file',
+                                                 f'{{key}} {prompt_file} cannot be read: {e.strerror or e}')])
         except UnicodeDecodeError: raise ConfigError([('prompt_file', f'{{key}} {prompt_file} is not UTF-8 text')])
-        found += [(f'{prompt_file} line {i}', line.replace('\\n', '\n')) for i, line in enumerate(lines, 1) if line.strip()]
+        found += [(f'{prompt_file} line {i}', line.replace('\\n', '\n')) for i, line in enumerate(lines,
+                                                                                                  1) if line.strip()]
         if not any(w != 'prompt' for w, _ in found):
             raise ConfigError([('prompt_file', f'{{key}} {prompt_file} holds no prompt (one per line)')])
     return found
@@ -69,32 +71,39 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
 @app.command()
 def generate(
     checkpoint: Annotated[Path, Opt(help='A run folder, its checkpoints/ folder or one iter_XXXXXXX folder.')],
-    prompt: Annotated[Optional[List[str]], Opt(help='Text to continue (repeat for more). Without --prompt or --prompt-file: an interactive prompt.')] = None,
-    prompt_file: Annotated[Optional[Path], Opt(help='A text file with one prompt per line (\\n inside a line is a newline).')] = None,
+    prompt: Annotated[Optional[List[str]], Opt(
+        help='Text to continue (repeat for more). Without --prompt or --prompt-file: an interactive prompt.')] = None,
+    prompt_file: Annotated[Optional[Path], Opt(
+        help='A text file with one prompt per line (\\n inside a line is a newline).')] = None,
     max_new_tokens: Annotated[int, Opt(help='New tokens per sequence at most.')] = 64,
     temperature: Annotated[float, Opt(help='Divide the logits by this (> 0); lower is more conservative.')] = 1.0,
     top_k: Annotated[int, Opt(help='Sample from the k most likely tokens only (0: all).')] = 0,
-    top_p: Annotated[float, Opt(help='Sample from the smallest set of tokens whose probability reaches p (1: all).')] = 1.0,
+    top_p: Annotated[float, Opt(
+        help='Sample from the smallest set of tokens whose probability reaches p (1: all).')] = 1.0,
     greedy: Annotated[bool, Opt('--greedy', help='Always take the most likely token.')] = False,
     seed: Annotated[Optional[int], Opt(help='Seed for reproducible sampling.')] = None,
     num_samples: Annotated[int, Opt(help='Sequences per prompt.')] = 1,
-    stop: Annotated[Optional[List[str]], Opt(help='Stop a sequence before this text (repeat for more); the end of a document always stops.')] = None,
+    stop: Annotated[Optional[List[str]], Opt(
+        help='Stop a sequence before this text (repeat for more); the end of a document always stops.')] = None,
     batch_size: Annotated[int, Opt(help='Sequences generated together.')] = 8,
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
 ):
     """Generate text from a checkpoint, streamed as it comes (fp32 on CPU, bf16 on GPU)."""
     try:
-        problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples), ('batch_size', batch_size)) if v < 1]
+        problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
+                                                                             ('batch_size', batch_size)) if v < 1]
         if problems: raise ConfigError(problems)
-        sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
-                             seed=seed, stop=tuple(stop or ()))
+        sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                             greedy=greedy, seed=seed, stop=tuple(stop or ()))
         items = read_prompts(prompt or [], prompt_file)
         from gptkit.generate import Generator
         with out.status(f'loading {checkpoint}'):
             gen = Generator.from_checkpoint(checkpoint, device=device)
         p = gen.loaded.state
-        err.print(f'[dim]{gen.loaded.folder} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, hidden {gen.model.cfg.hidden}, '
-                  f'context {gen.context}) on {gen.model.wte.weight.device}, {str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
+        err.print(f'[dim]{gen.loaded.folder} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, hidden '
+                  f'{gen.model.cfg.hidden}, '
+                  f'context {gen.context}) on {gen.model.wte.weight.device}, '
+                  f'{str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
         if items: return _run(gen, items, sampling, num_samples, batch_size)
         err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
         while True:

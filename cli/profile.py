@@ -18,20 +18,31 @@ Opt = typer.Option
 @app.command()
 @handles_errors
 def profile(
-    preset: Annotated[Optional[str], Opt(help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
-    config: Annotated[Optional[Path], Opt(help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
+    preset: Annotated[Optional[str], Opt(
+        help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
+    config: Annotated[Optional[Path], Opt(
+        help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
     set_: Annotated[Optional[List[str]], Opt('--set', help='Override one setting: section.key=value (repeat).')] = None,
-    steps: Annotated[str, Opt(help='Steps to record, counted from 0 like ProfilerStep#N: ranges A-B or N, comma-separated (2-4,7-9).')] = '3-5',
-    data: Annotated[Optional[str], Opt(help='Dataset PREFIX (default: the built-in KJV text, tokenized into OUT/data).')] = None,
-    tokenizer: Annotated[Optional[str], Opt(help="Tokenizer folder or 'gpt2' (default: a BPE trained on the built-in text).")] = None,
-    out_dir: Annotated[Path, Opt('--out', help='Folder for the traces, summary.json and the run.')] = Path('gptkit-profile'),
-    deepspeed_flops: Annotated[bool, Opt('--deepspeed-flops', help="Also run DeepSpeed's flops profiler on one extra step (report in OUT/deepspeed_flops.txt).")] = False,
+    steps: Annotated[str, Opt(
+        help='Steps to record, counted from 0 like ProfilerStep#N: ranges A-B or N, comma-separated '
+             '(2-4,7-9).')] = '3-5',
+    data: Annotated[Optional[str], Opt(
+        help='Dataset PREFIX (default: the built-in KJV text, tokenized into OUT/data).')] = None,
+    tokenizer: Annotated[Optional[str], Opt(
+        help="Tokenizer folder or 'gpt2' (default: a BPE trained on the built-in text).")] = None,
+    out_dir: Annotated[Path, Opt(
+        '--out', help='Folder for the traces, summary.json and the run.')] = Path('gptkit-profile'),
+    deepspeed_flops: Annotated[bool, Opt(
+        '--deepspeed-flops',
+        help="Also run DeepSpeed's flops profiler on one extra step (report in OUT/deepspeed_flops.txt).")] = False,
     stack: Annotated[bool, Opt('--stack/--no-stack', help='Record Python stacks (bigger, slower traces).')] = True,
     top: Annotated[int, Opt(help='Operators in each table.')] = 12,
-    force: Annotated[bool, Opt('--force', help='Run even when the estimate says the model does not fit this machine.')] = False,
+    force: Annotated[bool, Opt(
+        '--force', help='Run even when the estimate says the model does not fit this machine.')] = False,
     as_json: Annotated[bool, Opt('--json', help='Print summary.json only.')] = False,
 ):
-    """Profile training steps with torch.profiler: Chrome and TensorBoard traces, top operators by time and memory, TFLOP/s and MFU."""
+    ("""Profile training steps with torch.profiler: Chrome and TensorBoard traces, top operators by time and """
+     """memory, TFLOP/s and MFU.""")
     from gptkit.profile import parse_steps
     ranges = parse_steps(steps)                       # bad --steps fails before anything is built
     if data is None:
@@ -43,9 +54,11 @@ def profile(
     from gptkit_cli.train import RichProgress
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:
-        out.print(f'[bold]{cfg.preset or "custom"}[/]: profiling step{"s" if len(ranges) > 1 or ranges[0][0] != ranges[0][1] else ""} '
+        out.print(f'[bold]{cfg.preset or "custom"}[/]: profiling '
+                  f'step{"s" if len(ranges) > 1 or ranges[0][0] != ranges[0][1] else ""} '
                   f'{steps} of {ranges[-1][1] + 1 + deepspeed_flops} on {cfg.train.precision} -> {out_dir}')
-    res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks, force=force)
+    res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks,
+                      force=force)
     if as_json:
         print(json.dumps(res.to_dict(), indent=1))
         return
@@ -57,8 +70,11 @@ def _report(res, n: int):
     where = 'CUDA' if dev else 'CPU'
     steps = len(res.profiled)
     total = sum((o.self_device_us if dev else o.self_cpu_us) for o in res.ops) or 1.0
-    t = Table(title=f'Top operators by self {where} time (per step, over steps {", ".join(_span(r) for r in res.ranges)})', title_justify='left')
-    for col, j in (('operator', 'left'), ('category', 'left'), ('calls', 'right'), ('self time', 'right'), ('share', 'right'), ('FLOPs', 'right')):
+    t = Table(title=f'Top operators by self {where} time (per step, over steps '
+                    f'{", ".join(_span(r) for r in res.ranges)})', title_justify='left')
+    for col, j in (('operator', 'left'), ('category', 'left'), ('calls', 'right'), ('self time', 'right'), ('share',
+                                                                                                            'right'),
+                   ('FLOPs', 'right')):
         t.add_column(col, justify=j, overflow='fold')
     for o in res.top('time', n):
         us = o.self_device_us if dev else o.self_cpu_us
@@ -66,30 +82,36 @@ def _report(res, n: int):
                   fmt.flops(o.flops / steps) if o.flops else '')
     out.print(t)
     t = Table(title=f'Top operators by self {where} memory (allocated minus freed, per step)', title_justify='left')
-    for col, j in (('operator', 'left'), ('calls', 'right'), ('self memory', 'right')): t.add_column(col, justify=j, overflow='fold')
+    for col, j in (('operator', 'left'), ('calls', 'right'), ('self memory', 'right')): t.add_column(col, justify=j,
+                                                                                                     overflow='fold')
     for o in res.top('memory', n):
         b = o.self_device_memory if dev else o.self_cpu_memory
         t.add_row(o.name, f'{o.calls / steps:,.0f}', f'{b / steps / 2**20:,.1f} MiB')
     out.print(t)
     if res.categories:
         out.print('[bold]time by category[/] (self time per step, from the traces): '
-                  + ', '.join(f'{k} {v * 1e3:,.1f} ms' for k, v in sorted(res.categories.items(), key=lambda kv: -kv[1]) if v > 0))
+                  + ', '.join(f'{k} {v * 1e3:,.1f} ms' for k, v in sorted(res.categories.items(),
+                                                                          key=lambda kv: -kv[1]) if v > 0))
     per_step = res.seconds / steps
     mfu = f'MFU {res.mfu:.1%} of {res.peak_flops / 1e12:,.0f} TFLOP/s' if res.mfu is not None else \
         'MFU n/a (no known peak for this device' + (': a CPU)' if not dev else ')')
-    out.print(f'[bold]throughput[/]: {per_step:.3f} s per profiled step, {fmt.flops(res.flops_per_step)} per step (Narayanan et al.) '
+    out.print(f'[bold]throughput[/]: {per_step:.3f} s per profiled step, {fmt.flops(res.flops_per_step)} per step '
+              f'(Narayanan et al.) '
               f'-> [bold]{res.tflops:.4f} TFLOP/s[/] per device, {mfu}; the profiler counted '
               f'{fmt.flops(res.profiler_flops_per_step)} per step (matrix multiplications only)', soft_wrap=True)
     if res.plain_tflops is not None:
         plain = res.plain_steps
         out.print(f'[dim]without the profiler (step{"s" if len(plain) > 1 else ""} {", ".join(map(str, plain))}): '
-                  f'{sum(res.step_seconds[s] for s in plain) / len(plain):.3f} s per step, {res.plain_tflops:.4f} TFLOP/s[/]')
+                  f'{sum(res.step_seconds[s] for s in plain) / len(plain):.3f} s per step, {res.plain_tflops:.4f} '
+                  f'TFLOP/s[/]')
     if res.deepspeed_flops:
-        ds = f'{fmt.flops(res.deepspeed_fwd_flops)} forward per micro-batch (formula {fmt.flops(res.flops_per_step / 3 / res.micro_batches)})' \
-            if res.deepspeed_fwd_flops else 'no forward FLOPs found in its report'
+        ds = (f'{fmt.flops(res.deepspeed_fwd_flops)} forward per micro-batch (formula '
+              f'{fmt.flops(res.flops_per_step / 3 / res.micro_batches)})'
+              if res.deepspeed_fwd_flops else 'no forward FLOPs found in its report')
         out.print(f"[bold]DeepSpeed flops profiler[/]: {ds}; report {res.deepspeed_flops}")
     out.print(f'traces: {", ".join(res.traces)} (chrome://tracing or ui.perfetto.dev); '
-              f'[bold]tensorboard --logdir {res.tensorboard}[/] (profile plugin); summary {Path(res.out) / "summary.json"}', soft_wrap=True)
+              f'[bold]tensorboard --logdir {res.tensorboard}[/] (profile plugin); summary '
+              f'{Path(res.out) / "summary.json"}', soft_wrap=True)
 
 
 def _span(r) -> str:

@@ -18,21 +18,26 @@ from gptkit_cli.app import app, handles_errors, out
 @app.command()
 @handles_errors
 def quickstart(
-    out_dir: Annotated[Path, typer.Option('--out', help='Where the tokenizer and the dataset go.')] = Path('gptkit-quickstart'),
+    out_dir: Annotated[Path, typer.Option(
+        '--out', help='Where the tokenizer and the dataset go.')] = Path('gptkit-quickstart'),
     vocab_size: Annotated[int, typer.Option(help='Entries in the tokenizer trained on the built-in corpus.')] = 4096,
     iters: Annotated[int, typer.Option(help='Training steps of the tiny model (16 x 256 tokens each).')] = 600,
 ):
-    """The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, evaluation, sizing real runs, and a sample of text from the model."""
+    ("""The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, """
+     """evaluation, sizing real runs, and a sample of text from the model.""")
     start = time.perf_counter()
     _data_stage(out_dir, vocab_size)
     _train_stage(out_dir, iters)
     _estimate_stage()
     run = out_dir / 'run'
-    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset tiny --data {out_dir}/data/corpus_text_document '
+    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset tiny --data '
+              f'{out_dir}/data/corpus_text_document '
               f'--tokenizer {out_dir}/tokenizer --out {run} --resume --iters {2 * iters}[/] to train on, '
-              f'[bold]gptkit generate --checkpoint {run}[/] (an interactive prompt), [bold]gptkit serve --checkpoint {run}[/] '
+              f'[bold]gptkit generate --checkpoint {run}[/] (an interactive prompt), [bold]gptkit serve --checkpoint '
+              f'{run}[/] '
               f'(a web page and the Megatron and OpenAI APIs), [bold]gptkit eval --checkpoint {run}[/], '
-              f'[bold]gptkit checkpoint export {run} {out_dir}/hf --to hf[/], [bold]gptkit estimate --help[/], and the notebooks in nbs/.')
+              f'[bold]gptkit checkpoint export {run} {out_dir}/hf --to hf[/], [bold]gptkit estimate --help[/], and the '
+              f'notebooks in nbs/.')
     _sample_stage(run)
 
 
@@ -47,7 +52,8 @@ def _data_stage(out_dir: Path, vocab_size: int):
         tok = train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS, tally)), vocab_size)
         save(tok, out_dir / 'tokenizer')
     held = [d.text for d in read_documents([HELD_OUT])]
-    out.print(f'1. tokenizer: {tok.vocab_size:,} entries from {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in '
+    out.print(f'1. tokenizer: {tok.vocab_size:,} entries from {tally.documents:,} documents ({tally.bytes / 2**20:.1f} '
+              f'MB) in '
               f'{time.perf_counter() - t0:.1f} s -> {out_dir / "tokenizer"}; bytes per token on {HELD_OUT}: '
               f'{bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
     with out.status('2. tokenizing the corpus into Megatron .bin/.idx'):
@@ -71,7 +77,8 @@ def _train_stage(out_dir: Path, iters: int):
                                    'optim.warmup=0.05'],
                      overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'),
                                          'tokenizer': str(out_dir / 'tokenizer')}}, out=str(run))
-    out.print(f'3. training the tiny preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context {cfg.model.seq_len}) '
+    out.print(f'3. training the tiny preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context '
+              f'{cfg.model.seq_len}) '
               f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this {device_type().upper()} '
               f'in {cfg.train.precision}')
     result = train(cfg, callbacks=[RichProgress()])
@@ -80,10 +87,13 @@ def _train_stage(out_dir: Path, iters: int):
     for d in read_documents([HELD_OUT]): held += tok.encode(clean_text(d.text)) + [tok.eod]
     ours = text_loss(result.engine.module, held, cfg.model.seq_len)
     base = unigram_loss(token_counts(cfg.data.prefix, cfg.data.split, tok.vocab_size), held)
-    out.print(f'   trained in {result.seconds:.1f} s: validation loss {result.valid_loss:.3f}, test loss {result.test_loss:.3f}; '
+    out.print(f'   trained in {result.seconds:.1f} s: validation loss {result.valid_loss:.3f}, test loss '
+              f'{result.test_loss:.3f}; '
               f'checkpoint {result.checkpoint}')
-    out.print(f'4. held-out text ({HELD_OUT}, {len(held):,} tokens): loss [bold]{ours:.3f}[/] (perplexity {math.exp(ours):,.0f}) '
-              f'against [bold]{base:.3f}[/] (perplexity {math.exp(base):,.0f}) for a unigram model of the training data\n')
+    out.print(f'4. held-out text ({HELD_OUT}, {len(held):,} tokens): loss [bold]{ours:.3f}[/] (perplexity '
+              f'{math.exp(ours):,.0f}) '
+              f'against [bold]{base:.3f}[/] (perplexity {math.exp(base):,.0f}) for a unigram model of the training '
+              f'data\n')
     return ours, base
 
 
@@ -91,7 +101,8 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
     "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
     from gptkit.generate import Generator, Sampling
     gen = Generator.from_checkpoint(run, device='cpu')
-    out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {run} --top-k 40 --temperature 0.8 '
+    out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {run} --top-k 40 '
+              f'--temperature 0.8 '
               '--seed 0):', soft_wrap=True)
     out.print(f'[bold]{prompt}[/]', end='')
     for c in gen.stream([prompt], Sampling(max_new_tokens=tokens, temperature=0.8, top_k=40, seed=0)):
@@ -100,8 +111,10 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
 
 
 def _estimate_stage():
-    t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them', title_justify='left')
-    for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'): t.add_column(col, justify='right')
+    t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them',
+              title_justify='left')
+    for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'):
+        t.add_column(col, justify='right')
     for name in GPT3_PRESETS:
         m = PRESETS[name].model
         c = count_params(m)
@@ -109,9 +122,11 @@ def _estimate_stage():
     out.print(t)
 
     m125 = PRESETS['125m'].model
-    t = Table(title='6. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch (bf16, ZeRO 0, flash attention)',
+    t = Table(title='6. GPT-3 125M on one A100-80GB: memory per GPU against micro-batch '
+                    '(bf16, ZeRO 0, flash attention)',
               title_justify='left')
-    for col in ('micro-batch', 'model states', 'activations', 'logits', 'total', 'fits'): t.add_column(col, justify='right')
+    for col in ('micro-batch', 'model states', 'activations', 'logits', 'total', 'fits'):
+        t.add_column(col, justify='right')
     overtaken = None
     for mb in (1, 2, 4, 8, 16, 64):
         mem = estimate(m125, ParallelConfig(), TrainConfig(micro_batch=mb, global_batch=256), GPUS['a100-80gb']).memory
@@ -132,9 +147,11 @@ def _estimate_stage():
               f'({e.to_dict()["time"]["gpu_hours"]:,.0f} GPU-hours).\n')
 
     best = search(PRESETS['13b'].model, GPUS['a100-80gb'], 64, global_batch=1024, top=3)
-    t = Table(title='8. The three fastest layouts for 13B on 64 A100-80GB (gptkit estimate --params 13B --search --gpus 64)',
+    t = Table(title='8. The three fastest layouts for 13B on 64 A100-80GB (gptkit estimate --params 13B --search '
+                    '--gpus 64)',
               title_justify='left')
-    for col in ('tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'memory/GPU', 'days'): t.add_column(col, justify='right')
+    for col in ('tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'memory/GPU', 'days'):
+        t.add_column(col, justify='right')
     for b in best:
         t.add_row(str(b.parallel.tp), str(b.parallel.pp), str(b.parallel.dp), str(b.parallel.zero), b.train.recompute,
                   str(b.train.micro_batch), fmt.gib(b.memory.total), f'{b.layout_seconds / 86400:.1f}')

@@ -1,4 +1,5 @@
-"""`gptkit serve` (Megatron's and OpenAI's APIs over HTTP) and `gptkit client` (an interactive prompt against a server)."""
+"""`gptkit serve` (Megatron's and OpenAI's APIs over HTTP) and `gptkit client` (an interactive prompt against a
+server)."""
 from __future__ import annotations
 
 import json
@@ -20,15 +21,18 @@ def serve(
     host: Annotated[str, Opt(help='Address to listen on (0.0.0.0 for every interface).')] = '127.0.0.1',
     port: Annotated[int, Opt(help='TCP port.')] = 5000,
     max_new_tokens: Annotated[int, Opt(help='Most new tokens a request may ask for.')] = 1024,
-    max_prompt_tokens: Annotated[Optional[int], Opt(help="Longest prompt in tokens (default: the model's context less one).")] = None,
+    max_prompt_tokens: Annotated[Optional[int], Opt(
+        help="Longest prompt in tokens (default: the model's context less one).")] = None,
     max_prompts: Annotated[int, Opt(help='Most sequences (prompts x samples) per request.')] = 128,
     max_waiting: Annotated[int, Opt(help='Requests that may wait before the server answers 503.')] = 64,
     name: Annotated[Optional[str], Opt(help='Model name in /v1/models (default: the run folder name).')] = None,
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
 ):
-    """Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions (streaming) and /v1/models, /health, and a web page at /."""
-    bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
-                                                                    ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1)) if v < 1]
+    ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions (streaming) and /v1/models, /health, """
+     """and a web page at /.""")
+    limits = (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
+              ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1))
+    bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
     if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
     if bad: raise ConfigError(bad)
     from gptkit.generate import Generator

@@ -38,15 +38,18 @@ def train(
         task = bar.add_task('', total=total)
         def docs():
             for d in read_documents(paths, tally, text_key):
-                bar.update(task, completed=tally.input_bytes, description=f'{tally.documents:,} docs, {tally.bytes / 2**20:.1f} MB')
+                bar.update(task, completed=tally.input_bytes,
+                           description=f'{tally.documents:,} docs, {tally.bytes / 2**20:.1f} MB')
                 yield clean_text(d.text)
         tok = train_bpe(docs(), vocab_size, min_frequency)
     seconds = time.perf_counter() - start
     d = save(tok, output)
     held = [d_.text for d_ in read_documents([held_out])]
     out.print(f'trained on {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in {seconds:.1f} s: '
-              f'{tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}; wrote {d}/vocab.json, merges.txt, tokenizer.json')
-    out.print(f'bytes per token on {held_out}: {bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
+              f'{tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}; '
+              f'wrote {d}/vocab.json, merges.txt, tokenizer.json')
+    out.print(f'bytes per token on {held_out}: {bytes_per_token(tok, held):.2f} (GPT-2: '
+              f'{bytes_per_token(gpt2(), held):.2f})')
     for ex in tally.examples: out.print(f'[yellow]  {ex}[/]')
 
 

@@ -1,4 +1,5 @@
-"""`gptkit train`: resolve the run config, show what it will cost, then train on DeepSpeed (or launch the processes that do)."""
+"""`gptkit train`: resolve the run config, show what it will cost, then train on DeepSpeed (or launch the processes
+that do)."""
 from __future__ import annotations
 
 import json
@@ -17,7 +18,8 @@ from gptkit_cli.app import app, flag, out, report
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters', 'train.tokens': '--tokens',
-         'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp', 'parallel.pp': '--pp'}
+         'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp',
+         'parallel.pp': '--pp'}
 LAUNCHERS = ('torchrun', 'deepspeed')
 
 
@@ -39,18 +41,24 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, t
 def _ds_override(path: Optional[Path]) -> dict | None:
     if path is None: return None
     try: d = json.loads(path.read_text())
-    except OSError as e: raise ConfigError([('deepspeed_config', f'{{key}} file {path} cannot be read: {e.strerror or e}')])
-    except ValueError as e: raise ConfigError([('deepspeed_config', f'{{key}} file {path} (line {getattr(e, "lineno", "?")}) is not valid JSON: {getattr(e, "msg", e)}')])
-    if not isinstance(d, dict): raise ConfigError([('deepspeed_config', f'{{key}} file {path} must hold a JSON object')])
+    except OSError as e: raise ConfigError([('deepspeed_config',
+                                             f'{{key}} file {path} cannot be read: {e.strerror or e}')])
+    except ValueError as e: raise ConfigError([('deepspeed_config',
+                                                f'{{key}} file {path} (line {getattr(e, "lineno", "?")}) is not valid '
+                                                f'JSON: {getattr(e, "msg", e)}')])
+    if not isinstance(d, dict): raise ConfigError([('deepspeed_config',
+                                                    f'{{key}} file {path} must hold a JSON object')])
     return d
 
 
 def launch_command(launcher: str, nproc: int, argv: list[str], port: int = 29500) -> list[str]:
     "The launcher command that runs `gptkit train` (argv without --nproc/--launcher) in `nproc` local processes"
     if launcher == 'torchrun':
-        head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_port', str(port), '-m']
+        head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_port',
+                str(port), '-m']
     else:
-        head = [sys.executable, '-m', 'deepspeed.launcher.runner', '--num_gpus', str(nproc), '--master_port', str(port), '--module']
+        head = [sys.executable, '-m', 'deepspeed.launcher.runner', '--num_gpus', str(nproc), '--master_port', str(port),
+                '--module']
     return head + ['gptkit_cli.main', 'train'] + argv
 
 
@@ -69,37 +77,54 @@ def _summary(cfg: RunConfig):
     from gptkit.estimate import count_params, flops_per_iteration
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
     params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
-    out.print(f'[bold]{cfg.preset or "custom"}[/]: {params:,} parameters ({m.layers} layers, hidden {m.hidden}, {m.heads} heads, '
+    out.print(f'[bold]{cfg.preset or "custom"}[/]: {params:,} parameters ({m.layers} layers, hidden {m.hidden}, '
+              f'{m.heads} heads, '
               f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {p.zero}, recompute {t.recompute} | '
               f'tp {p.tp} x pp {p.pp} x dp {p.dp} | {plan.iters:,} steps of {plan.global_batch} x {m.seq_len} = '
-              f'{plan.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out {cfg.out}')
+              f'{plan.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out '
+              f'{cfg.out}')
 
 
 @app.command(context_settings={'help_option_names': ['-h', '--help']})
 def train(
-    preset: Annotated[Optional[str], typer.Option(help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
-    config: Annotated[Optional[Path], typer.Option(help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
-    set_: Annotated[Optional[List[str]], typer.Option('--set', help='Override one setting: section.key=value (repeat).')] = None,
-    data: Annotated[Optional[str], typer.Option(help='Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare).')] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer folder the data was prepared with, or 'gpt2'.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option('--out', help='Run folder: config, metrics, TensorBoard events, checkpoints.')] = None,
+    preset: Annotated[Optional[str], typer.Option(
+        help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
+    set_: Annotated[Optional[List[str]], typer.Option(
+        '--set', help='Override one setting: section.key=value (repeat).')] = None,
+    data: Annotated[Optional[str], typer.Option(
+        help='Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare).')] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(
+        help="Tokenizer folder the data was prepared with, or 'gpt2'.")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option(
+        '--out', help='Run folder: config, metrics, TensorBoard events, checkpoints.')] = None,
     iters: Annotated[Optional[int], typer.Option(help='Optimizer steps.')] = None,
-    tokens: Annotated[Optional[str], typer.Option(help='Train on this many tokens instead of --iters (like 300B).')] = None,
-    tp: Annotated[Optional[int], typer.Option(help='Tensor-parallel degree (parallel.tp): each layer split over this many processes.')] = None,
-    pp: Annotated[Optional[int], typer.Option(help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')] = None,
-    resume: Annotated[bool, typer.Option('--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
-    dry_run: Annotated[bool, typer.Option('--dry-run', help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
-    deepspeed_config: Annotated[Optional[Path], typer.Option(help='A DeepSpeed JSON merged over the generated one (experts).')] = None,
+    tokens: Annotated[Optional[str], typer.Option(
+        help='Train on this many tokens instead of --iters (like 300B).')] = None,
+    tp: Annotated[Optional[int], typer.Option(
+        help='Tensor-parallel degree (parallel.tp): each layer split over this many processes.')] = None,
+    pp: Annotated[Optional[int], typer.Option(
+        help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')] = None,
+    resume: Annotated[bool, typer.Option(
+        '--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
+    dry_run: Annotated[bool, typer.Option(
+        '--dry-run',
+        help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
+    deepspeed_config: Annotated[Optional[Path], typer.Option(
+        help='A DeepSpeed JSON merged over the generated one (experts).')] = None,
     nproc: Annotated[Optional[int], typer.Option(help='Start this many local processes with --launcher.')] = None,
     launcher: Annotated[str, typer.Option(help='torchrun or deepspeed, for --nproc.')] = 'torchrun',
-    force: Annotated[bool, typer.Option('--force', help="Train even when the estimate says the model does not fit this machine.")] = False,
+    force: Annotated[bool, typer.Option(
+        '--force', help="Train even when the estimate says the model does not fit this machine.")] = False,
     local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True)] = None,
 ):
     """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed."""
     try:
         cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp)
         override = _ds_override(deepspeed_config)
-        if launcher not in LAUNCHERS: raise ConfigError([('launcher', f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
+        if launcher not in LAUNCHERS: raise ConfigError([('launcher',
+                                                          f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
         if nproc is not None and nproc < 1: raise ConfigError([('nproc', f'{{key}} must be at least 1, not {nproc}')])
         launched = 'RANK' in os.environ or local_rank is not None
         from gptkit.engine import world_size
@@ -142,8 +167,10 @@ class RichProgress:
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
-        self.progress = Progress(TextColumn('[bold]train[/]'), BarColumn(), MofNCompleteColumn(), TextColumn('{task.fields[stats]}'),
-                                 TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(), console=out, transient=False)
+        self.progress = Progress(TextColumn('[bold]train[/]'), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn('{task.fields[stats]}'),
+                                 TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(), console=out,
+                                 transient=False)
 
     def on_start(self, info):
         self.progress.start()
@@ -160,7 +187,8 @@ class RichProgress:
 
     def on_eval(self, split, iteration, loss):
         import math
-        self.progress.console.print(f'step {iteration}: {split} loss {loss:.3f}, perplexity {math.exp(min(loss, 50)):,.1f}')
+        self.progress.console.print(f'step {iteration}: {split} loss {loss:.3f}, perplexity '
+                                    f'{math.exp(min(loss, 50)):,.1f}')
 
     def on_checkpoint(self, path, iteration):
         self.progress.console.print(f'[dim]step {iteration}: checkpoint {path}[/]')
@@ -178,5 +206,6 @@ def _run(cfg, override, resume, force, rank):
     if result.test_loss is not None: parts.append(f'test loss {result.test_loss:.3f}')
     out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {result.checkpoint}')
     if result.interrupted:
-        out.print(f'[yellow]interrupted[/]: continue with [bold]gptkit train --resume --out {cfg.out}[/] and the same settings')
+        out.print(f'[yellow]interrupted[/]: continue with [bold]gptkit train --resume --out {cfg.out}[/] and the same '
+                  f'settings')
     return result
