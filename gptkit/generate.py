@@ -6,19 +6,18 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 
 from .config import ConfigError, check
+from .model import KVCache
 
 # %% auto #0
-__all__ = ['Sampling', 'filter_logits', 'next_tokens', 'KVCache', 'attention_mask', 'forward_cached', 'left_pad', 'TextStream',
-           'Chunk', 'Completion', 'Generator', 'reference_greedy']
+__all__ = ['Sampling', 'filter_logits', 'next_tokens', 'left_pad', 'TextStream', 'Chunk', 'Completion', 'Generator',
+           'reference_greedy']
 
 # %% ../nbs/14_generate.ipynb #6d4ea7eb
 @dataclass(frozen=True)
@@ -57,8 +56,8 @@ class Sampling:
 def filter_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     "Logits [batch, vocab] after temperature, top-k and top-p; removed tokens get -inf"
     logits = logits.float()
-    t = max(s.temperature, torch.finfo(torch.float32).tiny)                  # as a float32 it is never 0 ...
-    logits = (logits - logits.max(-1, keepdim=True).values) / t              # ... and the logits are <= 0: -inf at worst, never NaN
+    t = max(s.temperature, torch.finfo(torch.float32).tiny)         # as a float32 it is never 0 ...
+    logits = (logits - logits.max(-1, keepdim=True).values) / t     # ... and logits <= 0: -inf at worst, not NaN
     if s.top_k and s.top_k < logits.shape[-1]:
         kth = logits.topk(s.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float('-inf'))
@@ -66,11 +65,12 @@ def filter_logits(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= s.top_p       # the mass before this token already reaches p
-        drop[..., 0] = False                                     # the most likely token always stays (top_p may round to 0)
+        drop[..., 0] = False                                     # the likeliest token stays (top_p may round to 0)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float('-inf'))
     return logits
 
-def next_tokens(logits: torch.Tensor, s: Sampling, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def next_tokens(logits: torch.Tensor, s: Sampling,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     "(token ids [batch], their log-probabilities [batch]) from the last position's logits [batch, vocab]"
     logits = logits.float()
     if s.greedy: ids = logits.argmax(-1)
@@ -78,51 +78,6 @@ def next_tokens(logits: torch.Tensor, s: Sampling, generator: torch.Generator | 
         probs = filter_logits(logits, s).softmax(-1)
         ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return ids, logits.gather(-1, ids[:, None]).squeeze(-1) - logits.logsumexp(-1)
-
-# %% ../nbs/14_generate.ipynb #cdab43f8
-class KVCache:
-    "Keys and values of every layer for `max_len` positions"
-    def __init__(self, model, batch: int, max_len: int):
-        cfg, p = model.cfg, model.wte.weight
-        shape = (cfg.layers, batch, cfg.heads, max_len, cfg.head_dim)
-        self.k = torch.empty(shape, dtype=p.dtype, device=p.device)
-        self.v = torch.empty(shape, dtype=p.dtype, device=p.device)
-        self.len = 0
-
-    @property
-    def max_len(self) -> int: return self.k.shape[3]
-
-def attention_mask(valid: torch.Tensor, start: int, t: int) -> torch.Tensor | None:
-    "Boolean mask [batch, 1, t, start + t] for t queries at columns start.. given which columns are real tokens"
-    if start == 0 and t == 1: return None
-    b, total = valid.shape[0], start + t
-    if t == 1: return valid[:, None, None, :total]                        # one new token: every real key, itself included
-    cols = torch.arange(total, device=valid.device)
-    rows = torch.arange(start, total, device=valid.device)
-    causal = cols[None, :] <= rows[:, None]                              # [t, total]
-    mask = causal[None] & valid[:, None, :total]
-    mask |= (cols[None, :] == rows[:, None])[None]                        # every position sees itself
-    return mask[:, None]
-
-@torch.no_grad()
-def forward_cached(model, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                   valid: torch.Tensor, all_logits: bool = False) -> torch.Tensor:
-    "Logits of the last position [batch, vocab] (or of all [batch, t, vocab]) for `ids` [batch, t] after the cached ones"
-    b, t = ids.shape
-    start, cfg = cache.len, model.cfg
-    if start + t > cache.max_len: raise ValueError(f'{start + t} positions do not fit the cache of {cache.max_len}')
-    mask = attention_mask(valid, start, t)
-    x = model.wte(ids) + model.wpe(positions)
-    for i, block in enumerate(model.blocks.values()):
-        q, k, v = block.attn.qkv(block.ln1(x)).view(b, t, 3, cfg.heads, cfg.head_dim).permute(2, 0, 3, 1, 4)
-        cache.k[i, :, :, start:start + t] = k
-        cache.v[i, :, :, start:start + t] = v
-        y = F.scaled_dot_product_attention(q, cache.k[i, :, :, :start + t], cache.v[i, :, :, :start + t], attn_mask=mask)
-        x = x + block.attn.proj(y.transpose(1, 2).reshape(b, t, -1))
-        x = x + block.mlp(block.ln2(x))
-    cache.len = start + t
-    x = model.ln_f(x if all_logits else x[:, -1])
-    return model.logits(x)
 
 # %% ../nbs/14_generate.ipynb #76b5b2af
 def left_pad(prompts: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -205,7 +160,8 @@ class Completion:
 def _device_dtype(device: str | None, dtype):
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if dtype is None:
-        dtype = torch.float32 if device == 'cpu' else (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+        if device == 'cpu': dtype = torch.float32
+        else: dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return device, dtype
 
 # %% ../nbs/14_generate.ipynb #c172fdf7
@@ -222,7 +178,8 @@ class Generator:
         from gptkit.store import CheckpointError
         device, dtype = _device_dtype(device, dtype)
         loaded = load_model(path, device=device, dtype=dtype)
-        if loaded.tokenizer is None: raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
+        if loaded.tokenizer is None:
+            raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
         g = cls(loaded.model, loaded.tokenizer)
         g.loaded = loaded
         return g
@@ -245,16 +202,16 @@ class Generator:
         ids, positions, valid = left_pad(enc, self.tok.eod, dev)
         longest = ids.shape[1]
         steps = min(s.max_new_tokens, self.context - longest)
-        cache = KVCache(self.model, len(enc), longest + steps)
+        cache = KVCache.for_model(self.model, len(enc), longest + steps)
+        keep = 0 if prompt_logprobs else 1                  # logits of every prompt position, or of the last only
+        logits = self.model(ids, cache=cache, positions=positions, valid=valid, logits_to_keep=keep)
         if prompt_logprobs:
-            logits = forward_cached(self.model, ids, positions, cache, valid, all_logits=True)
             lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             self.last_prompt_logprobs = [lp[r, longest - len(p):].tolist() for r, p in enumerate(enc)]
-            logits = logits[:, -1]
-        else: logits = forward_cached(self.model, ids, positions, cache, valid)
+        logits = logits[:, -1]
         rows = list(range(len(enc)))                         # prompt index of each live batch row
         texts = [TextStream(self.tok, s.stop) for _ in enc]
-        pos = positions[:, -1]
+        pos = positions[:, -1:]                              # each row's last position [batch, 1]
         for step in range(steps):
             tokens, logps = next_tokens(logits, s, gen)
             done = []
@@ -272,11 +229,10 @@ class Generator:
                 if not keep: return
                 rows = [rows[b] for b in keep]
                 idx = torch.tensor(keep, device=dev)
-                cache.k, cache.v = cache.k[:, idx], cache.v[:, idx]
-                tokens, pos, valid = tokens[idx], pos[idx], valid[idx]
+                cache.select(idx)
+                tokens, pos = tokens[idx], pos[idx]
             pos = pos + 1
-            valid = torch.cat([valid, torch.ones(len(rows), 1, dtype=torch.bool, device=dev)], 1)
-            logits = forward_cached(self.model, tokens[:, None], pos[:, None], cache, valid)
+            logits = self.model(tokens[:, None], cache=cache, positions=pos)[:, -1]
         if steps == 0:
             for r in rows: yield Chunk(r, '', None, None, 'length')
 

@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 
 # %% auto #0
-__all__ = ['core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'Block', 'OutputLayer', 'GPT', 'num_params']
+__all__ = ['core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'Dropout', 'Block', 'OutputLayer', 'GPT',
+           'num_params', 'KVCache']
 
 # %% ../nbs/07_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -39,21 +40,25 @@ def reference_attention(q, k, v):
 
 # %% ../nbs/07_model.ipynb #034b8ffc
 class Attention(nn.Module):
-    "Causal multi-head self-attention with a fused QKV projection"
-    def __init__(self, cfg: ModelConfig):
+    "Causal multi-head self-attention with a fused QKV projection; with a `KVCache`, over the cached positions too"
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.heads, self.dropout, self.recompute = cfg.heads, cfg.dropout, False
+        self.layer = layer                  # its number in the model: which of a KV cache's layers it uses
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
-        self.rng = contextlib.nullcontext   # the random state attention dropout draws from (tensor parallelism forks it)
+        self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
 
-    def forward(self, x):
+    def forward(self, x, cache: KVCache | None = None):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]
         q, k, v = qkv.view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)   # 3 x [b, heads, s, d]
         p = self.dropout if self.training else 0.0
         with self.rng():
-            if self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
+            if cache is not None:                                             # these s positions after the cached ones
+                k, v = cache.update(self.layer, k, v)                         # 2 x [b, heads, cache.len, d]
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, dropout_p=p, is_causal=cache.causal)
+            elif self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
             else: y = core_attention(q, k, v, p)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
@@ -67,7 +72,7 @@ class MLP(nn.Module):
         self.kernels = cfg.kernels
     def forward(self, x):
         k = _kernels(self.kernels, x)
-        if k is not None and type(self.fc1) is nn.Linear:   # fused bias + GELU (a tensor-parallel fc1 keeps its own bias)
+        if k is not None and type(self.fc1) is nn.Linear:   # fused bias + GELU (a tensor-parallel fc1 has its own)
             return self.fc2(k.bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate))
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
@@ -80,15 +85,19 @@ class LayerNorm(nn.LayerNorm):
         k = _kernels(self.kernels, x)
         return super().forward(x) if k is None else k.layer_norm(x, self.weight, self.bias, self.eps)
 
+class Dropout(nn.Dropout):
+    "nn.Dropout that hands its input back at once when it drops nothing (eval, or p = 0): decoding calls it per layer"
+    def forward(self, x): return F.dropout(x, self.p, True, self.inplace) if self.training and self.p else x
+
 class Block(nn.Module):
     "Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))"
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.ln1, self.attn = LayerNorm(cfg.hidden, cfg.kernels), Attention(cfg)
+        self.ln1, self.attn = LayerNorm(cfg.hidden, cfg.kernels), Attention(cfg, layer)
         self.ln2, self.mlp = LayerNorm(cfg.hidden, cfg.kernels), MLP(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
-    def forward(self, x):
-        x = x + self.drop(self.attn(self.ln1(x)))
+        self.drop = Dropout(cfg.dropout)
+    def forward(self, x, cache: KVCache | None = None):
+        x = x + self.drop(self.attn(self.ln1(x), cache))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 # %% ../nbs/07_model.ipynb #4bc486ab
@@ -113,8 +122,9 @@ class GPT(nn.Module):
         self.cfg, self.vocab, self.recompute = cfg, cfg.vocab, recompute
         self.wte = nn.Embedding(cfg.padded_vocab(tp), cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})   # keyed by layer: a pipeline stage keeps its names
+        self.drop = Dropout(cfg.dropout)
+        # keyed by layer number: a pipeline stage keeps its names (and its attention layers their cache layers)
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
         self.ln_f = LayerNorm(cfg.hidden, cfg.kernels)
         self.head = OutputLayer(cfg.vocab)
         self.rng_tracker = None      # set by tensor parallelism: dropout states to restore when a block is recomputed
@@ -134,15 +144,30 @@ class GPT(nn.Module):
         extra = {'context_fn': self.rng_tracker.checkpoint_contexts} if self.rng_tracker is not None else {}
         return checkpoint(block, x, use_reentrant=False, **extra)
 
-    def hidden_states(self, x):
-        "The final LayerNorm's output for token ids [batch, seq] (on a pipeline stage: its blocks' output for its input)"
+    def hidden_states(self, x, cache: KVCache | None = None, positions=None, valid=None):
+        "The final LayerNorm's output for token ids [batch, seq] (a pipeline stage: its blocks' output)"
+        if cache is not None: self._extend(cache, x.shape[1], valid)
+        elif valid is not None: raise ValueError('valid (which new tokens are left padding) needs a KVCache')
         if self.wte is not None:
-            if x.shape[1] > self.cfg.seq_len:
+            if cache is None and x.shape[1] > self.cfg.seq_len:
                 raise ValueError(f'{x.shape[1]} tokens do not fit the model context of {self.cfg.seq_len}')
-            x = self.drop(self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device)))
+            if positions is None:
+                positions = torch.arange(x.shape[1], device=x.device) if cache is None else cache.positions()
+            x = self.drop(self.wte(x) + self.wpe(positions))
         for block in self.blocks.values():
-            x = self._recomputed(block, x) if self.recompute == 'full' and self.training else block(x)
+            if cache is not None: x = block(x, cache)
+            elif self.recompute == 'full' and self.training: x = self._recomputed(block, x)
+            else: x = block(x)
         return x if self.ln_f is None else self.ln_f(x)
+
+    def _extend(self, cache: KVCache, t: int, valid):
+        "Take the cache's next `t` columns for the new tokens, after checking that they fit the model"
+        if getattr(self, 'sequence_parallel', False):                    # set by gptkit.parallel.apply_tp
+            raise ConfigError([('parallel.sequence_parallel', '{key} splits each sequence over the tensor-parallel '
+                                'ranks, so the model cannot decode with a KV cache; load it without it')])
+        if self.wte is not None and cache.len + t > self.cfg.seq_len:
+            raise ValueError(f'{cache.len + t} tokens do not fit the model context of {self.cfg.seq_len}')
+        cache.extend(t, valid)
 
     def output_weight(self):
         "The output layer's matrix: the tied embedding (on the last pipeline stage, its copy)"
@@ -156,11 +181,13 @@ class GPT(nn.Module):
         "Mean next-token cross entropy, in fp32"
         return self.head.loss(logits, targets)
 
-    def forward(self, x, targets=None):
-        h = self.hidden_states(x)
+    def forward(self, x, targets=None, *, cache: KVCache | None = None, positions=None, valid=None,
+                logits_to_keep: int = 0):
+        h = self.hidden_states(x, cache, positions, valid)
         if self.ln_f is None: return h            # a pipeline stage before the last hands on its hidden states
         if targets is not None and _kernels(self.cfg.kernels, h) is not None:   # fused output layer and loss
             return self.head.chunked_loss(h, self.output_weight(), targets)
+        if logits_to_keep: h = h[:, -logits_to_keep:]      # generation needs only the last position's logits
         logits = self.logits(h)
         return logits if targets is None else self.loss(logits, targets)
 
@@ -168,3 +195,56 @@ class GPT(nn.Module):
 def num_params(model: nn.Module) -> int:
     "Parameters in `model` (tied weights counted once)"
     return sum(p.numel() for p in model.parameters())
+
+# %% ../nbs/07_model.ipynb #5e0b7c11
+class KVCache:
+    "Keys and values of each layer, [batch, heads, max_len, head_dim], and which cached columns are real tokens"
+    def __init__(self, layers: list[int], batch: int, heads: int, max_len: int, head_dim: int, dtype=None, device=None):
+        shape = (batch, heads, max_len, head_dim)
+        self.k = {i: torch.empty(shape, dtype=dtype, device=device) for i in layers}   # by layer number
+        self.v = {i: torch.empty(shape, dtype=dtype, device=device) for i in layers}
+        self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)      # False: left padding
+        self.len, self.start = 0, 0          # columns filled; the first column of the step under way
+        self.mask, self.causal = None, False # how the step's queries attend (set by `extend`)
+        self.padded = False                  # has any row had padding (without, no mask is needed)
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_len: int) -> KVCache:
+        "An empty cache for `model`'s layers (a pipeline stage: its own; tensor parallelism: this rank's heads)"
+        attn = [b.attn for b in model.blocks.values()]
+        p = next(model.parameters())
+        return cls([a.layer for a in attn], batch, attn[0].heads, max_len, model.cfg.head_dim, p.dtype, p.device)
+
+    @property
+    def max_len(self) -> int: return self.valid.shape[1]
+
+    def extend(self, t: int, valid: torch.Tensor | None = None):
+        "Take the next `t` columns for new tokens (`valid` [batch, t]: which are real) and set the step's mask"
+        start, end = self.len, self.len + t
+        if end > self.max_len: raise ValueError(f'{end} positions do not fit the cache of {self.max_len}')
+        self.valid[:, start:end] = True if valid is None else valid
+        self.padded = self.padded or (valid is not None and not bool(valid.all()))
+        self.start, self.len = start, end
+        self.mask, self.causal = None, start == 0 and t > 1      # no padding: the causal kernel, or one query, all keys
+        if not self.padded and (start == 0 or t == 1): return
+        if t == 1 and valid is None:                              # one real token: it sees every real key, itself too
+            self.mask = self.valid[:, None, None, :end]; return
+        cols = torch.arange(end, device=self.valid.device)
+        rows = cols[start:, None]                                 # [t, 1]: the new tokens' columns
+        see = (cols <= rows) & self.valid[:, None, :end]          # [batch, t, end]: earlier or here, and real
+        self.mask, self.causal = (see | (cols == rows))[:, None], False   # each sees itself: padding would see nothing
+
+    def positions(self) -> torch.Tensor:
+        "Position ids [batch, t] of the step's tokens: each row counts its real tokens from 0 (padding takes 0)"
+        return (self.valid[:, :self.len].cumsum(-1) - 1)[:, self.start:].clamp(min=0)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "Store the step's keys and values [batch, heads, t, head_dim] of `layer`; return all of its columns so far"
+        self.k[layer][:, :, self.start:self.len] = k
+        self.v[layer][:, :, self.start:self.len] = v
+        return self.k[layer][:, :, :self.len], self.v[layer][:, :, :self.len]
+
+    def select(self, rows: torch.Tensor):
+        "Keep only the batch rows `rows` (a tensor of indices), in that order"
+        for i in self.k: self.k[i], self.v[i] = self.k[i][rows], self.v[i][rows]
+        self.valid = self.valid[rows]
