@@ -26,14 +26,16 @@ from gptkit.config import (
     validate_layout,
 )
 
+from .params import layer_numel, param_table, stage_extras, stage_layers
+
 # %% auto #0
 __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
-           'layer_params', 'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'state_bytes',
-           'model_states', 'activation_element_bytes', 'LayerActivations', 'layer_activations', 'stage_moments',
-           'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'overhead_bytes',
-           'stage_activation_bytes', 'Memory', 'memory_per_gpu', 'flops_per_iteration', 'StepTime', 'dp_bytes',
-           'step_time', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel',
-           'candidate_layouts', 'search', 'memory_breakdown']
+           'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'state_bytes', 'model_states',
+           'activation_element_bytes', 'LayerActivations', 'layer_activations', 'stage_moments', 'stage_activations',
+           'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'overhead_bytes', 'stage_activation_bytes',
+           'Memory', 'memory_per_gpu', 'flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time', 'train_flags',
+           'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel', 'candidate_layouts', 'search',
+           'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -78,14 +80,6 @@ def get_gpu(name: str = 'a100-80gb', memory: int | None = None, tflops: float | 
     return GPU(f'{gpu.name} (custom)' if memory or tflops else gpu.name, memory or gpu.memory,
                gpu.peak_16bit * scale, gpu.peak_tf32 * scale, gpu.link, gpu.network)
 
-# %% ../nbs/01_estimate.ipynb #16b7c254
-def layer_params(model: ModelConfig, tp: int = 1) -> tuple[int, int]:
-    "(split, replicated) parameters of one transformer layer on one tensor-parallel rank"
-    h, f = model.hidden, model.ffn
-    split = (3 * h * h + 3 * h) + h * h + (h * f + f) + f * h   # QKV, proj weight, fc1, fc2 weight
-    replicated = h + h + 4 * h                                   # proj bias, fc2 bias, two LayerNorms
-    return split // tp, replicated
-
 # %% ../nbs/01_estimate.ipynb #e8aad1b8
 @dataclass(frozen=True)
 class StageParams:
@@ -113,24 +107,23 @@ class ParamCount:
     def per_rank_max(self) -> int: return max(s.per_rank for s in self.stages)
 
 # %% ../nbs/01_estimate.ipynb #52c1f7cb
-def count_params(model: ModelConfig, tp: int = 1, pp: int = 1) -> ParamCount:
-    "Count parameters in total and per tensor/pipeline rank, with Megatron's vocabulary padding"
-    h, V = model.hidden, model.padded_vocab(tp)
-    words, positions, final_ln = V * h, model.seq_len * h, 2 * h
-    split, rep = layer_params(model, tp)
-    n = model.layers // pp
+def count_params(model: ModelConfig, tp: int = 1, pp: int = 1, balance: str = 'layers') -> ParamCount:
+    "Parameters in total and per TP rank of each pipeline stage (split by `balance`), read from the parameter table"
+    V = model.padded_vocab(tp)
+    split, rep = layer_numel(model, tp)
     stages = []
-    for i in range(pp):
-        first, last = i == 0, i == pp - 1
-        s = StageParams(split=n * split + (words // tp if first else 0),
-                        replicated=n * rep + (positions if first else 0) + (final_ln if last else 0),
-                        tied_copy=words // tp if last and pp > 1 else 0,
-                        largest_layer=max(split + rep, words // tp if first or (last and pp > 1) else 0))
-        stages.append(s)
-    layers = model.layers * sum(layer_params(model, 1))
-    total = words + positions + layers + final_ln
-    return ParamCount(total=total, unpadded=total - (V - model.vocab) * h, embedding=words + positions,
-                      transformer=layers + final_ln, vocab_padded=V, tp=tp, stages=tuple(stages))
+    for (lo, hi), extras in zip(stage_layers(model, pp, balance), stage_extras(model, pp)):
+        own = [p for p in extras if p.name != 'head.weight']
+        stages.append(StageParams(
+            split=(hi - lo) * split + sum(p.shard_numel(tp, V) for p in own if p.tp != 'replicated'),
+            replicated=(hi - lo) * rep + sum(p.numel for p in own if p.tp == 'replicated'),
+            tied_copy=sum(p.shard_numel(tp, V) for p in extras if p.name == 'head.weight'),
+            largest_layer=max([split + rep] + [p.shard_numel(tp, V) for p in extras])))
+    table = param_table(model)
+    embedding = sum(p.shard_numel(1, V) for p in table if p.name in ('wte.weight', 'wpe.weight'))
+    total = sum(p.shard_numel(1, V) for p in table)
+    return ParamCount(total=total, unpadded=total - (V - model.vocab) * model.hidden, embedding=embedding,
+                      transformer=total - embedding, vocab_padded=V, tp=tp, stages=tuple(stages))
 
 # %% ../nbs/01_estimate.ipynb #be5f1ee8
 def narayanan_params(model: ModelConfig, tp: int = 1) -> float:
@@ -285,7 +278,7 @@ class Memory:
 def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, capacity: int = 80 * GiB,
                    params: ParamCount | None = None) -> Memory:
     "Memory on the most loaded GPU for this model and layout"
-    params = params or count_params(model, par.tp, par.pp)
+    params = params or count_params(model, par.tp, par.pp, par.balance)
     worst = None
     for i, st in enumerate(params.stages):
         w, g, o = model_states(st.per_rank, st.largest_layer, par, train.precision)
@@ -327,7 +320,7 @@ def dp_bytes(params: int, par: ParallelConfig, micro_batches: int, precision: st
 def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: GPU, mfu: float,
               gpus_per_node: int = 8, params: ParamCount | None = None) -> StepTime:
     "Estimated seconds per step: compute at `mfu`, TP all-reduces, exposed DP traffic, the 1F1B bubble"
-    params = params or count_params(model, par.tp, par.pp)
+    params = params or count_params(model, par.tp, par.pp, par.balance)
     plan = _plan(model, par, train)
     batch, m = plan.global_batch, plan.accumulation
     compute = (flops_per_iteration(model, batch, train.recompute, par.tp)
@@ -419,7 +412,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
         problems.append(('tokens', f'{{key}} must be positive, not {tokens!r}'))
     check(problems)
     validate_layout(model, par, train, gpus_per_node)
-    params = count_params(model, par.tp, par.pp)
+    params = count_params(model, par.tp, par.pp, par.balance)
     batch = _plan(model, par, train).global_batch
     return Estimate(model, par, train, gpu, tokens, mfu, params,
                     memory_per_gpu(model, par, train, gpu.memory, params),
@@ -493,8 +486,8 @@ def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, glob
     params = {}
     found = []
     for par, train in candidate_layouts(model, gpus, gpus_per_node, global_batch, precision, flash):
-        key = (par.tp, par.pp)
-        if key not in params: params[key] = count_params(model, par.tp, par.pp)
+        key = (par.tp, par.pp, par.balance)
+        if key not in params: params[key] = count_params(model, par.tp, par.pp, par.balance)
         mem = memory_per_gpu(model, par, train, gpu.memory, params[key])
         if not mem.fits: continue
         found.append((step_time(model, par, train, gpu, mfu, gpus_per_node, params[key]).total, mem.total, par, train))

@@ -13,33 +13,23 @@ from pathlib import Path
 
 from .checkpoint import check_shapes, checkpoint_parts, save
 from .config import ConfigError, ModelConfig, RunConfig, save_config, write_atomic
+from .params import param_table, stage_layers
 from .store import CheckpointError, manifest, staged_dir, tag
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'HF_ACTIVATIONS', 'hf_names', 'to_hf', 'from_hf', 'config_from_hf', 'config_to_hf', 'write_hf_tokenizer',
-           'export_hf', 'write_run', 'import_hf', 'qkv_to_megatron', 'qkv_from_megatron', 'megatron_names',
-           'to_megatron', 'from_megatron', 'megatron_args', 'config_from_megatron', 'export_megatron',
-           'import_megatron', 'reshard']
+__all__ = ['log', 'HF_ACTIVATIONS', 'to_hf', 'from_hf', 'config_from_hf', 'config_to_hf', 'write_hf_tokenizer', 'export_hf',
+           'write_run', 'import_hf', 'qkv_to_megatron', 'qkv_from_megatron', 'to_megatron', 'from_megatron',
+           'megatron_args', 'config_from_megatron', 'export_megatron', 'import_megatron', 'reshard']
 
 # %% ../nbs/12c_interop.ipynb #20dc3903
-def hf_names(layers: int) -> list[tuple[str, str, bool]]:
-    "(gptkit name, GPT-2 name, stored transposed) for every tensor of a `layers`-layer model"
-    out = [('wte.weight', 'transformer.wte.weight', False), ('wpe.weight', 'transformer.wpe.weight', False)]
-    for i in range(layers):
-        for a, b, t in (('ln1', 'ln_1', False), ('attn.qkv', 'attn.c_attn', True), ('attn.proj', 'attn.c_proj', True),
-                        ('ln2', 'ln_2', False), ('mlp.fc1', 'mlp.c_fc', True), ('mlp.fc2', 'mlp.c_proj', True)):
-            out += [(f'blocks.{i}.{a}.weight', f'transformer.h.{i}.{b}.weight', t),
-                    (f'blocks.{i}.{a}.bias', f'transformer.h.{i}.{b}.bias', False)]
-    return out + [('ln_f.weight', 'transformer.ln_f.weight', False), ('ln_f.bias', 'transformer.ln_f.bias', False)]
-
 def to_hf(weights: dict, cfg: ModelConfig) -> dict:
     "gptkit state dict -> GPT-2 state dict: Conv1D matrices transposed, padding rows dropped, lm_head left to the tie"
     out = {}
-    for g, h, t in hf_names(cfg.layers):
-        w = weights[g][:cfg.vocab] if g == 'wte.weight' else weights[g]
-        out[h] = (w.t() if t else w).contiguous()
+    for p in param_table(cfg):
+        w = weights[p.name][:cfg.vocab] if p.name == 'wte.weight' else weights[p.name]
+        out[p.hf] = (w.t() if p.hf_transposed else w).contiguous()
     return out
 
 def _pad_rows(w, rows: int):
@@ -57,12 +47,12 @@ def _unexpected(have: set, want: set, where: str):
 
 def from_hf(sd: dict, cfg: ModelConfig, where: str = 'the GPT-2 weights') -> dict:
     "GPT-2 state dict -> gptkit state dict (the embedding padded with zero rows to the padded vocabulary)"
-    names = hf_names(cfg.layers)
-    _unexpected(set(sd), {h for _, h, _ in names}, where)
+    table = param_table(cfg)
+    _unexpected(set(sd), {p.hf for p in table}, where)
     out = {}
-    for g, h, t in names:
-        w = sd[h].t() if t else sd[h]
-        out[g] = _pad_rows(w, cfg.padded_vocab()) if g == 'wte.weight' else w.contiguous()
+    for p in table:
+        w = sd[p.hf].t() if p.hf_transposed else sd[p.hf]
+        out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.name == 'wte.weight' else w.contiguous()
     return out
 
 # %% ../nbs/12c_interop.ipynb #d2a68774
@@ -206,30 +196,19 @@ def qkv_from_megatron(t, heads: int):
     return t.reshape(heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 # %% ../nbs/12c_interop.ipynb #055ada7a
-_MEGATRON_LAYER = (('ln1', 'input_layernorm'), ('attn.qkv', 'self_attention.query_key_value'),
-                   ('attn.proj', 'self_attention.dense'), ('ln2', 'post_attention_layernorm'),
-                   ('mlp.fc1', 'mlp.dense_h_to_4h'), ('mlp.fc2', 'mlp.dense_4h_to_h'))
 _MEGATRON_RENAMES = ((r'\.input_norm\.', '.input_layernorm.'),
                      (r'\.post_attention_norm\.', '.post_attention_layernorm.'),
                      (r'^final_norm\.', 'final_layernorm.'), (r'\.attention\.', '.self_attention.'))
 
-def megatron_names(layers: int) -> list[tuple[str, tuple[str, ...]]]:
-    "(gptkit name, path inside Megatron's model['language_model']) for every tensor"
-    out = [('wte.weight', ('embedding', 'word_embeddings', 'weight')),
-           ('wpe.weight', ('embedding', 'position_embeddings', 'weight'))]
-    for i in range(layers):
-        out += [(f'blocks.{i}.{g}.{p}', ('encoder', f'layers.{i}.{m}.{p}'))
-                for g, m in _MEGATRON_LAYER for p in ('weight', 'bias')]
-    return out + [(f'ln_f.{p}', ('encoder', f'final_layernorm.{p}')) for p in ('weight', 'bias')]
-
 def to_megatron(weights: dict, cfg: ModelConfig) -> dict:
     "gptkit state dict -> Megatron's nested `model` dict"
     lm = {}
-    for g, path in megatron_names(cfg.layers):
-        w = qkv_to_megatron(weights[g], cfg.heads) if '.attn.qkv.' in g else weights[g]
+    for p in param_table(cfg):
+        w = qkv_to_megatron(weights[p.name], cfg.heads) if p.qkv else weights[p.name]
+        *parents, leaf = p.megatron.split('/')
         d = lm
-        for k in path[:-1]: d = d.setdefault(k, {})
-        d[path[-1]] = w.contiguous()
+        for k in parents: d = d.setdefault(k, {})
+        d[leaf] = w.contiguous()
     return {'language_model': lm}
 
 def from_megatron(model: dict, cfg: ModelConfig, where: str = 'the Megatron checkpoint') -> dict:
@@ -244,13 +223,13 @@ def from_megatron(model: dict, cfg: ModelConfig, where: str = 'the Megatron chec
         if k.endswith('._extra_state'): continue
         for pattern, new in _MEGATRON_RENAMES: k = re.sub(pattern, new, k)
         flat[('encoder', k)] = v
-    names = megatron_names(cfg.layers)
-    _unexpected({'.'.join(k) for k in flat}, {'.'.join(p) for _, p in names}, where)
+    table = param_table(cfg)
+    _unexpected({'/'.join(k) for k in flat}, {p.megatron for p in table}, where)
     out = {}
-    for g, path in names:
-        w = flat[path]
-        if '.attn.qkv.' in g: w = qkv_from_megatron(w, cfg.heads)
-        out[g] = _pad_rows(w, cfg.padded_vocab()) if g == 'wte.weight' else w.contiguous()
+    for p in table:
+        w = flat[tuple(p.megatron.split('/'))]
+        if p.qkv: w = qkv_from_megatron(w, cfg.heads)
+        out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.name == 'wte.weight' else w.contiguous()
     return out
 
 # %% ../nbs/12c_interop.ipynb #d4af7d05
@@ -395,7 +374,7 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
     import torch
 
     from gptkit.config import Layout, check
-    from gptkit.parallel import shard_weights, stage_layers
+    from gptkit.parallel import shard_weights
     from gptkit.tokenizer import save as save_tokenizer
     folder, cfg, state, weights, tok = checkpoint_parts(path)
     layout = Layout(tp, pp)

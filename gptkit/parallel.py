@@ -15,14 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import RECOMPUTE, ConfigError, Layout, check
+from .params import Param, layer_table, param_table, stage_extras, stage_layers
 
 # %% auto #0
 __all__ = ['ParallelState', 'copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear',
            'RowParallelLinear', 'scatter_to_sequence', 'gather_from_sequence', 'reduce_scatter_to_sequence',
            'VocabParallelEmbedding', 'vocab_parallel_cross_entropy', 'RNGTracker', 'seed_parallel', 'TrackedDropout',
            'SequenceParallelLayerNorm', 'ScatterToSequence', 'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv',
-           'apply_tp', 'stage_layers', 'shard_weights', 'merge_weights', 'pipeline_stage', 'stage_input_shape',
-           'sync_tied_grads', 'one_f_one_b', 'DeepSpeedMPU', 'grad_norm', 'apply_recompute', 'parallelize']
+           'apply_tp', 'shard_weights', 'merge_weights', 'pipeline_stage', 'stage_input_shape', 'sync_tied_grads',
+           'one_f_one_b', 'DeepSpeedMPU', 'grad_norm', 'apply_recompute', 'parallelize']
 
 # %% ../nbs/08_parallel.ipynb #bbf723b2
 @dataclass
@@ -376,6 +377,21 @@ def _resized_embedding(emb: nn.Embedding, rows: int) -> nn.Embedding:
         out.weight[:n] = emb.weight[:n]
     return out
 
+_PARALLEL_LINEAR = {'column': ColumnParallelLinear, 'row': RowParallelLinear}
+
+def _tp_linears(cfg) -> list[tuple[str, str, bool]]:
+    "(path in a block, TP role, fused QKV) of each linear layer that tensor parallelism cuts, read from the table"
+    return [(p.name.split('.', 2)[2].removesuffix('.weight'), p.tp, p.qkv) for p in layer_table(cfg, 0)
+            if p.name.endswith('.weight') and p.tp in _PARALLEL_LINEAR]
+
+def _regrouped(linear: nn.Linear, heads: int, tp: int) -> nn.Linear:
+    "A copy of the fused QKV `linear` with its rows regrouped per head for `tp` ranks"
+    out = nn.Linear(linear.in_features, linear.out_features)
+    with torch.no_grad():
+        out.weight.copy_(regroup_qkv(linear.weight, heads, tp))
+        out.bias.copy_(regroup_qkv(linear.bias, heads, tp))
+    return out
+
 def _tp_problems(cfg, tp: int, sequence_parallel: bool = False) -> list[tuple[str, str]]:
     "`Layout`'s problems with tensor parallelism `tp` for model `cfg`, under parallel.* keys"
     return [(f'parallel.{k}', m) for k, m in Layout(tp=tp, sequence_parallel=sequence_parallel).problems(cfg)]
@@ -390,17 +406,13 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
     rows = cfg.padded_vocab(tp)
     model.wte = VocabParallelEmbedding(_resized_embedding(model.wte, rows), g)
     model.head = ParallelOutputLayer(cfg.vocab, rows // tp, g, sequence_parallel)
+    linears = _tp_linears(cfg)
     for block in model.blocks.values():
-        a, m = block.attn, block.mlp
-        qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        with torch.no_grad():
-            qkv.weight.copy_(regroup_qkv(a.qkv.weight, a.heads, tp))
-            qkv.bias.copy_(regroup_qkv(a.qkv.bias, a.heads, tp))
-        a.qkv = ColumnParallelLinear(qkv, g, sequence_parallel=sequence_parallel)
-        a.proj = RowParallelLinear(a.proj, g, sequence_parallel=sequence_parallel)
-        a.heads, a.rng = a.heads // tp, tracker.fork
-        m.fc1 = ColumnParallelLinear(m.fc1, g, sequence_parallel=sequence_parallel)
-        m.fc2 = RowParallelLinear(m.fc2, g, sequence_parallel=sequence_parallel)
+        for path, role, qkv in linears:
+            parent, leaf = block.get_submodule(path.rsplit('.', 1)[0]), path.rsplit('.', 1)[1]
+            linear = _regrouped(getattr(parent, leaf), cfg.heads, tp) if qkv else getattr(parent, leaf)
+            setattr(parent, leaf, _PARALLEL_LINEAR[role](linear, g, sequence_parallel=sequence_parallel))
+        block.attn.heads, block.attn.rng = block.attn.heads // tp, tracker.fork
         if sequence_parallel:
             block.ln1, block.ln2 = SequenceParallelLayerNorm(block.ln1, g), SequenceParallelLayerNorm(block.ln2, g)
             block.drop = TrackedDropout(cfg.dropout, tracker)
@@ -411,84 +423,47 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
     return model
 
 # %% ../nbs/08_parallel.ipynb #a730a5a5
-_COLUMN = ('attn.qkv.weight', 'attn.qkv.bias', 'mlp.fc1.weight', 'mlp.fc1.bias')
-_ROW = ('attn.proj.weight', 'mlp.fc2.weight')
-
 def _pad_rows(t, rows: int):
     if t.shape[0] >= rows: return t[:rows]
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
-def _tp_shard(name: str, t, cfg, tp: int, r: int):
-    "Rank `r`'s shard of the plain tensor `name`"
+def _tp_shard(p: Param, t, cfg, tp: int, r: int):
+    "Rank `r`'s shard of the plain tensor `t`, cut as the table's row `p` says"
     if tp == 1: return t
-    if name in ('wte.weight', 'head.weight'): return _pad_rows(t, cfg.padded_vocab(tp)).chunk(tp, 0)[r].clone()
-    if name.endswith(('attn.qkv.weight', 'attn.qkv.bias')): return regroup_qkv(t, cfg.heads, tp).chunk(tp, 0)[r].clone()
-    if name.endswith(_COLUMN): return t.chunk(tp, 0)[r].clone()
-    if name.endswith(_ROW): return t.chunk(tp, 1)[r].clone()
+    if p.tp == 'vocab': return _pad_rows(t, cfg.padded_vocab(tp)).chunk(tp, 0)[r].clone()
+    if p.qkv: t = regroup_qkv(t, cfg.heads, tp)
+    if p.tp == 'column': return t.chunk(tp, 0)[r].clone()
+    if p.tp == 'row': return t.chunk(tp, 1)[r].clone()
     return t
 
-def _tp_merge(name: str, parts: list, cfg):
-    "The plain tensor `name` from its TP shards (in TP rank order)"
+def _tp_merge(p: Param, parts: list, cfg):
+    "The plain tensor of the table's row `p` from its TP shards (in TP rank order)"
     tp = len(parts)
-    if name == 'wte.weight': return _pad_rows(torch.cat(parts), cfg.padded_vocab())
+    if p.tp == 'vocab': return _pad_rows(torch.cat(parts), cfg.padded_vocab())
     if tp == 1: return parts[0]
-    if name.endswith(('attn.qkv.weight', 'attn.qkv.bias')): return ungroup_qkv(torch.cat(parts), cfg.heads, tp)
-    if name.endswith(_COLUMN): return torch.cat(parts)
-    if name.endswith(_ROW): return torch.cat(parts, 1)
+    if p.tp == 'column': return ungroup_qkv(torch.cat(parts), cfg.heads, tp) if p.qkv else torch.cat(parts)
+    if p.tp == 'row': return torch.cat(parts, 1)
     return parts[0]
-
-def stage_layers(cfg, pp: int, balance: str = 'layers') -> list[tuple[int, int]]:
-    "The [first, last) layers of each of `pp` stages, balanced by layer count or by parameters"
-    L = cfg.layers
-    if pp > L:
-        raise ConfigError([('parallel.pp', f"{{key}} {pp} is more than the model's {L} layers; "
-                                           "every stage needs at least one")])
-    if balance == 'layers':
-        sizes = [L // pp + (1 if i < L % pp else 0) for i in range(pp)]
-    elif balance == 'parameters':   # embeddings on the first stage, the tied copy and final norm on the last
-        layer = 12 * cfg.hidden ** 2 + 13 * cfg.hidden
-        extra = [0] * pp
-        extra[0] += (cfg.padded_vocab() + cfg.seq_len) * cfg.hidden
-        extra[-1] += (cfg.padded_vocab() if pp > 1 else 0) * cfg.hidden + 2 * cfg.hidden
-        best = {}
-        # (largest stage, sum of squares, sizes) for stages i.. holding layers start..: smallest maximum, then most even
-        def cost(i, start):
-            c = extra[i] + (L - start) * layer
-            if i == pp - 1: return c, c * c, (L - start,)
-            if (i, start) not in best:
-                options = []
-                for n in range(1, L - start - (pp - i - 1) + 1):
-                    c = extra[i] + n * layer
-                    top, sq, plan = cost(i + 1, start + n)
-                    options.append((max(c, top), c * c + sq, (n,) + plan))
-                best[i, start] = min(options)
-            return best[i, start]
-        sizes = list(cost(0, 0)[2])
-    else: raise ConfigError([('balance', f"{{key}} must be 'layers' or 'parameters', not {balance!r}")])
-    edges = [sum(sizes[:i]) for i in range(pp + 1)]
-    return [(edges[i], edges[i + 1]) for i in range(pp)]
 
 def shard_weights(full: dict, cfg, layout: Layout, tp_rank: int, pp_rank: int, balance: str = 'layers') -> dict:
     "The state dict of rank (tp_rank, pp_rank) of `layout`, cut from the plain state dict `full`"
-    pp = layout.pp
-    lo, hi = stage_layers(cfg, pp, balance)[pp_rank]
-    out = {}
-    for name, t in full.items():
-        if name.startswith('blocks.') and not lo <= int(name.split('.')[1]) < hi: continue
-        if name.startswith(('wte.', 'wpe.')) and pp_rank != 0: continue
-        if name.startswith('ln_f.') and pp_rank != pp - 1: continue
-        out[name] = _tp_shard(name, t, cfg, layout.tp, tp_rank)
-    if pp > 1 and pp_rank == pp - 1:
-        out['head.weight'] = _tp_shard('head.weight', full['wte.weight'], cfg, layout.tp, tp_rank)
+    lo, hi = stage_layers(cfg, layout.pp, balance)[pp_rank]
+    extras = {p.name: p for p in stage_extras(cfg, layout.pp)[pp_rank]}
+    out = {p.name: _tp_shard(p, full[p.name], cfg, layout.tp, tp_rank) for p in param_table(cfg)
+           if p.name in extras or (p.layer is not None and lo <= p.layer < hi)}
+    if 'head.weight' in extras:       # the last stage's copy of the tied embedding
+        out['head.weight'] = _tp_shard(extras['head.weight'], full['wte.weight'], cfg, layout.tp, tp_rank)
     return out
 
 def merge_weights(shards: dict, cfg, tp: int) -> dict:
     "The plain state dict from {(tp_rank, pp_rank): that rank's state dict} of any layout"
-    names = {}
-    for (r, p), sd in shards.items():
+    table, names = {p.name: p for p in param_table(cfg)}, {}
+    for (r, s), sd in shards.items():
         for name in sd:
-            if name != 'head.weight': names.setdefault(name, p)   # the last stage's tied copy is the embedding again
-    return {name: _tp_merge(name, [shards[r, p][name] for r in range(tp)], cfg) for name, p in names.items()}
+            if name != 'head.weight': names.setdefault(name, s)   # the last stage's tied copy is the embedding again
+    whole = Param('', (), 'replicated', 'zeros', '', False, '')    # a tensor the table lacks: rank 0's, for the
+    return {name: _tp_merge(table.get(name, whole), [shards[r, s][name] for r in range(tp)], cfg)   # loader to refuse
+            for name, s in names.items()}
 
 # %% ../nbs/08_parallel.ipynb #f5fb946b
 def pipeline_stage(model, parallel: ParallelState, balance: str = 'layers'):

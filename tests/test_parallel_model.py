@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gptkit.config import ModelConfig
+from gptkit.estimate import count_params
 from gptkit.model import GPT
 from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, shard_weights,
                              stage_input_shape, sync_tied_grads)
@@ -32,6 +33,8 @@ def _train_worker(rank, world, tp, pp, sp, micro, init_file, out):
         plain = GPT(CFG)
         ref = copy.deepcopy(plain)                                  # the single-process model, on the whole batch
         model = pipeline_stage(apply_tp(plain, ps, sequence_parallel=sp), ps)
+        held = sum(p.numel() for p in model.parameters())          # the estimator's count for this rank
+        assert held == count_params(CFG, tp, pp).stages[ps.pp_rank].per_rank, held
         data = torch.randint(0, CFG.vocab, (3, 8, CFG.seq_len + 1), generator=torch.Generator().manual_seed(1))
         errs = {'loss': 0.0, 'grad': 0.0}
         for batch in data:
