@@ -30,7 +30,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'gptkit.checkpoint.read_config': ('checkpoint.html#read_config', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint.rng_state': ('checkpoint.html#rng_state', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint.save': ('checkpoint.html#save', 'gptkit/checkpoint.py'),
-                                   'gptkit.checkpoint.saved_dp': ('checkpoint.html#saved_dp', 'gptkit/checkpoint.py'),
+                                   'gptkit.checkpoint.saved_layout': ('checkpoint.html#saved_layout', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint.set_rng_state': ('checkpoint.html#set_rng_state', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint.to_universal': ('checkpoint.html#to_universal', 'gptkit/checkpoint.py')},
             'gptkit.config': { 'gptkit.config.BatchPlan': ('config.html#batchplan', 'gptkit/config.py'),

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import RunConfig, save_config, write_atomic
+from .config import ConfigError, Layout, RunConfig, save_config, write_atomic
 from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newest, read_state, tag
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'save', 'prune', 'saved_dp', 'partitioned',
+__all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'save', 'prune', 'saved_layout', 'partitioned',
            'to_universal', 'load', 'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'load_model', 'inspect']
 
 # %% ../nbs/12b_checkpoint.ipynb #fab65e32
@@ -58,7 +58,7 @@ def set_rng_state(s: dict):
 # %% ../nbs/12b_checkpoint.ipynb #ad8b23f1
 def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
-         layout: dict | None = None, shapes: dict | None = None) -> Path:
+         layout: Layout | None = None, shapes: dict | None = None) -> Path:
     "Save the engine's whole state as `root/iter_XXXXXXX` atomically; every rank calls it"
     import torch
     import torch.distributed as dist
@@ -78,7 +78,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
             if tokenizer_dir is not None: shutil.copytree(tokenizer_dir, tmp / 'tokenizer')
             world = dist.get_world_size() if dist.is_initialized() else 1
             state = {'iteration': iteration, **{k: client[k] for k in ('consumed_samples', 'tokens') if k in client},
-                     'world_size': world, 'layout': layout or {'tp': 1, 'pp': 1, 'dp': world},
+                     'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(),
                      'shapes': shapes or model_shapes(engine.module), 'files': manifest(tmp)}
             write_atomic(tmp / 'state.json', json.dumps(state, indent=1))
             fsync_dir(tmp)
@@ -99,10 +99,15 @@ def prune(root: Path, keep: int):
     for _, folder in checkpoints(root)[:-keep]: shutil.rmtree(folder, ignore_errors=True)
 
 # %% ../nbs/12b_checkpoint.ipynb #83704d1f
-def saved_dp(state: dict) -> int:
-    "The data-parallel size a checkpoint was saved on: state.json's `layout.dp`, else its `world_size`"
-    layout = state.get('layout') or {}
-    return int(layout.get('dp') or state.get('world_size') or 1)
+def saved_layout(state: dict, where: str = 'state.json') -> Layout:
+    "The layout a checkpoint was saved with: state.json's `layout` (without `dp`: the world over tp x pp)"
+    lay = dict(state.get('layout') or {})
+    try:
+        if not lay.get('dp'):
+            lay['dp'] = max(1, int(state.get('world_size') or 1) // (lay.get('tp', 1) * lay.get('pp', 1)))
+        return Layout.from_dict(lay)
+    except (ConfigError, TypeError, ValueError) as e:
+        raise CheckpointError(f'{where} has a layout gptkit cannot read ({lay}): {e}') from None
 
 def partitioned(folder: str | Path) -> bool:
     "Whether the optimizer states in checkpoint `folder` are split by data-parallel rank (ZeRO 1-3, BF16 optimizer)"
@@ -192,9 +197,9 @@ def _repair_zero3(engine, universal: Path):
 
 def _load_repartitioned(engine, folder: Path, state: dict, was: int, now: int, rank: int):
     "(path, client state) of DeepSpeed's load of `folder`, saved on `was` data-parallel ranks, into `engine` on `now`"
-    layout = state.get('layout') or {}
-    if (layout.get('tp') or 1) > 1 or (layout.get('pp') or 1) > 1:
-        raise CheckpointError(f"{folder} was saved with tp={layout.get('tp') or 1}, pp={layout.get('pp') or 1} "
+    layout = saved_layout(state, folder / 'state.json')
+    if layout.tp > 1 or layout.pp > 1:
+        raise CheckpointError(f"{folder} was saved with tp={layout.tp}, pp={layout.pp} "
                               f'on {was} data-parallel ranks; only tp=pp=1 checkpoints can resume on another number '
                               f'of data-parallel ranks ({now} here); '
                               f'gptkit checkpoint reshard writes its weights for a resume with a fresh optimizer')
@@ -225,17 +230,14 @@ def _check_batch(engine, folder: Path, rank: int):
                     folder, saved, now, engine.dp_world_size, engine.train_micro_batch_size_per_gpu(),
                     engine.gradient_accumulation_steps(), saved)
 
-def _same_split(folder: Path, state: dict, layout: dict | None):
+def _same_split(folder: Path, state: dict, layout: Layout | None):
     "Refuse a checkpoint cut for another tensor/pipeline layout than this run's, saying how to convert it"
-    saved = {'tp': 1, 'pp': 1, 'balance': 'layers', **(state.get('layout') or {})}
-    now = {'tp': 1, 'pp': 1, 'balance': 'layers', **(layout or {})}
-    if all(saved[k] == now[k] for k in ('tp', 'pp')) and (saved['pp'] == 1 or saved['balance'] == now['balance']):
-        return
-    raise CheckpointError(f"{folder} was saved with tp {saved['tp']} pp {saved['pp']} "
-                          f"(stages balanced by {saved['balance']}) and this run has tp {now['tp']} pp {now['pp']} "
-                          f"(by {now['balance']}); "
-                          f"convert it with gptkit checkpoint reshard {folder} OUT "
-                          f"--tp {now['tp']} --pp {now['pp']}, or train with --tp {saved['tp']} --pp {saved['pp']}")
+    saved, now = saved_layout(state, folder / 'state.json'), layout or Layout()
+    if (saved.tp, saved.pp) == (now.tp, now.pp) and (saved.pp == 1 or saved.balance == now.balance): return
+    raise CheckpointError(f"{folder} was saved with tp {saved.tp} pp {saved.pp} "
+                          f"(stages balanced by {saved.balance}) and this run has tp {now.tp} pp {now.pp} "
+                          f"(by {now.balance}); convert it with gptkit checkpoint reshard {folder} OUT "
+                          f"--tp {now.tp} --pp {now.pp}, or train with --tp {saved.tp} --pp {saved.pp}")
 
 def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     "Load this rank's shard of a weights-only checkpoint (from reshard); a fresh optimizer, the lr schedule at the step"
@@ -251,7 +253,7 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     log.info('%s holds weights only: the optimizer starts fresh at step %d', folder, it)
     return folder, {'iteration': it, 'consumed_samples': state.get('consumed_samples', 0)}
 
-def load(engine, folder: str | Path, rank: int = 0, layout: dict | None = None, shapes: dict | None = None,
+def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None, shapes: dict | None = None,
          parallel=None) -> dict:
     "Restore model, optimizer, schedule and random states from `folder`, on any data-parallel size; its state.json"
     folder = Path(folder)
@@ -262,7 +264,7 @@ def load(engine, folder: str | Path, rank: int = 0, layout: dict | None = None, 
     if state.get('weights_only'):
         path, client = _load_weights_only(engine, folder, state, parallel)
         return {**state, 'client': client}
-    was, now = saved_dp(state), engine.dp_world_size
+    was, now = saved_layout(state, folder / 'state.json').dp, engine.dp_world_size
     if was != now and partitioned(folder):
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
     else:
@@ -322,8 +324,8 @@ def load_weights(path: str | Path) -> dict:
 def _read_weights(folder: Path) -> dict:
     "The plain state dict of a checkpoint folder that `find` has verified, merged from the shards of any TP x PP layout"
     import torch
-    layout = json.loads((folder / 'state.json').read_text()).get('layout') or {}
-    tp, pp = layout.get('tp', 1), layout.get('pp', 1)
+    layout = saved_layout(json.loads((folder / 'state.json').read_text()), folder / 'state.json')
+    tp, pp = layout.tp, layout.pp
     if tp * pp > 1:
         from gptkit.parallel import merge_weights
         shards = {}
@@ -394,7 +396,7 @@ def inspect(path: str | Path) -> dict:
     m, shapes = cfg.model, state.get('shapes', {})
     params = sum(math.prod(s) for s in shapes.values())
     rows = shapes.get('wte.weight', [m.padded_vocab(), m.hidden])[0]
-    world, lay = state.get('world_size', 1), state.get('layout') or {}
+    world, lay = state.get('world_size', 1), saved_layout(state, folder / 'state.json')
     tok = None
     if (folder / 'tokenizer').is_dir():
         from gptkit.tokenizer import load as load_tokenizer
@@ -405,9 +407,7 @@ def inspect(path: str | Path) -> dict:
             'consumed_samples': state.get('consumed_samples'), 'parameters': params,
             'parameters_without_padding': params - (rows - m.vocab) * m.hidden, 'dtypes': _saved_dtypes(folder),
             'model': m.to_dict(),
-            'layout': {'tp': lay.get('tp', 1), 'pp': lay.get('pp', 1),
-                       'dp': lay.get('dp', world // (lay.get('tp', 1) * lay.get('pp', 1))),
-                       'weights_only': bool(state.get('weights_only')),
+            'layout': {**lay.to_dict(), 'weights_only': bool(state.get('weights_only')),
                        'zero': ds.get('zero_optimization', {}).get('stage', cfg.parallel.zero), 'world_size': world,
                        'precision': cfg.train.precision, 'micro_batch': ds.get('train_micro_batch_size_per_gpu'),
                        'global_batch': ds.get('train_batch_size')},

@@ -377,7 +377,7 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
     from gptkit.parallel import shard_weights
     from gptkit.tokenizer import save as save_tokenizer
     folder, cfg, state, weights, tok = checkpoint_parts(path)
-    layout = Layout(tp, pp)
+    layout = Layout(tp, pp, balance=balance)
     check(Layout(tp=tp).problems(cfg.model))           # tp against the model; stage_layers checks pp
     stage_layers(cfg.model, pp, balance)
     zero = cfg.parallel.zero if not ((tp > 1 and cfg.parallel.zero == 3) or (pp > 1 and cfg.parallel.zero > 1)) else 1
@@ -396,7 +396,7 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
         save_config(new, ck / 'config.json'); save_config(new, tmp / 'config.json')
         if tok is not None: save_tokenizer(tok, ck / 'tokenizer'); save_tokenizer(tok, tmp / 'tokenizer')
         info = {'iteration': state['iteration'], **{k: state[k] for k in ('consumed_samples', 'tokens') if k in state},
-                'world_size': tp * pp, 'layout': {'tp': tp, 'pp': pp, 'dp': 1, 'balance': balance},
+                'world_size': tp * pp, 'layout': layout.to_dict(),
                 'weights_only': True,
                 'shapes': {k: list(v.shape) for k, v in weights.items()}, 'files': manifest(ck)}
         write_atomic(ck / 'state.json', json.dumps(info, indent=1))

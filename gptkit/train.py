@@ -460,7 +460,7 @@ def restore(loop: Loop) -> Loop:
     from gptkit.engine import Schedule
     cfg, plan = loop.cfg, loop.plan
     if loop.resume_from is not None:
-        state = ckpt.load(loop.engine, loop.resume_from, loop.rank, loop.parallel.layout.to_dict(), loop.shapes,
+        state = ckpt.load(loop.engine, loop.resume_from, loop.rank, loop.parallel.layout, loop.shapes,
                           loop.parallel)
         loop.iteration, loop.consumed = state['iteration'], state['consumed_samples']
         Schedule(cfg.optim, plan.iters).follow(loop.engine)
@@ -542,7 +542,7 @@ def save(loop: Loop) -> Path:
     it, cfg = loop.iteration, loop.cfg
     client = {'iteration': it, 'consumed_samples': loop.consumed, 'tokens': loop.tokens}
     path = ckpt.save(loop.engine, loop.root, it, client, cfg, loop.ds_config, loop.out / 'tokenizer', loop.rank,
-                     cfg.train.keep, loop.parallel.layout.to_dict(), loop.shapes)
+                     cfg.train.keep, loop.parallel.layout, loop.shapes)
     for c in loop.callbacks: c.on_checkpoint(path, it)
     return path
 
