@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import ConfigError, ModelConfig
+from .config import RECOMPUTE, ConfigError, ModelConfig
 from .params import param_table
 
 # %% auto #0
@@ -121,7 +121,7 @@ class GPT(nn.Module):
     "GPT-2/3: token and learned position embeddings, pre-LN blocks, final LayerNorm, tied output layer"
     def __init__(self, cfg: ModelConfig, recompute: str = 'none', tp: int = 1):
         super().__init__()
-        self.cfg, self.vocab, self.recompute = cfg, cfg.vocab, recompute
+        self.cfg, self.vocab = cfg, cfg.vocab
         self.wte = nn.Embedding(cfg.padded_vocab(tp), cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
         self.drop = Dropout(cfg.dropout)
@@ -130,7 +130,7 @@ class GPT(nn.Module):
         self.ln_f = LayerNorm(cfg.hidden, cfg.kernels)
         self.head = OutputLayer(cfg.vocab)
         self.rng_tracker = None      # set by tensor parallelism: dropout states to restore when a block is recomputed
-        for b in self.blocks.values(): b.attn.recompute = recompute == 'selective'
+        self.set_recompute(recompute)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -142,6 +142,14 @@ class GPT(nn.Module):
             if group[name] == 'zeros': p.zero_()
             elif group[name] == 'ones': p.fill_(1.0)
             else: p.normal_(0.0, std[group[name]])
+
+    def set_recompute(self, mode: str):
+        "Recompute activations in the backward pass: 'selective' (attention's core), 'full' (every block) or 'none'"
+        if mode not in RECOMPUTE:
+            raise ConfigError([('train.recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {mode!r}")])
+        self.recompute = mode
+        for b in self.blocks.values(): b.attn.recompute = mode == 'selective'
+        return self
 
     def _recomputed(self, block, x):
         extra = {'context_fn': self.rng_tracker.checkpoint_contexts} if self.rng_tracker is not None else {}

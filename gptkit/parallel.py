@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .config import RECOMPUTE, ConfigError, Layout, check
+from .config import ConfigError, Layout, check
 from .params import Param, layer_table, param_table, stage_extras, stage_layers
 
 # %% auto #0
@@ -23,7 +23,7 @@ __all__ = ['ParallelState', 'copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'ga
            'VocabParallelEmbedding', 'vocab_parallel_cross_entropy', 'RNGTracker', 'seed_parallel', 'TrackedDropout',
            'SequenceParallelLayerNorm', 'ScatterToSequence', 'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv',
            'apply_tp', 'shard_weights', 'merge_weights', 'pipeline_stage', 'stage_input_shape', 'sync_tied_grads',
-           'one_f_one_b', 'DeepSpeedMPU', 'grad_norm', 'apply_recompute', 'parallelize']
+           'one_f_one_b', 'DeepSpeedMPU', 'grad_norm', 'parallelize']
 
 # %% ../nbs/08_parallel.ipynb #bbf723b2
 @dataclass
@@ -573,18 +573,10 @@ def grad_norm(model, parallel: ParallelState) -> float:
     return float(sq.sqrt())
 
 # %% ../nbs/08_parallel.ipynb #2e9ecda3
-def apply_recompute(model, recompute: str = 'none'):
-    "Recompute activations in the backward pass: 'selective' (attention's core), 'full' (every block) or 'none'"
-    if recompute not in RECOMPUTE:
-        raise ConfigError([('train.recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {recompute!r}")])
-    model.recompute = recompute
-    for block in model.blocks.values(): block.attn.recompute = recompute == 'selective'
-    return model
-
 def parallelize(model, parallel: ParallelState, recompute: str = 'none', seed: int = 1234):
     "The plain `GPT` as this rank's part of `parallel.layout`: TP random states, TP and SP, PP stage, recomputation"
     layout = parallel.layout
     if layout.world > layout.dp: model.rng_tracker = seed_parallel(seed, parallel)
     model = apply_tp(model, parallel, layout.sequence_parallel, seed)
     model = pipeline_stage(model, parallel, layout.balance)
-    return apply_recompute(model, recompute)
+    return model.set_recompute(recompute)
