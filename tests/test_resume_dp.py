@@ -91,7 +91,7 @@ def test_a_checkpoint_of_two_processes_resumes_on_one(tiny_data, two_ranks, tmp_
     assert len(list(saved.glob('*optim_states.pt'))) == (1 if zero else 0)
 
 
-@pytest.mark.parametrize('zero', [1, 3])
+@pytest.mark.parametrize('zero', [3])   # ZeRO-1's conversion is the same path, tested from two processes to one
 def test_a_checkpoint_of_one_process_resumes_on_two(tiny_data, tmp_path, zero):
     full = tmp_path / 'full'
     _one_process(tiny_data, full, zero)

@@ -84,11 +84,18 @@ def test_fast_encoder_matches_hf_on_random_text(text):
     assert tok.fast.encode_ordinary(text) == tok.hf.encode(text, add_special_tokens=False).ids
 
 
-def test_trained_tokenizer_encodes_like_hf_on_every_builtin_corpus(trained):
+@pytest.fixture(scope='module')
+def builtin_by_hf(trained):
+    "Every built-in corpus's documents, and HF's encoding of them with the trained tokenizer (computed once)"
     from gptkit.data.corpus import BUILTIN, read_documents
     texts = [d.text for d in read_documents([f'builtin:{k}' for k in BUILTIN])]
+    return texts, [e.ids for e in trained.hf.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_trained_tokenizer_encodes_like_hf_on_every_builtin_corpus(trained, builtin_by_hf):
+    texts, want = builtin_by_hf
     assert trained.fast is not None   # the probe found tiktoken equivalent
-    assert trained.encode_batch(texts) == [e.ids for e in trained.hf.encode_batch(texts, add_special_tokens=False)]
+    assert trained.encode_batch(texts) == want
 
 
 @settings(max_examples=300, deadline=None)
@@ -129,8 +136,7 @@ def _word_cache():
     return WordCache(_trained_hf())
 
 
-def test_word_cache_matches_hf_on_every_builtin_corpus(trained):
-    from gptkit.data.corpus import BUILTIN, read_documents
+def test_word_cache_matches_hf_on_every_builtin_corpus(trained, builtin_by_hf):
     from gptkit.tokenizer import WordCache
-    texts = [d.text for d in read_documents([f'builtin:{k}' for k in BUILTIN])]
-    assert [WordCache(trained.hf).encode(t) for t in texts] == [e.ids for e in trained.hf.encode_batch(texts, add_special_tokens=False)]
+    texts, want = builtin_by_hf
+    assert [WordCache(trained.hf).encode(t) for t in texts] == want
