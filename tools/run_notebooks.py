@@ -26,6 +26,24 @@ NBS = ROOT / 'nbs'
 SKIP_TAG = 'gptkit-run-notebooks-skip'   # set only while running: nbdev-clean would drop it anyway
 INLINE = 'module://matplotlib_inline.backend_inline'
 ANSI = r'\x1b\[[0-9;]*m'   # the colours of a kernel's traceback
+# stderr lines that say nothing about the chapter: DeepSpeed probing for libaio when it builds its op list, and
+# the Kineto profiler's trace markers
+NOISE = re.compile(r'^(/usr/bin/ld: cannot find -laio.*|collect2: error: ld returned 1 exit status'
+                   r'|USDT:.*SyncActivityProfilerHandler.*)$')
+
+
+def drop_noise(nb) -> None:
+    "Remove NOISE lines from the stderr outputs of notebook `nb`, and the stderr outputs left empty"
+    for cell in nb.cells:
+        if cell.cell_type != 'code': continue
+        kept = []
+        for o in cell.outputs:
+            if o.get('output_type') == 'stream' and o.get('name') == 'stderr':
+                o['text'] = ''.join(line for line in o['text'].splitlines(keepends=True)
+                                    if not NOISE.match(line.rstrip('\n')))
+                if not o['text'].strip(): continue
+            kept.append(o)
+        cell.outputs = kept
 
 
 def cells_to_run(path: Path, force_flags: list[str] = ()) -> set[int]:
@@ -57,6 +75,7 @@ def execute(path: Path, timeout: int = 600, force_flags: list[str] = ()) -> int:
         if tags and SKIP_TAG in tags:
             tags.remove(SKIP_TAG)
             if not tags: del cell.metadata['tags']
+    drop_noise(nb)
     tmp = path.with_name(path.name + '.tmp')
     nbformat.write(nb, tmp)
     tmp.replace(path)
