@@ -51,6 +51,8 @@ def estimate(
     dp: Annotated[Optional[int], Opt(
         help='Data-parallel degree [default: gpus / (tp x pp)].', rich_help_panel=LAYOUT)] = None,
     zero: Annotated[int, Opt(help='ZeRO stage 0-3.', rich_help_panel=LAYOUT)] = 0,
+    balance: Annotated[str, Opt(
+        help="Pipeline stages balanced by 'layers' (equal counts) or 'parameters'.", rich_help_panel=LAYOUT)] = 'layers',
     sequence_parallel: Annotated[bool, Opt(
         '--sequence-parallel/--no-sequence-parallel',
         help='Megatron sequence parallelism (with TP).',
@@ -89,7 +91,7 @@ def estimate(
         else: _print_search(results, note, n, device.name)
         return
     par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero,
-                         sequence_parallel=sequence_parallel, offload=offload)
+                         sequence_parallel=sequence_parallel, offload=offload, balance=balance)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
                         flash=flash)
     est = run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node)
@@ -108,7 +110,8 @@ def _print_estimate(e: Estimate, note: str):
     par, tr = e.parallel, e.train
     out.print(f'[bold]{note}[/]: {e.model.layers} layers, hidden {e.model.hidden}, {e.model.heads} heads, '
               f'sequence {e.model.seq_len}, vocabulary {e.model.vocab}')
-    out.print(f'[bold]layout[/]: {gpus} x {e.gpu.name}, tp {par.tp} pp {par.pp} dp {par.dp}, ZeRO {par.zero}'
+    stages = ' (stages by parameters)' if par.pp > 1 and par.balance == 'parameters' else ''
+    out.print(f'[bold]layout[/]: {gpus} x {e.gpu.name}, tp {par.tp} pp {par.pp}{stages} dp {par.dp}, ZeRO {par.zero}'
               f'{", sequence parallel" if par.sequence_parallel else ""}, recompute {tr.recompute}, '
               f'{"flash" if tr.flash else "unfused"} attention, {tr.precision}, micro-batch {tr.micro_batch}, '
               f'global batch {e.batch}, offload {par.offload}\n')

@@ -338,6 +338,7 @@ def train_flags(par: ParallelConfig, train: TrainConfig) -> str:
     flags = [f'--tp {par.tp}', f'--pp {par.pp}', f'--set parallel.zero={par.zero}',
              f'--set parallel.sequence_parallel={str(par.sequence_parallel).lower()}']
     if par.offload != 'none': flags.append(f'--set parallel.offload={par.offload}')
+    if par.pp > 1 and par.balance != 'layers': flags.append(f'--set parallel.balance={par.balance}')
     flags += [f'--set train.micro_batch={train.micro_batch}']
     if train.global_batch is not None: flags.append(f'--set train.global_batch={train.global_batch}')
     flags += [f'--set train.precision={train.precision}', f'--set train.recompute={train.recompute}']

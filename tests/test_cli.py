@@ -132,3 +132,17 @@ def test_quickstart(tmp_path):
     sample = Generator.from_checkpoint(tmp_path / 'qs' / 'run').complete(['And the king said unto'], Sampling(80, 0.8, 40, seed=0))[0].text
     tail = r.output[r.output.index('9. A sample from the model trained above'):]
     assert ' '.join(tail.split()).endswith(' '.join(('And the king said unto' + sample).split()))
+
+
+def test_estimate_balances_pipeline_stages_by_parameters():
+    rows = {}
+    for balance in ('layers', 'parameters'):
+        r = run('estimate', '--preset', '1.3b', '--tp', '2', '--pp', '4', '--balance', balance, '--json')
+        assert r.exit_code == 0, r.output
+        rows[balance] = json.loads(r.output)
+    even, balanced = (rows[b]['params'] for b in ('layers', 'parameters'))
+    assert max(balanced['per_stage']) < max(even['per_stage'])            # the embedding's stage gives up a layer
+    assert '--set parallel.balance=parameters' in rows['parameters']['layout']['train_flags']
+    assert 'parallel.balance' not in rows['layers']['layout']['train_flags']
+    r = run('estimate', '--preset', '1.3b', '--pp', '4', '--balance', 'flops')
+    assert r.exit_code != 0 and "--balance must be 'layers' or 'parameters', not 'flops'" in r.output
