@@ -51,8 +51,8 @@ def estimate(
     dp: Annotated[Optional[int], Opt(
         help='Data-parallel degree [default: gpus / (tp x pp)].', rich_help_panel=LAYOUT)] = None,
     zero: Annotated[int, Opt(help='ZeRO stage 0-3.', rich_help_panel=LAYOUT)] = 0,
-    balance: Annotated[str, Opt(
-        help="Pipeline stages balanced by 'layers' (equal counts) or 'parameters'.", rich_help_panel=LAYOUT)] = 'layers',
+    balance: Annotated[str, Opt(help="Pipeline stages balanced by 'layers' (equal counts) or 'parameters'.",
+                                rich_help_panel=LAYOUT)] = 'layers',
     sequence_parallel: Annotated[bool, Opt(
         '--sequence-parallel/--no-sequence-parallel',
         help='Megatron sequence parallelism (with TP).',
