@@ -6,11 +6,14 @@ count every problem."""
 # %% ../../nbs/03_corpus.ipynb #e8615476
 from __future__ import annotations
 
+import bz2
+import contextlib
 import glob
 import gzip
 import hashlib
 import io
 import json
+import lzma
 import re
 import unicodedata
 from collections import Counter
@@ -24,8 +27,9 @@ import zstandard
 from ..config import DataError
 
 # %% auto #0
-__all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'SUFFIXES', 'builtin_path', 'expand_inputs', 'Document', 'Tally', 'read_file',
-           'read_documents', 'clean_text', 'Deduper', 'repair_text']
+__all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'COMPRESSIONS', 'TEXT_FORMATS', 'FORMATS', 'SUFFIXES', 'ACCEPTED',
+           'builtin_path', 'expand_inputs', 'Document', 'Tally', 'input_format', 'read_file', 'read_documents',
+           'clean_text', 'Deduper', 'repair_text']
 
 # %% ../../nbs/03_corpus.ipynb #f9051583
 BUILTIN = {
@@ -46,24 +50,52 @@ def builtin_path(name: str) -> Path:
     return Path(str(files('gptkit').joinpath('assets', 'corpora', BUILTIN[name][0])))
 
 # %% ../../nbs/03_corpus.ipynb #163ad4f1
-SUFFIXES = ('.txt', '.txt.gz', '.txt.zst', '.jsonl', '.jsonl.gz', '.jsonl.zst', '.json', '.json.gz', '.json.zst')
+COMPRESSIONS = ('.gz', '.zst', '.bz2', '.xz')
+TEXT_FORMATS = {'.txt': 'txt', '.jsonl': 'jsonl', '.json': 'jsonl', '.xml': 'mediawiki'}
+FORMATS = ('jsonl', 'txt', 'parquet', 'arrow', 'mediawiki')   # what `fmt` (--format) can name
+SUFFIXES = tuple(b + c for b in TEXT_FORMATS for c in ('', *COMPRESSIONS)) + ('.parquet', '.arrow')
+ACCEPTED = ('.txt, .jsonl, .json or .xml (each also .gz, .zst, .bz2 or .xz), .parquet, .arrow, Hugging Face '
+            'save_to_disk folders, or any name with --format ' + '|'.join(FORMATS))
 
 def _kind(path: Path) -> str | None:
     name = path.name.lower()
     return next((s for s in SUFFIXES if name.endswith(s)), None)
 
-def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    "Files named by `inputs`: files, directories (recursively, known suffixes only), globs, builtin:NAME"
+def _hf_files(d: Path) -> list[Path] | None:
+    "The data files of a Hugging Face `save_to_disk` folder, in order (its state.json lists them), or None"
+    if not ((d / 'state.json').is_file() and (d / 'dataset_info.json').is_file()): return None
+    try: return [d / f['filename'] for f in json.loads((d / 'state.json').read_text())['_data_files']]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f'{d / "state.json"}: not a Hugging Face save_to_disk state '
+                        f'({type(e).__name__}: {e})') from None
+
+def _expand_dir(p: Path, fmt: str) -> list[Path]:
+    "A directory's input files: known suffixes (or, with a format named, every visible file) and save_to_disk data"
+    files = sorted(f for f in p.rglob('*') if f.is_file())
+    hf = {f.parent: set(_hf_files(f.parent)) for f in files if f.name == 'state.json' and _hf_files(f.parent)}
+    keep = lambda f: (f in hf[f.parent] if f.parent in hf else f.name != 'dataset_dict.json' and
+                      (_kind(f) if fmt == 'auto' else not f.name.startswith('.')))
+    found = [f for f in files if keep(f)]
+    if not found:
+        visible = [f for f in files if not f.name.startswith('.')]
+        raise DataError(f'{p}: the directory holds {len(files)} files but none with a name gptkit reads'
+                        f'{" (such as " + visible[0].name + ")" if visible else ""}; name their format with --format '
+                        f'{"|".join(FORMATS)}, or use {ACCEPTED.split(", or")[0]}')
+    return found
+
+def expand_inputs(inputs: Iterable[str | Path], fmt: str = 'auto') -> list[Path]:
+    "Files named by `inputs` (files, directories, globs, builtin:NAME), each checked to be readable as `fmt`"
     out = []
     for spec in inputs:
         s = str(spec)
         if s.startswith('builtin:'): out.append(builtin_path(s[len('builtin:'):])); continue
         p = Path(s)
-        if p.is_dir(): found = sorted(f for f in p.rglob('*') if f.is_file() and _kind(f))
+        if p.is_dir(): found = _expand_dir(p, fmt)
         elif p.exists(): found = [p]
         else: found = sorted(Path(f) for f in glob.glob(s, recursive=True) if Path(f).is_file())
         if not found: raise DataError(f'{s}: no such file, directory or matching file')
         out.extend(found)
+    for p in out: input_format(p, fmt)   # refuse unknown or binary input before any work starts
     return out
 
 # %% ../../nbs/03_corpus.ipynb #51bea273
@@ -84,6 +116,7 @@ class Tally:
     input_bytes: int = 0            # bytes of the input files consumed so far, as stored (compressed or not)
     problems: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
+    inputs: dict = field(default_factory=dict)   # input file -> Counter of its documents and problems by reason
 
     def problem(self, reason: str, source, line: int = 0, detail: str = ''):
         "Count one problem; in strict mode raise it naming the file and line"
@@ -91,20 +124,23 @@ class Tally:
         what = f'{where}: {reason.replace("_", " ")}{": " + detail if detail else ""}'
         if self.strict: raise DataError(f'{what} (--strict)')
         self.problems[reason] += 1
+        self.inputs.setdefault(str(source), Counter())[reason] += 1
         if len(self.examples) < self.keep_examples: self.examples.append(what)
 
     def merge(self, other: 'Tally'):
         self.documents += other.documents; self.bytes += other.bytes; self.problems.update(other.problems)
+        for src, counts in other.inputs.items(): self.inputs.setdefault(src, Counter()).update(counts)
         self.examples.extend(other.examples[: max(0, self.keep_examples - len(self.examples))])
 
 # %% ../../nbs/03_corpus.ipynb #7c47ac22
-def _open_binary(path: Path):
+def _open_binary(path: Path, compression: str | None = None):
     "(decompressed binary stream, raw file) for `path`; the raw file's position measures progress"
-    name = path.name.lower()
     f = open(path, 'rb')
-    if name.endswith('.gz'): return gzip.GzipFile(fileobj=f), f
-    if name.endswith('.zst'):
+    if compression == '.gz': return gzip.GzipFile(fileobj=f), f
+    if compression == '.zst':
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, closefd=True)), f
+    if compression == '.bz2': return bz2.BZ2File(f), f
+    if compression == '.xz': return lzma.LZMAFile(f), f
     return f, f
 
 def _decode(raw: bytes, tally: Tally, source, line: int) -> str:
@@ -147,34 +183,160 @@ def _read_txt(stream, path: Path, split: str, tally: Tally) -> Iterator[Document
         yield Document(_decode(b''.join(block), tally, path, start), str(path), start)
     if not any_text: tally.problem('empty_file', path)
 
-# %% ../../nbs/03_corpus.ipynb #5356bff8
-def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str = 'file') -> Iterator[Document]:
-    "Documents of one file; problems go to `tally`, an unreadable file is counted and skipped"
-    kind = _kind(path) or '.txt'
-    done = tally.input_bytes
+# %% ../../nbs/03_corpus.ipynb #833c2c86
+_PACKED = {b'\x1f\x8b': '.gz', b'\x28\xb5\x2f\xfd': '.zst', b'\xfd7zXZ\x00': '.xz'}
+_BINARY = {b'PAR1': 'a Parquet file', b'ARROW1': 'an Arrow IPC file', b'\xff\xff\xff\xff': 'an Arrow IPC stream',
+           b'PK\x03\x04': 'a zip archive', b'\x89PNG': 'a PNG image', b'\xff\xd8\xff': 'a JPEG image',
+           b'GIF8': 'a GIF image', b'%PDF': 'a PDF document', b'\x7fELF': 'an executable',
+           b'MMIDIDX': 'a Megatron index'}
+_READ_ERRORS = (OSError, EOFError, ValueError, lzma.LZMAError, zstandard.ZstdError)
+
+def _compression(path: Path, head: bytes) -> str | None:
+    "The compression the name says, else the one the first bytes say"
+    name = path.name.lower()
+    named = next((c for c in COMPRESSIONS if name.endswith(c)), None)
+    if named: return named
+    if head[:3] == b'BZh' and head[3:4].isdigit() and head[4:10] == b'1AY&SY': return '.bz2'
+    return next((c for m, c in _PACKED.items() if head.startswith(m)), None)
+
+def _looks_binary(head: bytes) -> str | None:
+    "What the first bytes are if they are not text, else None"
+    what = next((w for m, w in _BINARY.items() if head.startswith(m)), None)
+    if what is None and _compression(Path(''), head): what = 'compressed data'
+    return what or ('binary data (NUL bytes in the first KiB)' if b'\x00' in head else None)
+
+def input_format(path: Path, fmt: str = 'auto') -> str:
+    "The format `path` is read as (the one asked, else what its name or first bytes say); DataError if none fits"
+    if fmt != 'auto' and fmt not in FORMATS:
+        raise DataError(f"--format must be 'auto' or one of {', '.join(FORMATS)}, not {fmt!r}")
+    named = _strip(path)                        # '.jsonl' for 'a.jsonl.bz2', '' for a name gptkit does not know
+    kind = fmt if fmt != 'auto' else TEXT_FORMATS.get(named) or named[1:] or None
     try:
-        stream, raw = _open_binary(path)
-        with stream, raw:
-            docs = (_read_txt(stream, path, txt_split, tally) if kind.startswith('.txt')
-                    else _read_jsonl(stream, path, text_key, tally))
+        with open(path, 'rb') as f: head = f.read(1024)
+    except OSError: return kind or 'txt'        # gone or unreadable: counted when it is read
+    if kind is None:   # the name does not say: only self-describing formats are recognised
+        if head.startswith(b'PAR1'): return 'parquet'
+        if head.startswith((b'ARROW1', b'\xff\xff\xff\xff')): return 'arrow'
+        what = _looks_binary(head)
+        raise DataError(f'{path}: {"its content is " + what + " and " if what else ""}its name does not say its format '
+                        f'(accepted: {ACCEPTED})')
+    magic = {'parquet': (b'PAR1',), 'arrow': (b'ARROW1', b'\xff\xff\xff\xff')}.get(kind)
+    if magic:
+        if head and not head.startswith(magic):
+            what = _looks_binary(head) or 'text'
+            raise DataError(f'{path}: its content is {what}, not {kind} (accepted: {ACCEPTED})')
+        return kind
+    if (comp := _compression(path, head)):      # look at the text inside
+        try:
+            stream, raw = _open_binary(path, comp)
+            with stream, raw: head = stream.read(1024)
+        except _READ_ERRORS: return kind        # damaged: counted when it is read
+    if (what := _looks_binary(head)):
+        expected = 'text' if kind == 'txt' else kind
+        raise DataError(f'{path}: its content is {what}, not {expected} (accepted: {ACCEPTED})')
+    return kind
+
+def _strip(path: Path) -> str:
+    "The text suffix under any compression suffix: '.jsonl' for 'a.jsonl.bz2'"
+    k = _kind(path) or ''
+    return next((k[:-len(c)] for c in COMPRESSIONS if k.endswith(c)), k)
+
+# %% ../../nbs/03_corpus.ipynb #a425bbc4
+def _rows(batches, names: list, path: Path, text_key: str, tally: Tally) -> Iterator[Document]:
+    "One document per row of column `text_key` of each batch (Parquet row groups, Arrow record batches)"
+    if text_key not in names:
+        columns = ', '.join(names) or 'none'
+        tally.problem('missing_text_key', path, 0, f'no column {text_key!r}; its columns are {columns}')
+        return
+    import pyarrow as pa
+    row = 0
+    for batch in batches:
+        col = batch.column(text_key)
+        is_text = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+        values = col.to_pylist() if is_text else [None] * len(col)
+        for v in values:
+            row += 1
+            if isinstance(v, str): yield Document(v, str(path), row)
+            else:
+                tally.problem('not_a_string', path, row, f'column {text_key!r} holds {"null" if is_text else col.type}')
+    if not row: tally.problem('empty_file', path)
+
+def _read_parquet(path: Path, text_key: str, tally: Tally, seen: list) -> Iterator[Document]:
+    "A Parquet file, one row group at a time, reading only the text column"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try: pf = pq.ParquetFile(path)   # reads the footer only
+    except (pa.ArrowException, OSError) as e:
+        with open(path, 'rb') as f: f.seek(max(0, path.stat().st_size - 4)); whole = f.read() == b'PAR1'
+        tally.problem('unreadable_file' if whole else 'truncated_file', path, 0, f'{type(e).__name__}: {e}'); return
+    size, n = path.stat().st_size, pf.num_row_groups
+    def groups():
+        for i in range(n):
+            yield pf.read_row_group(i, columns=[text_key])
+            seen[0] = size * (i + 1) // n
+    yield from _rows(groups(), pf.schema_arrow.names, path, text_key, tally)
+
+def _read_arrow(path: Path, text_key: str, tally: Tally, seen: list) -> Iterator[Document]:
+    "An Arrow IPC file or stream (what Hugging Face `save_to_disk` writes), one record batch at a time"
+    import pyarrow as pa
+    with pa.memory_map(str(path)) as src:
+        file_format = src.read(6) == b'ARROW1'; src.seek(0)
+        reader = pa.ipc.open_file(src) if file_format else pa.ipc.open_stream(src)
+        def batches():
+            if file_format:
+                n = reader.num_record_batches
+                for i in range(n): yield reader.get_batch(i); seen[0] = src.size() * (i + 1) // n
+            else:
+                for b in reader: yield b; seen[0] = src.tell()
+        yield from _rows(batches(), reader.schema.names, path, text_key, tally)
+
+def _read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
+    "A MediaWiki XML dump, article by article (gptkit.data.mediawiki)"
+    from gptkit.data.mediawiki import read_mediawiki
+    return read_mediawiki(stream, path, tally)
+
+# %% ../../nbs/03_corpus.ipynb #5356bff8
+def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str = 'file',
+              fmt: str = 'auto') -> Iterator[Document]:
+    "Documents of one file read as `fmt` (auto: by name and content); problems go to `tally`, damage is counted"
+    done, seen = tally.input_bytes, [0]
+    counts = tally.inputs.setdefault(str(path), Counter())
+    errors = _READ_ERRORS
+    try:
+        kind = input_format(path, fmt)
+        with contextlib.ExitStack() as stack:
+            if kind in ('parquet', 'arrow'):
+                import pyarrow as pa
+                errors += (pa.ArrowException,)
+                docs = (_read_parquet if kind == 'parquet' else _read_arrow)(path, text_key, tally, seen)
+                tell = lambda: seen[0]
+            else:
+                with open(path, 'rb') as f: head = f.read(16)
+                stream, raw = _open_binary(path, _compression(path, head))
+                stack.enter_context(raw); stack.enter_context(stream)
+                docs = (_read_txt(stream, path, txt_split, tally) if kind == 'txt'
+                        else _read_mediawiki(stream, path, tally) if kind == 'mediawiki'
+                        else _read_jsonl(stream, path, text_key, tally))
+                tell = raw.tell
             for doc in docs:
-                tally.documents += 1
+                tally.documents += 1; counts['documents'] += 1
                 tally.bytes += len(doc.text.encode('utf-8'))
-                tally.input_bytes = done + raw.tell()
+                tally.input_bytes = done + tell()
                 yield doc
     except DataError: raise
-    except (OSError, EOFError, ValueError, zstandard.ZstdError) as e:   # missing, permission denied, corrupt gzip/zstd
-        tally.problem('unreadable_file', path, 0, f'{type(e).__name__}: {e}')
+    except errors as e:   # missing, permission denied, corrupt or truncated compression, damaged Parquet/Arrow
+        tally.problem('truncated_file' if isinstance(e, EOFError) else 'unreadable_file', path, 0,
+                      f'{type(e).__name__}: {e}')
     tally.input_bytes = done + (path.stat().st_size if path.is_file() else 0)
 
 def read_documents(inputs: Iterable[str | Path], tally: Tally | None = None, text_key: str = 'text',
-                   txt_split: str = 'file') -> Iterator[Document]:
-    "Stream every document named by `inputs` (files, directories, globs, builtin:NAME)"
+                   txt_split: str = 'file', fmt: str = 'auto') -> Iterator[Document]:
+    "Stream every document named by `inputs` (files, directories, globs, builtin:NAME), all checked first"
     tally = tally if tally is not None else Tally()
     if txt_split not in ('file', 'blank-line'):
         raise DataError(f"txt_split must be 'file' or 'blank-line', not {txt_split!r}")
-    for path in expand_inputs(inputs):
-        yield from read_file(path, tally, text_key, txt_split)
+    for path in expand_inputs(inputs, fmt):
+        yield from read_file(path, tally, text_key, txt_split, fmt)
 
 # %% ../../nbs/03_corpus.ipynb #78e468ac
 _CONTROL = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u200b\ufeff]')
