@@ -104,3 +104,31 @@ def corpora():
                 else ' [dim](held out)[/]' if f'builtin:{name}' == HELD_OUT else '')
         t.add_row(f'builtin:{name}', f'{builtin_path(name).stat().st_size / 2**20:.2f} MiB', what + role)
     out.print(t)
+
+
+@data_app.command()
+@handles_errors
+def merge(
+    input: Annotated[list[str], Opt('--input', '-i', help='Dataset prefix, .bin/.idx file or folder of them, merged '
+                                                          'in the order given (repeat for more).')],
+    output_prefix: Annotated[str, Opt(help='Writes PREFIX.bin/.idx.')],
+):
+    """Join indexed datasets into one, byte for byte as Megatron's tools/merge_datasets.py."""
+    from gptkit.data.indexed import merge_datasets
+    with Progress(TextColumn('[bold]merging'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
+                  TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
+                  console=out, transient=True) as bar:
+        task = bar.add_task('', total=None)
+        update = lambda p: bar.update(task, total=p.total or None, completed=p.bytes,
+                                      description=f'{p.datasets:,} datasets, {p.bytes / 2**20:,.1f} MB, '
+                                                  f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
+        res = merge_datasets(input, output_prefix, update)
+    t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t.add_column(style='cyan'); t.add_column(justify='right')
+    t.add_row('datasets merged', f'{res.datasets:,}')
+    t.add_row('documents written', f'{res.documents:,}')
+    t.add_row('sequences written', f'{res.sequences:,}')
+    t.add_row('tokens written', f'{res.tokens:,} ({res.dtype})')
+    t.add_row('bytes written', f'{res.bytes / 2**20:,.2f} MB')
+    t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s)')
+    out.print(t)

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ..config import DataError
 
 # %% auto #0
-__all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'token_dtype', 'data_paths', 'IndexedWriter', 'IndexedDataset']
+__all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'token_dtype', 'data_paths', 'IndexedWriter', 'IndexedDataset',
+           'MergeProgress', 'MergeResult', 'merge_datasets']
 
 # %% ../../nbs/04_indexed.ipynb #07921973
 MAGIC = b'MMIDIDX\x00\x00'
@@ -157,3 +161,116 @@ class IndexedDataset:
     def __repr__(self):
         return (f'IndexedDataset({str(self.bin_path)[:-4]!r}: {self.num_documents:,} documents, '
                 f'{self.num_tokens:,} tokens of {self.dtype})')
+
+# %% ../../nbs/04_indexed.ipynb #4f02b629
+def _dataset_prefixes(inputs) -> list[Path]:
+    "Each input as a dataset prefix; a folder gives its .bin/.idx pairs in sorted order"
+    prefixes = []
+    for inp in map(Path, inputs):
+        if inp.is_dir():
+            found = sorted({p.with_suffix('') for p in inp.iterdir() if p.suffix in ('.bin', '.idx') and p.is_file()})
+            if not found: raise DataError(f'{inp}: the folder holds no .bin/.idx dataset')
+            prefixes.extend(found)
+        else: prefixes.append(inp.with_suffix('') if inp.suffix in ('.bin', '.idx') and inp.is_file() else inp)
+    return prefixes
+
+# %% ../../nbs/04_indexed.ipynb #eb05f22c
+@dataclass(frozen=True)
+class MergeProgress:
+    "A merge progress event: datasets finished and .bin bytes copied so far, of the total, and seconds"
+    datasets: int
+    bytes: int
+    total: int
+    seconds: float
+
+@dataclass
+class MergeResult:
+    "What `merge_datasets` wrote"
+    prefix: str
+    datasets: int      # inputs merged
+    documents: int
+    sequences: int
+    tokens: int
+    dtype: np.dtype
+    bytes: int         # .bin and .idx together
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float: return self.bytes / 2**20 / max(self.seconds, 1e-9)
+
+# %% ../../nbs/04_indexed.ipynb #e39a2834
+def _copy_bytes(src, dst, n: int, chunk: int):
+    "Copy `n` bytes from open file `src` to `dst`, `chunk` at a time, yielding the count of each"
+    buf = memoryview(bytearray(max(1, min(chunk, n))))
+    while n:
+        got = src.readinto(buf[:min(len(buf), n)])
+        if not got: raise DataError(f'{src.name}: ended {n:,} bytes early (did it change during the merge?)')
+        dst.write(buf[:got])
+        n -= got
+        yield got
+
+# %% ../../nbs/04_indexed.ipynb #ae477066
+def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merged in this order
+                   output_prefix: str | Path, # writes OUTPUT_PREFIX.bin and .idx
+                   progress: Callable[[MergeProgress], None] | None = None, # called after each chunk copied
+                   chunk_bytes: int = 64 * 2**20, # bytes held in memory at a time
+                  ) -> MergeResult:
+    "Concatenate indexed datasets into one, the bytes Megatron's tools/merge_datasets.py writes"
+    t0 = time.perf_counter()
+    prefixes = _dataset_prefixes(inputs)
+    if not prefixes: raise DataError('nothing to merge: give at least one dataset prefix')
+    heads = []   # (sequences, document-index entries, dtype, .bin bytes) of each input, all checked before writing
+    for p in prefixes:
+        ds = IndexedDataset(p)
+        heads.append((len(ds), ds.num_documents + 1, ds.dtype, ds.bin_path.stat().st_size))
+        del ds
+    dtype = heads[0][2]
+    for p, (*_, dt, _) in zip(prefixes, heads):
+        if dt != dtype: raise DataError(f'{p} holds {dt} tokens but {prefixes[0]} holds {dtype}: '
+                                        'only datasets of one dtype (one tokenizer) can be merged')
+    bin_path, idx_path = data_paths(output_prefix)
+    if {bin_path.resolve(), idx_path.resolve()} & {q.resolve() for p in prefixes for q in data_paths(p)}:
+        raise DataError(f'{output_prefix}: the output prefix is also an input; write the merge to a new prefix')
+    n_all, d_all = sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads)
+    total = sum(h[3] for h in heads)
+    step = max(1, chunk_bytes // 8)   # index entries per chunk
+    bin_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_bin, tmp_idx = (p.with_name(p.name + '.tmp') for p in (bin_path, idx_path))
+    copied = 0                                  # .bin bytes copied so far
+    base, seqs = 0, 0                           # .bin bytes and sequences of the inputs before this one
+    docs_at = HEADER.size + 12 * n_all + 8      # where the next document-index entry goes
+    report = lambda k: progress and progress(MergeProgress(k, copied, total, time.perf_counter() - t0))
+    try:
+        with open(tmp_bin, 'wb') as fb, open(tmp_idx, 'wb') as fi:
+            fi.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], n_all, d_all))
+            fi.seek(docs_at - 8); fi.write(bytes(8))   # the document index's one leading 0
+            for k, (p, (n, d, _, size)) in enumerate(zip(prefixes, heads)):
+                ds = IndexedDataset(p)
+                if (len(ds), ds.num_documents + 1) != (n, d):
+                    raise DataError(f'{ds.idx_path}: changed during the merge')
+                for i in range(0, n, step):   # lengths as they are; pointers recomputed from them, as Megatron does
+                    part = ds.sequence_lengths[i:i + step]
+                    ends = np.cumsum(part, dtype=np.int64) * dtype.itemsize + base
+                    fi.seek(HEADER.size + 4 * (seqs + i)); fi.write(part.tobytes())
+                    fi.seek(HEADER.size + 4 * n_all + 8 * (seqs + i))
+                    fi.write((ends - part.astype(np.int64) * dtype.itemsize).tobytes())
+                    base = int(ends[-1])
+                fi.seek(docs_at)
+                for i in range(1, d, step): fi.write((ds.document_indices[i:i + step] + seqs).tobytes())
+                docs_at, seqs = docs_at + 8 * (d - 1), seqs + n
+                bin_file = ds.bin_path
+                del ds
+                with open(bin_file, 'rb') as src:
+                    for got in _copy_bytes(src, fb, size, chunk_bytes):
+                        copied += got
+                        report(k)
+                report(k + 1)
+            fi.truncate(HEADER.size + 12 * n_all + 8 * d_all)
+    except BaseException:
+        for t in (tmp_bin, tmp_idx): t.unlink(missing_ok=True)
+        raise
+    idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
+    _fsync_replace(tmp_bin, bin_path)
+    _fsync_replace(tmp_idx, idx_path)
+    return MergeResult(str(output_prefix), len(prefixes), d_all - 1, n_all, total // dtype.itemsize, dtype,
+                       total + idx_path.stat().st_size, time.perf_counter() - t0)
