@@ -213,7 +213,7 @@ def _copy_bytes(src, dst, n: int, chunk: int):
 def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merged in this order
                    output_prefix: str | Path, # writes OUTPUT_PREFIX.bin and .idx
                    progress: Callable[[MergeProgress], None] | None = None, # called after each chunk copied
-                   chunk_bytes: int = 64 * 2**20, # bytes held in memory at a time
+                   chunk_bytes: int = 2**20, # bytes held in memory at a time (1 MiB copied faster than 64 MiB)
                   ) -> MergeResult:
     "Concatenate indexed datasets into one, the bytes Megatron's tools/merge_datasets.py writes"
     t0 = time.perf_counter()
