@@ -30,11 +30,15 @@ def prepare(
     clean: Annotated[bool, Opt('--clean/--no-clean', help='NFC, \\n line ends, no control characters.')] = True,
     fix_unicode: Annotated[bool, Opt('--fix-unicode', help='Also repair mojibake with ftfy (slower).')] = False,
     strict: Annotated[bool, Opt('--strict', help='Stop at the first bad input, naming file and line.')] = False,
+    format: Annotated[str, Opt(help="Read every input as jsonl|txt|parquet|arrow|mediawiki (for names that do not "
+                                    "say, like wikiextractor's wiki_00); auto: by name and content.")] = 'auto',
+    shard: Annotated[str, Opt(help='I/N: prepare only the I-th of N slices of the input files (N parallel runs, '
+                                   'then gptkit data merge).')] = '',
 ):
     """Tokenize text into a Megatron indexed dataset (.bin/.idx)."""
     from gptkit.data.prepare import PrepareConfig, prepare as run
     cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
-                        dedupe, clean, fix_unicode, strict)
+                        dedupe, clean, fix_unicode, strict, format=format, shard=shard)
     with Progress(TextColumn('[bold]preparing'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
                   TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
                   console=out, transient=True) as bar:

@@ -59,3 +59,53 @@ def test_prepare_fix_unicode(tmp_path):
 def test_list_builtin_corpora():
     r = run('data', 'corpora')
     assert r.exit_code == 0 and 'builtin:shakespeare' in r.output and 'builtin:wikipedia' in r.output and 'held out' in r.output
+
+
+def test_prepare_that_writes_nothing_exits_1_with_every_inputs_counts(tmp_path):
+    (tmp_path / 'a.jsonl').write_text('{"body": "x"}\nnot json\n')
+    (tmp_path / 'b.jsonl').write_text('\n')
+    r = run('data', 'prepare', '-i', tmp_path / 'a.jsonl', '-i', tmp_path / 'b.jsonl', '--output-prefix', tmp_path / 'out')
+    text = ' '.join(r.output.split())
+    assert r.exit_code == 1, r.output
+    assert 'no document written' in text and 'a.jsonl: 0 documents read, 1 invalid json, 1 missing text key' in text
+    assert 'b.jsonl: 0 documents read, 1 empty file' in text and 'Traceback' not in r.output
+    assert not list(tmp_path.glob('out*'))
+
+
+def test_prepare_refuses_binary_input_before_tokenizing(tmp_path):
+    (tmp_path / 'ok.jsonl').write_text('{"text": "fine"}\n')
+    (tmp_path / 'model.bin').write_bytes(bytes(range(256)))
+    r = run('data', 'prepare', '-i', tmp_path / 'ok.jsonl', '-i', tmp_path / 'model.bin', '--output-prefix', tmp_path / 'out')
+    text = ' '.join(r.output.split())
+    assert r.exit_code == 1 and 'model.bin: its content is binary data' in text and '.parquet' in text
+    assert not list(tmp_path.glob('out*'))
+
+
+def test_prepare_format_for_a_wikiextractor_folder_and_parquet_text_key(tmp_path):
+    pa, pq = __import__('pyarrow'), __import__('pyarrow.parquet').parquet
+    (tmp_path / 'text' / 'AA').mkdir(parents=True)
+    for i in range(3):
+        (tmp_path / 'text' / 'AA' / f'wiki_0{i}').write_text(json.dumps({'id': str(i), 'text': f'Article number {i}.'}) + '\n')
+    r = run('data', 'prepare', '-i', tmp_path / 'text', '--output-prefix', tmp_path / 'w')
+    assert r.exit_code == 1 and 'wiki_00' in r.output and '--format' in r.output
+    r = run('data', 'prepare', '-i', tmp_path / 'text', '--format', 'jsonl', '--output-prefix', tmp_path / 'w')
+    assert r.exit_code == 0, r.output
+    from gptkit.data.indexed import IndexedDataset
+    assert IndexedDataset(tmp_path / 'w_text_document').num_documents == 3
+    pq.write_table(pa.table({'content': ['one', 'two'], 'id': [1, 2]}), tmp_path / 'p.parquet')
+    r = run('data', 'prepare', '-i', tmp_path / 'p.parquet', '--text-key', 'content', '--output-prefix', tmp_path / 'p')
+    assert r.exit_code == 0, r.output
+    assert IndexedDataset(tmp_path / 'p_content_document').num_documents == 2
+    r = run('data', 'prepare', '-i', tmp_path / 'p.parquet', '--output-prefix', tmp_path / 'q')
+    assert r.exit_code == 1 and "no column 'text'; its columns are content, id" in ' '.join(r.output.split())
+
+
+def test_prepare_shards_and_bad_shard(tmp_path):
+    for k in range(4): (tmp_path / f'{k}.jsonl').write_text(json.dumps({'text': f'shard file {k}'}) + '\n')
+    for i in (1, 2):
+        r = run('data', 'prepare', '-i', tmp_path, '--shard', f'{i}/2', '--output-prefix', tmp_path / f's{i}')
+        assert r.exit_code == 0, r.output
+    from gptkit.data.indexed import IndexedDataset
+    assert [IndexedDataset(tmp_path / f's{i}_text_document').num_documents for i in (1, 2)] == [2, 2]
+    r = run('data', 'prepare', '-i', tmp_path, '--shard', '3/2', '--output-prefix', tmp_path / 'x')
+    assert r.exit_code in (1, 2) and '--shard must be I/N' in r.output

@@ -51,3 +51,43 @@ def test_encode_write_read_decode_returns_the_cleaned_text(tmp_path):
     ds, tok = IndexedDataset(res.prefix), gpt2()
     assert [tok.decode(ds.document(j)[:-1]) for j in range(ds.num_documents)] == [clean_text(t) for t in raw]
     assert all(ds.document(j)[-1] == tok.eod for j in range(ds.num_documents))
+
+
+def test_refusal_comes_before_the_tokenizer_loads(tmp_path, monkeypatch):
+    import gptkit.tokenizer
+    from gptkit.config import DataError
+    monkeypatch.setattr(gptkit.tokenizer, 'load', lambda name: pytest.fail('the tokenizer loaded before the check'))
+    (tmp_path / 'a.jsonl').write_text('{"text": "fine"}\n')
+    (tmp_path / 'a.txt').write_bytes(b'PK\x03\x04' + bytes(30))
+    with pytest.raises(DataError, match=r'a\.txt: its content is a zip archive, not text \(accepted: '):
+        prepare(PrepareConfig((str(tmp_path / 'a.jsonl'), str(tmp_path / 'a.txt')), str(tmp_path / 'out')))
+
+
+def test_shards_together_equal_one_run(tmp_path):
+    from gptkit.data.prepare import shard_inputs
+    texts = [d.text for d in read_documents(['builtin:milton'])]
+    for k, t in enumerate(texts): (tmp_path / f'in{k:02d}.jsonl').write_text(json.dumps({'text': t}) + '\n' + json.dumps({'text': t[:99]}) + '\n')
+    spec = str(tmp_path / 'in*.jsonl')
+    whole = IndexedDataset(prepare(PrepareConfig((spec,), str(tmp_path / 'whole'))).prefix)
+    parts, seen = [], []
+    for i in range(1, 4):
+        res = prepare(PrepareConfig((spec,), str(tmp_path / f'part{i}'), shard=f'{i}/3'))
+        ds = IndexedDataset(res.prefix)
+        parts += [ds.document(j).tolist() for j in range(ds.num_documents)]
+        seen += list(res.tally.inputs)
+    assert parts == [whole.document(j).tolist() for j in range(whole.num_documents)]
+    assert seen == sorted(str(p) for p in tmp_path.glob('in*.jsonl'))   # each file in exactly one shard, in order
+    sizes = [sum(p.stat().st_size for p in shard_inputs(sorted(tmp_path.glob('in*.jsonl')), f'{i}/3')) for i in (1, 2, 3)]
+    assert max(sizes) <= 2 * sum(sizes) / 3   # cut by bytes, not by file count
+
+
+def test_prepare_reads_parquet_like_jsonl(tmp_path):
+    pa, pq = pytest.importorskip('pyarrow'), pytest.importorskip('pyarrow.parquet')
+    texts = [d.text for d in read_documents(['builtin:kjv'])][:200]
+    (tmp_path / 'k.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in texts))
+    pq.write_table(pa.table({'text': texts}), tmp_path / 'k.parquet', row_group_size=64)
+    a = prepare(PrepareConfig((str(tmp_path / 'k.jsonl'),), str(tmp_path / 'j')))
+    b = prepare(PrepareConfig((str(tmp_path / 'k.parquet'),), str(tmp_path / 'p')))
+    for suffix in ('.bin', '.idx'):
+        assert (tmp_path / ('j_text_document' + suffix)).read_bytes() == (tmp_path / ('p_text_document' + suffix)).read_bytes()
+    assert (a.documents, b.tally.inputs[str(tmp_path / 'k.parquet')]['documents']) == (200, 200)

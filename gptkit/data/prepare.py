@@ -10,14 +10,15 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import check
-from .corpus import Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
+from ..config import DataError, check
+from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
 from .indexed import IndexedWriter, token_dtype
 
 # %% auto #0
-__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'prepare']
+__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'shard_inputs', 'prepare']
 
 # %% ../../nbs/05_prepare.ipynb #d78a3d93
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class PrepareConfig:
     fix_unicode: bool = False        # also undo mojibake with ftfy (slower)
     strict: bool = False             # the first bad input is an error naming file and line
     batch_bytes: int = 1 << 20       # text per tokenizer batch
+    format: str = 'auto'             # read every input as one of FORMATS; 'auto': as its name and content say
+    shard: str = ''                  # 'I/N': prepare only the I-th (1-based) of N slices of the input files
 
     def problems(self):
         out = []
@@ -46,10 +49,20 @@ class PrepareConfig:
             out.append(('min_tokens', f'{{key}} must be 0 or more, not {self.min_tokens!r}'))
         if self.txt_split not in ('file', 'blank-line'):
             out.append(('txt_split', f"{{key}} must be 'file' or 'blank-line', not {self.txt_split!r}"))
+        if self.format != 'auto' and self.format not in FORMATS:
+            out.append(('format', f"{{key}} must be 'auto' or one of {', '.join(FORMATS)}, not {self.format!r}"))
+        if self.shard and _shard(self.shard) is None:
+            out.append(('shard', f"{{key}} must be I/N with 1 <= I <= N, like '1/4', not {self.shard!r}"))
         return out
 
     @property
     def prefix(self) -> str: return f'{self.output_prefix}_{self.text_key}_document'
+
+def _shard(s: str) -> tuple[int, int] | None:
+    "(I, N) of 'I/N', or None if it is not one"
+    i, _, n = str(s).partition('/')
+    ok = i.strip().isdigit() and n.strip().isdigit() and 1 <= int(i) <= int(n)
+    return (int(i), int(n)) if ok else None
 
 # %% ../../nbs/05_prepare.ipynb #fdd01a6d
 @dataclass
@@ -77,6 +90,15 @@ class Progress:
     input_bytes: int = 0    # input files consumed, as stored on disk
     input_total: int = 0    # total size of the input files
 
+# %% ../../nbs/05_prepare.ipynb #406fd43c
+def _nothing_written(result: PrepareResult) -> DataError:
+    "The error for a run that wrote no document: every input's counts, and what the filters dropped"
+    words = lambda c: ''.join(f', {n:,} {k.replace("_", " ")}' for k, n in sorted(c.items()) if k != 'documents')
+    per = '; '.join(f'{src}: {c["documents"]:,} documents read{words(c)}' for src, c in result.tally.inputs.items())
+    dropped = f'; the filters dropped{words(result.dropped)[1:]}' if result.dropped else ''
+    first = f'; first problems: {"; ".join(result.tally.examples)}' if result.tally.examples else ''
+    return DataError(f'{result.prefix}: no document written, so no .bin/.idx (per input: {per}{dropped}{first})')
+
 # %% ../../nbs/05_prepare.ipynb #d7fa5959
 def _batches(docs: Iterable[Document], batch_bytes: int):
     batch, size = [], 0
@@ -95,11 +117,28 @@ def _filtered(docs: Iterable[Document], cfg: PrepareConfig, dropped: Counter):
         if dedupe and dedupe.seen(d.text): dropped['duplicate'] += 1; continue
         yield d
 
+# %% ../../nbs/05_prepare.ipynb #84a7e175
+def shard_inputs(paths: list[Path], shard: str) -> list[Path]:
+    "The I-th of N contiguous slices of `paths` ('I/N'), cut so each holds about 1/N of the bytes"
+    i, n = _shard(shard)
+    sizes = [p.stat().st_size for p in paths]
+    weights = sizes if sum(sizes) else [1] * len(paths)
+    total, start, out = sum(weights), 0, []
+    for p, w in zip(paths, weights):
+        if (2 * start + w) * n // (2 * total) == i - 1: out.append(p)   # the slice holding the file's middle byte
+        start += w
+    if not out:
+        raise DataError(f'--shard {shard}: this slice holds no file, because the {len(paths)} input files cannot '
+                        f'be cut into {n} slices of similar size; use fewer shards or split the files')
+    return out
+
 # %% ../../nbs/05_prepare.ipynb #c73686cd
 def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = None,
             every: float = 0.5) -> PrepareResult:
     "Tokenize `cfg.inputs` into a Megatron .bin/.idx pair; returns counts and timings"
     check(cfg.problems())
+    paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
+    if cfg.shard: paths = shard_inputs(paths, cfg.shard)
     os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
     os.environ.setdefault('TOKENIZERS_PARALLELISM', 'true')
     from gptkit.tokenizer import load
@@ -107,10 +146,9 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     tally = Tally(strict=cfg.strict)
     result = PrepareResult(cfg.prefix, tally)
     start = last = time.perf_counter()
-    paths = expand_inputs(cfg.inputs)
     total = sum(p.stat().st_size for p in paths if p.is_file())
     event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
-    docs = _filtered(read_documents(paths, tally, cfg.text_key, cfg.txt_split), cfg, result.dropped)
+    docs = _filtered(read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format), cfg, result.dropped)
     with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
         for batch in _batches(docs, cfg.batch_bytes):
             for ids in tok.encode_batch(batch, cfg.workers):
@@ -121,6 +159,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
             now = time.perf_counter()
             if progress and now - last >= every:
                 progress(event(now - start)); last = now
+        if not result.documents: raise _nothing_written(result)   # leaves no .bin/.idx behind
     result.seconds = time.perf_counter() - start
     if progress: progress(event(result.seconds))
     return result
