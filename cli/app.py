@@ -15,7 +15,10 @@ from gptkit.config import ConfigError, GptkitError
 Inputs = Annotated[List[str], typer.Option('--input', '-i',
                                            help='File, directory, glob or builtin:NAME (repeat for more).')]
 TokenizerName = Annotated[str, typer.Option(help="'gpt2' or a tokenizer directory.")]
-TextKey = Annotated[str, typer.Option(help='JSON Lines field holding the text.')]
+TextKey = Annotated[str, typer.Option(help='JSON Lines field or Parquet/Arrow column holding the text.')]
+InputFormat = Annotated[str, typer.Option('--format', help="Read every input as jsonl|txt|parquet|arrow|mediawiki (for "
+                                          "names that do not say, like wikiextractor's wiki_00); auto: by name and "
+                                          "content.")]
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

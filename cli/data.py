@@ -7,7 +7,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gptkit_cli.app import Inputs, TextKey, TokenizerName, app, handles_errors, out
+from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
 
 data_app = typer.Typer(help='Prepare and inspect tokenized datasets (Megatron .bin/.idx).', no_args_is_help=True)
 app.add_typer(data_app, name='data')
@@ -30,8 +30,7 @@ def prepare(
     clean: Annotated[bool, Opt('--clean/--no-clean', help='NFC, \\n line ends, no control characters.')] = True,
     fix_unicode: Annotated[bool, Opt('--fix-unicode', help='Also repair mojibake with ftfy (slower).')] = False,
     strict: Annotated[bool, Opt('--strict', help='Stop at the first bad input, naming file and line.')] = False,
-    format: Annotated[str, Opt(help="Read every input as jsonl|txt|parquet|arrow|mediawiki (for names that do not "
-                                    "say, like wikiextractor's wiki_00); auto: by name and content.")] = 'auto',
+    format: InputFormat = 'auto',
     shard: Annotated[str, Opt(help='I/N: prepare only the I-th of N slices of the input files (N parallel runs, '
                                    'then gptkit data merge).')] = '',
 ):

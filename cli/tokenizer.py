@@ -5,7 +5,7 @@ from typing import Annotated
 
 import typer
 
-from gptkit_cli.app import Inputs, TextKey, TokenizerName, app, handles_errors, out
+from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
 
 tok_app = typer.Typer(help='Train and use byte-level BPE tokenizers.', no_args_is_help=True)
 app.add_typer(tok_app, name='tokenizer')
@@ -21,6 +21,7 @@ def train(
     min_frequency: Annotated[int, Opt(help='Merge pairs seen at least this often.')] = 2,
     held_out: Annotated[str, Opt(help='Text to measure bytes per token on.')] = 'builtin:wikipedia',
     text_key: TextKey = 'text',
+    format: InputFormat = 'auto',
 ):
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
     import time
@@ -29,7 +30,7 @@ def train(
 
     from gptkit.data.corpus import Tally, clean_text, expand_inputs, read_documents
     from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
-    tally, paths = Tally(), expand_inputs(input)
+    tally, paths = Tally(), expand_inputs(input, format)
     total = sum(p.stat().st_size for p in paths)
     start = time.perf_counter()
     with Progress(TextColumn('[bold]reading and counting pairs'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
@@ -37,7 +38,7 @@ def train(
                   console=out, transient=True) as bar:
         task = bar.add_task('', total=total)
         def docs():
-            for d in read_documents(paths, tally, text_key):
+            for d in read_documents(paths, tally, text_key, fmt=format):
                 bar.update(task, completed=tally.input_bytes,
                            description=f'{tally.documents:,} docs, {tally.bytes / 2**20:.1f} MB')
                 yield clean_text(d.text)

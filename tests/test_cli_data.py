@@ -48,6 +48,16 @@ def test_tokenizer_commands(tmp_path):
     assert r.exit_code == 2 and '--vocab-size must be at least 257' in r.output
 
 
+def test_tokenizer_train_reads_names_that_do_not_say_with_format(tmp_path):
+    (tmp_path / 'notes.md').write_text('To be, or not to be, that is the question.\n' * 200)
+    r = run('tokenizer', 'train', '-i', tmp_path / 'notes.md', '--vocab-size', '300', '--output', tmp_path / 'tok')
+    assert r.exit_code == 1 and 'notes.md' in r.output and '--format' in r.output and 'Traceback' not in r.output
+    r = run('tokenizer', 'train', '-i', tmp_path / 'notes.md', '--format', 'txt', '--vocab-size', '300',
+            '--output', tmp_path / 'tok')
+    assert r.exit_code == 0, r.output
+    assert 'trained on 1 documents' in r.output
+
+
 def test_prepare_fix_unicode(tmp_path):
     (tmp_path / 'm.jsonl').write_text(json.dumps({'text': 'cafÃ© doesnÃ¢â‚¬â„¢t'}) + '\n')
     assert run('data', 'prepare', '-i', tmp_path / 'm.jsonl', '--output-prefix', tmp_path / 'o', '--fix-unicode').exit_code == 0
