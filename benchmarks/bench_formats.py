@@ -1,0 +1,206 @@
+"""Input formats and encoding speed of `gptkit data prepare`, each against a peer measured in the same run (issue 14).
+
+1. Parquet against the same documents as JSON Lines (goal >= 0.9x), and whether the .bin/.idx bytes are identical.
+2. prepare of the JSON Lines file against the tokenizer's raw batch encode of the same texts already in memory
+   (HF tokenizers' encode_batch, Rust on all cores, and gptkit's own Tokenizer.encode_batch; goal >= 0.8x).
+3. prepare with 1, 2 (and os.cpu_count(), if more) workers: MB/s, speed-up and MB/s per core.
+4. A MediaWiki dump (.xml.bz2) to .bin/.idx against wikiextractor 3.0.6's extraction alone (run under a Python
+   < 3.11, as tests/test_mediawiki.py finds it). Megatron's tools/preprocess_data.py is not installed here, so
+   the printed ratio is a lower bound of the issue's (wikiextractor, then preprocess_data.py; goal >= 3x).
+
+Inputs: the built-in corpora (gptkit/assets/corpora/*.jsonl.gz) repeated to 30 MB x --scale, written as JSON Lines
+and as Parquet (pyarrow, --row-group rows per row group); the pages of tests/data/mediawiki/enwiki-sample-*.xml.bz2
+repeated with distinct titles and ids to 12 MB x --scale of XML, compressed as one bz2 stream. Every prepare runs
+in this process with GPT-2's tokenizer and the default cleaning; times are wall clock around each call.
+
+    .venv/bin/python benchmarks/bench_formats.py
+    .venv/bin/python benchmarks/bench_formats.py --scale 4 --workers 8
+"""
+from __future__ import annotations
+
+import argparse
+import bz2
+import gzip
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKI = ROOT / 'tests' / 'data' / 'mediawiki' / 'enwiki-sample-pages-articles.xml.bz2'
+
+
+def make_jsonl(folder: Path, target: int) -> tuple[Path, list[str]]:
+    "The built-in corpora's documents, taken in turn until `target` bytes of JSON Lines"
+    from gptkit.tokenizer import asset
+    lines = [line for p in sorted(asset('corpora').glob('*.jsonl.gz'))
+             for line in gzip.decompress(p.read_bytes()).splitlines(keepends=True) if line.strip()]
+    out, size, i = [], 0, 0
+    while size < target:
+        out.append(lines[i % len(lines)]); size += len(lines[i % len(lines)]); i += 1
+    path = folder / 'docs.jsonl'
+    path.write_bytes(b''.join(out))
+    return path, [json.loads(line)['text'] for line in out]
+
+
+def make_parquet(folder: Path, texts: list[str], row_group: int) -> tuple[Path, int]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = folder / 'docs.parquet'
+    pq.write_table(pa.table({'text': texts}), path, row_group_size=row_group)
+    return path, pq.ParquetFile(path).num_row_groups
+
+
+def make_dump(folder: Path, target: int) -> tuple[Path, int, int]:
+    "The sample dump's pages repeated (titles and page ids made distinct) until `target` bytes of XML, as .xml.bz2"
+    xml = bz2.decompress(WIKI.read_bytes()).decode('utf-8')
+    head, rest = xml.split('  <page>', 1)
+    pages, tail = ('  <page>' + rest).rsplit('  </page>\n', 1)
+    pages += '  </page>\n'
+    parts, size, k = [head], len(head), 0
+    while size < target:
+        page = pages if k == 0 else re.sub(r'<title>(.*?)</title>', rf'<title>\1 ({k})</title>', pages)
+        page = re.sub(r'\n    <id>(\d+)</id>', lambda m: f'\n    <id>{int(m[1]) + k * 10**7}</id>', page)
+        parts.append(page); size += len(page); k += 1
+    parts.append(tail)
+    raw = ''.join(parts).encode('utf-8')
+    path = folder / 'enwiki-repeated-pages-articles.xml.bz2'
+    path.write_bytes(bz2.compress(raw))
+    return path, len(raw), raw.count(b'<page>')
+
+
+def run_prepare(inputs: Path, prefix: Path, workers: int, fmt: str = 'auto'):
+    "gptkit's prepare in this process: (seconds, result)"
+    from gptkit.data.prepare import PrepareConfig, prepare
+    t = time.perf_counter()
+    r = prepare(PrepareConfig(inputs=(str(inputs),), output_prefix=str(prefix), workers=workers, format=fmt))
+    return time.perf_counter() - t, r
+
+
+def same(a: str, b: str) -> bool:
+    return all(Path(a + s).read_bytes() == Path(b + s).read_bytes() for s in ('.bin', '.idx'))
+
+
+def batches(texts: list[str], batch_bytes: int = 1 << 20):
+    "The texts in batches of about `batch_bytes` characters, as prepare batches them"
+    batch, n = [], 0
+    for t in texts:
+        batch.append(t); n += len(t)
+        if n >= batch_bytes: yield batch; batch, n = [], 0
+    if batch: yield batch
+
+
+def raw_encode(texts: list[str], cores: int) -> tuple[float, int, float, int]:
+    "HF tokenizers' encode_batch and gptkit's Tokenizer.encode_batch on the texts in memory: seconds and tokens"
+    from gptkit.tokenizer import load
+    os.environ['RAYON_NUM_THREADS'] = str(cores)   # HF's thread pool reads it when it starts (on first use)
+    os.environ['TOKENIZERS_PARALLELISM'] = 'true'
+    tok = load('gpt2')
+    tok.hf.encode_batch(['warm up'], add_special_tokens=False); tok.encode_batch(['warm up'], cores)
+    t = time.perf_counter()
+    hf_tokens = sum(len(e.ids) for b in batches(texts) for e in tok.hf.encode_batch(b, add_special_tokens=False))
+    hf = time.perf_counter() - t
+    t = time.perf_counter()
+    own_tokens = sum(len(ids) for b in batches(texts) for ids in tok.encode_batch(b, cores))
+    return hf, hf_tokens, time.perf_counter() - t, own_tokens
+
+
+def old_python() -> str | None:
+    "An interpreter older than 3.11 (wikiextractor 3.0.6's regular expressions fail to compile on 3.11)"
+    for cand in ['python3.10', 'python3.9', *sorted(map(str, Path.home().glob('.pyenv/versions/3.1[0]*/bin/python3')))]:
+        try:
+            if subprocess.run([cand, '-c', 'import sys; assert sys.version_info < (3, 11)'],
+                              capture_output=True).returncode == 0: return cand
+        except OSError: continue
+    return None
+
+
+def wikiextractor(dump: Path, out: Path, processes: int) -> tuple[float, int, int] | str:
+    "wikiextractor 3.0.6 --json on the dump: (seconds, records written, records with text), or why it cannot run"
+    spec, py = importlib.util.find_spec('wikiextractor'), old_python()
+    if spec is None: return 'wikiextractor is not installed in this venv (dev requirement)'
+    if py is None: return 'no Python < 3.11 found to run wikiextractor 3.0.6'
+    site = str(Path(spec.submodule_search_locations[0]).parent)
+    t = time.perf_counter()
+    cmd = [py, '-m', 'wikiextractor.WikiExtractor', '--json', '--processes', str(processes), '-q',
+           '-o', str(out), str(dump)]
+    r = subprocess.run(cmd, env={**os.environ, 'PYTHONPATH': site}, capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if r.returncode: raise SystemExit(f'wikiextractor failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
+    texts = [json.loads(line)['text'] for f in out.rglob('wiki_*') for line in f.read_bytes().splitlines()]
+    return seconds, len(texts), sum(1 for t in texts if t.strip())   # it writes redirects as records without text
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--scale', type=float, default=1.0, help='input sizes times this (30 MB of text, 12 MB of XML)')
+    ap.add_argument('--workers', type=int, default=os.cpu_count(), help='workers of prepare (parts 1, 2 and 4)')
+    ap.add_argument('--row-group', type=int, default=2048, help='Parquet rows per row group')
+    args = ap.parse_args()
+    cores = os.cpu_count()
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        jsonl, texts = make_jsonl(d, int(30 * 2**20 * args.scale))
+        parquet, groups = make_parquet(d, texts, args.row_group)
+        mb = jsonl.stat().st_size / 2**20
+        pq_mb = parquet.stat().st_size / 2**20
+        print(f'input: {mb:.1f} MB of JSON Lines, {len(texts):,} documents; Parquet {pq_mb:.1f} MB in {groups} '
+              f'row groups of {args.row_group} rows;\n{cores} cores (load average before: {os.getloadavg()[0]:.2f}), '
+              f'GPT-2 tokenizer, prepare --workers {args.workers}')
+        warm = d / 'warm.jsonl'
+        warm.write_bytes(b''.join(jsonl.read_bytes().splitlines(keepends=True)[:50]))
+        run_prepare(warm, d / 'warm', args.workers)   # imports and first builds, not timed
+
+        print('\n1. Parquet against the same documents as JSON Lines')
+        tj, rj = run_prepare(jsonl, d / 'jsonl', args.workers)
+        tp, rp = run_prepare(parquet, d / 'parquet', args.workers)
+        for name, t, r in (('JSON Lines', tj, rj), ('Parquet', tp, rp)):
+            print(f'   prepare {name + ":":11} {t:6.2f} s  {mb / t:6.1f} MB/s  {r.documents:,} documents  '
+                  f'{r.tokens:,} tokens')
+        print(f'   ratio Parquet / JSON Lines: {tj / tp:.2f}x (goal >= 0.9x); '
+              f'same .bin/.idx bytes: {same(rj.prefix, rp.prefix)}  (MB/s: of the JSON Lines size)')
+
+        print(f'\n2. prepare against the raw batch encode of the same texts (in memory, {cores} threads)')
+        text_mb = sum(len(t.encode('utf-8')) for t in texts) / 2**20
+        hf, hf_tokens, own, own_tokens = raw_encode(texts, cores)
+        print(f'   HF tokenizers encode_batch:     {hf:6.2f} s  {text_mb / hf:6.1f} MB/s  {hf_tokens:,} tokens')
+        print(f'   gptkit Tokenizer.encode_batch:  {own:6.2f} s  {text_mb / own:6.1f} MB/s  {own_tokens:,} tokens')
+        print(f'   prepare JSON Lines (part 1):    {tj:6.2f} s  {text_mb / tj:6.1f} MB/s  '
+              f'{rj.tokens - rj.documents:,} tokens + {rj.documents:,} end-of-document')
+        print(f'   ratio prepare / HF encode_batch: {hf / tj:.2f}x; prepare / Tokenizer.encode_batch: {own / tj:.2f}x '
+              f'(goal >= 0.8x)\n   (MB/s: of the {text_mb:.1f} MB of UTF-8 text; prepare reads, cleans, encodes, '
+              f'writes it)')
+
+        print('\n3. prepare of the JSON Lines with more workers (encoding scales with cores)')
+        counts = sorted({1, 2, cores})
+        times = {w: tj if w == args.workers else run_prepare(jsonl, d / f'w{w}', w)[0] for w in counts}
+        for w in counts:
+            print(f'   --workers {w:<3}: {times[w]:6.2f} s  {mb / times[w]:6.1f} MB/s  '
+                  f'speed-up {times[1] / times[w]:.2f}x  {mb / times[w] / min(w, cores):5.1f} MB/s per core')
+
+        print('\n4. a MediaWiki dump to .bin/.idx against wikiextractor 3.0.6')
+        dump, xml_size, pages = make_dump(d, int(12 * 2**20 * args.scale))
+        xml_mb = xml_size / 2**20
+        print(f'   dump: {dump.stat().st_size / 2**20:.2f} MB .xml.bz2 (one bz2 stream; repeats compress better '
+              f'than a real dump), {xml_mb:.1f} MB of XML, {pages:,} pages')
+        tw, rw = run_prepare(dump, d / 'wiki', args.workers)
+        print(f'   gptkit prepare (extract + tokenize + write), --workers {args.workers}: {tw:6.2f} s  '
+              f'{xml_mb / tw:6.1f} MB/s of XML  {rw.documents:,} articles  {rw.tokens:,} tokens')
+        peer = wikiextractor(dump, d / 'wikiextractor', args.workers)
+        if isinstance(peer, str):
+            print(f'   wikiextractor skipped: {peer}')
+        else:
+            te, records, articles = peer
+            print(f'   wikiextractor --json --processes {args.workers} (extract only): {te:6.2f} s  '
+                  f'{xml_mb / te:6.1f} MB/s of XML  {records:,} records, {articles:,} with text')
+            print(f'   ratio gptkit / wikiextractor alone (speed): {te / tw:.2f}x. A lower bound of the issue\'s '
+                  f'ratio (goal >= 3x),\n   whose peer adds Megatron\'s preprocess_data.py (not installed here) '
+                  f'to the extraction')
+
+
+if __name__ == '__main__':
+    main()
