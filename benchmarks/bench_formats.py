@@ -21,16 +21,18 @@ from __future__ import annotations
 import argparse
 import bz2
 import gzip
-import importlib.util
 import json
 import os
 import re
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tools'))
+from peers import wikiextractor  # noqa: E402
+
 WIKI = ROOT / 'tests' / 'data' / 'mediawiki' / 'enwiki-sample-pages-articles.xml.bz2'
 
 
@@ -109,27 +111,12 @@ def raw_encode(texts: list[str], cores: int) -> tuple[float, int, float, int]:
     return hf, hf_tokens, time.perf_counter() - t, own_tokens
 
 
-def old_python() -> str | None:
-    "An interpreter older than 3.11 (wikiextractor 3.0.6's regular expressions fail to compile on 3.11)"
-    for cand in ['python3.10', 'python3.9', *sorted(map(str, Path.home().glob('.pyenv/versions/3.1[0]*/bin/python3')))]:
-        try:
-            if subprocess.run([cand, '-c', 'import sys; assert sys.version_info < (3, 11)'],
-                              capture_output=True).returncode == 0: return cand
-        except OSError: continue
-    return None
-
-
-def wikiextractor(dump: Path, out: Path, processes: int) -> tuple[float, int, int] | str:
+def run_wikiextractor(dump: Path, out: Path, processes: int) -> tuple[float, int, int] | str:
     "wikiextractor 3.0.6 --json on the dump: (seconds, records written, records with text), or why it cannot run"
-    spec, py = importlib.util.find_spec('wikiextractor'), old_python()
-    if spec is None: return 'wikiextractor is not installed in this venv (dev requirement)'
-    if py is None: return 'no Python < 3.11 found to run wikiextractor 3.0.6'
-    site = str(Path(spec.submodule_search_locations[0]).parent)
     t = time.perf_counter()
-    cmd = [py, '-m', 'wikiextractor.WikiExtractor', '--json', '--processes', str(processes), '-q',
-           '-o', str(out), str(dump)]
-    r = subprocess.run(cmd, env={**os.environ, 'PYTHONPATH': site}, capture_output=True, text=True)
+    r = wikiextractor(dump, out, processes)
     seconds = time.perf_counter() - t
+    if isinstance(r, str): return r
     if r.returncode: raise SystemExit(f'wikiextractor failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
     texts = [json.loads(line)['text'] for f in out.rglob('wiki_*') for line in f.read_bytes().splitlines()]
     return seconds, len(texts), sum(1 for t in texts if t.strip())   # it writes redirects as records without text
@@ -190,7 +177,7 @@ def main():
         tw, rw = run_prepare(dump, d / 'wiki', args.workers)
         print(f'   gptkit prepare (extract + tokenize + write), --workers {args.workers}: {tw:6.2f} s  '
               f'{xml_mb / tw:6.1f} MB/s of XML  {rw.documents:,} articles  {rw.tokens:,} tokens')
-        peer = wikiextractor(dump, d / 'wikiextractor', args.workers)
+        peer = run_wikiextractor(dump, d / 'wikiextractor', args.workers)
         if isinstance(peer, str):
             print(f'   wikiextractor skipped: {peer}')
         else:

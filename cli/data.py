@@ -14,6 +14,13 @@ app.add_typer(data_app, name='data')
 Opt = typer.Option
 
 
+def _bar(label: str) -> Progress:
+    "A transient progress bar: percent of the input, a description, elapsed time and ETA"
+    return Progress(TextColumn(f'[bold]{label}'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
+                    TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
+                    console=out, transient=True)
+
+
 @data_app.command()
 @handles_errors
 def prepare(
@@ -38,9 +45,7 @@ def prepare(
     from gptkit.data.prepare import PrepareConfig, prepare as run
     cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
                         dedupe, clean, fix_unicode, strict, format=format, shard=shard)
-    with Progress(TextColumn('[bold]preparing'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
-                  TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
-                  console=out, transient=True) as bar:
+    with _bar('preparing') as bar:
         task = bar.add_task('', total=None)
         update = lambda p: bar.update(task, total=p.input_total or None, completed=p.input_bytes,
                                       description=f'{p.documents:,} docs, {p.bytes / 2**20:,.1f} MB, {p.tokens:,} '
@@ -118,9 +123,7 @@ def merge(
 ):
     """Join indexed datasets into one, byte for byte as Megatron's tools/merge_datasets.py."""
     from gptkit.data.indexed import merge_datasets
-    with Progress(TextColumn('[bold]merging'), BarColumn(), TextColumn('{task.percentage:>3.0f}%'),
-                  TextColumn('{task.description}'), TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(),
-                  console=out, transient=True) as bar:
+    with _bar('merging') as bar:
         task = bar.add_task('', total=None)
         update = lambda p: bar.update(task, total=p.total or None, completed=p.bytes,
                                       description=f'{p.datasets:,} datasets, {p.bytes / 2**20:,.1f} MB, '

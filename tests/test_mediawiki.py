@@ -1,10 +1,9 @@
 "MediaWiki XML dumps read as clean article text (gptkit.data.mediawiki), against the shipped enwiki/bgwiki samples"
 import bz2
-import importlib.util
 import io
 import json
 import re
-import subprocess
+import sys
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -14,6 +13,9 @@ import pytest
 from gptkit.config import DataError
 from gptkit.data.corpus import Tally
 from gptkit.data.mediawiki import clean_wikitext, read_mediawiki
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
+from peers import wikiextractor  # noqa: E402
 
 DATA = Path(__file__).parent / 'data' / 'mediawiki'
 EN = DATA / 'enwiki-sample-pages-articles.xml.bz2'
@@ -85,22 +87,10 @@ def test_bounded_memory():
     assert peak < 2_000_000, peak          # ~2.5 MB of XML read holding about one page at a time
 
 
-def _old_python():
-    "An interpreter older than 3.11 (wikiextractor 3.0.6's regular expressions fail to compile on 3.11)"
-    for cand in ['python3.10', 'python3.9', *sorted(map(str, Path.home().glob('.pyenv/versions/3.1[0]*/bin/python3')))]:
-        try:
-            if subprocess.run([cand, '-c', 'import sys; assert sys.version_info < (3, 11)'],
-                              capture_output=True).returncode == 0: return cand
-        except OSError: continue
-
-
 def test_against_wikiextractor(tmp_path):
-    spec = importlib.util.find_spec('wikiextractor')
-    py = _old_python()
-    if spec is None or py is None: pytest.skip('wikiextractor (dev requirement) and a Python < 3.11 to run it are needed')
-    site = str(Path(spec.submodule_search_locations[0]).parent)
-    subprocess.run([py, '-m', 'wikiextractor.WikiExtractor', '--json', '--processes', '1', '-q', '-o', str(tmp_path),
-                    str(EN)], env={'PYTHONPATH': site}, check=True, capture_output=True)
+    r = wikiextractor(EN, tmp_path)
+    if isinstance(r, str): pytest.skip(r)
+    assert r.returncode == 0, r.stderr[-2000:]
     theirs = {}
     for f in tmp_path.rglob('wiki_*'):
         for line in f.read_text().splitlines():
