@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 # %% auto #0
 __all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'GptkitError',
            'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
-           'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'DataConfig', 'RunConfig',
-           'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic', 'save_config']
+           'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig',
+           'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -391,13 +391,37 @@ class OptimConfig:
     @property
     def floor(self) -> float: return self.lr / 10 if self.min_lr is None else self.min_lr
 
+# %% ../nbs/00_config.ipynb #1ee016f5
+def parse_blend(text: str | None, key: str = 'prefix') -> tuple[tuple[str, ...], tuple[float, ...] | None] | None:
+    "Megatron's --data-path: one PREFIX -> ((PREFIX,), None); 'W1 P1 W2 P2 ...' -> ((P1, P2, ...), (W1, W2, ...))"
+    if text is None or not str(text).strip(): return None
+    items = str(text).split()
+    def number(s):
+        try: return float(s)
+        except ValueError: return None
+    if len(items) == 1 or number(items[0]) is None: return (str(text),), None   # a plain prefix, spaces and all
+    bad = lambda why: ConfigError([(key, f"{{key}} must be one PREFIX or weight-prefix pairs like '0.3 A 0.7 B' "
+                                         f"(positive weights); {why} in {text!r}")])
+    if len(items) % 2: raise bad(f'{len(items)} items are not pairs')
+    weights, prefixes = items[0::2], tuple(items[1::2])
+    for w in weights:
+        if number(w) is None: raise bad(f'weight {w!r} is not a number')
+        if not math.isfinite(number(w)) or number(w) <= 0: raise bad(f'weight {w!r} is not positive')
+    return prefixes, tuple(number(w) for w in weights)
+
+
 # %% ../nbs/00_config.ipynb #ab6bd5f1
+_PER_SPLIT = ('train_prefix', 'valid_prefix', 'test_prefix')
+
 @dataclass(frozen=True)
 class DataConfig:
-    "The tokenized dataset and the tokenizer it was made with"
-    prefix: str | None = None      # PREFIX of PREFIX.bin / PREFIX.idx (`gptkit data prepare` writes them)
+    "The tokenized dataset (or a weighted blend of several) and the tokenizer it was made with"
+    prefix: str | None = None      # PREFIX of PREFIX.bin / PREFIX.idx (`gptkit data prepare`), or a blend 'W1 P1 W2 P2'
     tokenizer: str | None = None   # a tokenizer folder (`gptkit tokenizer train`) or 'gpt2'
-    split: str = '949,50,1'        # Megatron's train,valid,test weights over documents
+    split: str = '949,50,1'        # Megatron's train,valid,test weights over the documents of each dataset
+    train_prefix: str | None = None  # the train split's own prefix or blend (instead of prefix and split)
+    valid_prefix: str | None = None  # the validation split's (none: no evaluation)
+    test_prefix: str | None = None   # the test split's (none: no test)
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -407,7 +431,25 @@ class DataConfig:
         if not weights or len(weights) > 3 or any(w < 0 for w in weights) or not weights[0] > 0:
             out.append(('split', f"{{key}} must be up to three weights like '949,50,1' with a positive first one, "
                                  f"not {self.split!r}"))
+        for k in ('prefix', *_PER_SPLIT):
+            try: parse_blend(getattr(self, k), k)
+            except ConfigError as e: out += e.problems
+        if self.prefix and any(getattr(self, k) for k in _PER_SPLIT):
+            out.append(('prefix', '{key} cannot be combined with data.train_prefix, data.valid_prefix or '
+                                  'data.test_prefix: give one blend split by data.split, or one blend per split'))
+        elif not self.train_prefix and (self.valid_prefix or self.test_prefix):
+            out.append(('train_prefix', '{key} must be set when data.valid_prefix or data.test_prefix is'))
         return out
+
+    @property
+    def per_split(self) -> bool: return bool(self.train_prefix or self.valid_prefix or self.test_prefix)
+
+    def blend(self, name: str) -> tuple[str, tuple, tuple | None] | None:
+        "(key, prefixes, weights) that split `name` ('train', 'valid', 'test') is drawn from; None for no data"
+        key = f'{name}_prefix' if self.per_split else 'prefix'
+        b = parse_blend(getattr(self, key), key)
+        return None if b is None else (f'data.{key}', *b)
+
 
 # %% ../nbs/00_config.ipynb #08994896
 SECTIONS = ('model', 'data', 'parallel', 'train', 'optim')

@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'TrainingError', 'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard',
-           'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'tokenizer_vocab',
-           'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due',
-           'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
+           'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan',
+           'tokenizer_vocab', 'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due',
+           'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss',
+           'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -268,42 +269,100 @@ def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where
     return s / n
 
 # %% ../nbs/11_train.ipynb #341a2afc
-def _split(prefix: str, cfg: RunConfig, name: str, num_samples: int, rank: int):
-    "The GPTSamples of one split (rank 0 builds the index cache first), or None for an empty valid/test split"
+def _split_sizes(cfg: RunConfig) -> dict[str, int]:
+    "Samples each split is built for: every step's global batch for train, `eval_iters` batches for valid and test"
+    plan = cfg.plan
+    n_eval = cfg.train.eval_iters * plan.global_batch
+    return {'train': max(plan.iters * plan.global_batch, 1), 'valid': n_eval, 'test': n_eval}
+
+def _source(cfg: RunConfig, name: str) -> tuple | None:
+    "(prefixes, weights, split string or None for a per-split blend) of split `name`; None: no data for it"
+    from gptkit.data.indexed import IndexedDataset
+    from gptkit.data.samples import split_ranges
+    blend = cfg.data.blend(name)
+    if blend is None or (name != 'train' and not _split_sizes(cfg)[name]): return None
+    _, prefixes, weights = blend
+    if cfg.data.per_split: return prefixes, weights, None
+    if name != 'train':                          # a valid/test share that rounds to nothing in every dataset
+        ranges = [split_ranges(cfg.data.split, len(IndexedDataset(p))).get(name) for p in prefixes]
+        if all(r is None or r[1] <= r[0] for r in ranges): return None
+    return prefixes, weights, cfg.data.split
+
+def data_plan(cfg: RunConfig) -> dict[str, list]:
+    "Each split's datasets with their weight, samples drawn and epochs (`BlendPart`s), from the .idx files alone"
+    from gptkit.data.samples import plan_split
+    out = {}
+    for name, n in _split_sizes(cfg).items():
+        src = _source(cfg, name)
+        if src is not None: out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
+    return out
+
+def _split(cfg: RunConfig, name: str, rank: int):
+    "The samples of one split, in Megatron's order (rank 0 builds the index caches first); None: no valid/test data"
     import torch.distributed as dist
 
-    from gptkit.data.indexed import IndexedDataset
-    from gptkit.data.samples import GPTSamples, SampleSpec, split_ranges
-    lo_hi = split_ranges(cfg.data.split, len(IndexedDataset(prefix))).get(name)
-    if name != 'train' and (lo_hi is None or lo_hi[1] <= lo_hi[0]):
-        if rank == 0:
-            log.warning('%s: the %s split of %r is empty; %s evaluation is skipped', prefix, name, cfg.data.split, name)
+    from gptkit.data.samples import split_samples
+    src = _source(cfg, name)
+    if src is None:
+        blend = cfg.data.blend(name)
+        if rank == 0 and blend is not None and _split_sizes(cfg)[name]:
+            log.warning('%s: the %s split of %r is empty; %s evaluation is skipped', ' '.join(blend[1]), name,
+                        cfg.data.split, name)
         return None
-    spec = SampleSpec(split=cfg.data.split, name=name, num_samples=num_samples, seq_len=cfg.model.seq_len,
-                      seed=cfg.train.seed)
-    if rank == 0: samples = GPTSamples(prefix, spec)
+    prefixes, weights, split = src
+    build = lambda: split_samples(prefixes, weights, name, _split_sizes(cfg)[name], cfg.model.seq_len,
+                                  cfg.train.seed, split)
+    if rank == 0: samples = build()
     if dist.is_initialized(): dist.barrier()
-    return GPTSamples(prefix, spec) if rank != 0 else samples
+    return build() if rank != 0 else samples
+
+def _where(cfg: RunConfig, name: str) -> str:
+    "The data of split `name` as the run names it, for messages"
+    b = cfg.data.blend(name)
+    return cfg.data.prefix or (b and getattr(cfg.data, b[0].split('.')[1])) or 'data'
+
 
 # %% ../nbs/11_train.ipynb #fc4e1309
 def _setup_data(cfg: RunConfig):
-    "(tokenizer, data prefix, vocab), checking that both exist"
+    "The tokenizer, after checking that it and every dataset of every split's blend exist"
     from gptkit.data.indexed import data_paths
+    from gptkit.data.samples import SPLITS
     from gptkit.tokenizer import load
     problems = []
-    if not cfg.data.prefix:
+    if not cfg.data.prefix and not cfg.data.train_prefix:
         problems.append(('data.prefix',
                          '{key} is not set: give the PREFIX of PREFIX.bin/.idx from gptkit data prepare'))
     if not cfg.data.tokenizer:
         problems.append(('data.tokenizer',
                          "{key} is not set: give the tokenizer folder the data was prepared with, or 'gpt2'"))
     if problems: raise ConfigError(problems)
-    for p in data_paths(cfg.data.prefix):
-        if not p.is_file():
-            raise DataError(f'{p}: no such file; data.prefix must name the PREFIX of PREFIX.bin/.idx '
-                            'written by gptkit data prepare')
+    for name in SPLITS:
+        key, prefixes, _ = cfg.data.blend(name) or (None, (), None)
+        for p in (p for prefix in prefixes for p in data_paths(prefix)):
+            if not p.is_file():
+                raise DataError(f'{p}: no such file; {key} must name the PREFIX of PREFIX.bin/.idx '
+                                'written by gptkit data prepare' + (' in each of its pairs' if _ else ''))
     tok = load(cfg.data.tokenizer)
     return tok
+
+def _blends(data) -> dict:
+    "What each split trains or evaluates on: its prefixes and normalized weights"
+    from gptkit.data.samples import SPLITS
+    out = {}
+    for name in SPLITS:
+        b = data.blend(name)
+        if b is not None: out[name] = (b[1], None if b[2] is None else tuple(w / sum(b[2]) for w in b[2]))
+    return {'split': None if data.per_split else data.split, **out}
+
+def _check_same_data(cfg: RunConfig, resume_from: Path):
+    "Refuse to continue a checkpoint on another blend than the one it was trained on"
+    old = ckpt.read_config(resume_from).data
+    if _blends(old) == _blends(cfg.data): return
+    show = lambda d: '; '.join(f'{k} {getattr(d, k)!r}' for k in ('prefix', 'train_prefix', 'valid_prefix',
+                                                                   'test_prefix', 'split') if getattr(d, k))
+    raise DataError(f'{resume_from} was trained on {show(old)}, not {show(cfg.data)}: resuming on another blend '
+                    'would not continue the same run; resume with the same data settings or train into a new --out')
+
 
 # %% ../nbs/11_train.ipynb #26e46c74
 def _check_precision(cfg: RunConfig):
@@ -430,9 +489,11 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's
     device = device_type()
     _check_precision(cfg)
+    data_plan(cfg)                                       # every split of every dataset holds data
     check_fits(cfg, device, force)
     out = Path(cfg.out)
     resume_from = _resume_from(out / 'checkpoints', resume)
+    if resume_from is not None: _check_same_data(cfg, resume_from)
     if rank == 0: _write_run_folder(cfg, tok, out)
 
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
@@ -445,9 +506,7 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     engine, ds = build_engine(cfg, model, plan, ds_override, mpu)
     if rank == 0: (out / 'ds_config.json').write_text(json.dumps(ds, indent=2))
 
-    n_eval = cfg.train.eval_iters * plan.global_batch
-    train_set = _split(cfg.data.prefix, cfg, 'train', max(plan.iters * plan.global_batch, 1), rank)
-    valid = _split(cfg.data.prefix, cfg, 'valid', n_eval, rank) if n_eval else None
+    train_set, valid = _split(cfg, 'train', rank), _split(cfg, 'valid', rank)
     callbacks = list(callbacks) + [MetricsFile(), TensorBoard()] if rank == 0 else []
     # gptkit measures the gradient norm where DeepSpeed reports none (fp32, ZeRO 0) or a wrong one (ZeRO-0 pipelines)
     own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)
@@ -476,7 +535,7 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     "One optimizer step over the global batch; returns its mean loss (NaN when every micro-batch was dropped)"
     cfg, plan, engine = loop.cfg, loop.plan, loop.engine
     batches = _micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
-                             plan.micro_batch, cfg.model.vocab, cfg.data.prefix, engine.device)
+                             plan.micro_batch, cfg.model.vocab, _where(cfg, 'train'), engine.device)
     loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
     if loop.own_norm: loop.grad_norm = norm
     total, dropped, stopping = _all_sum([loss_sum, dropped, stop_requested], engine.device)
@@ -526,7 +585,7 @@ def _evaluate(loop: Loop, samples, split: str) -> float:
     "The mean loss over `eval_iters` global batches of `samples`, told to the callbacks"
     cfg, plan = loop.cfg, loop.plan
     loss = evaluate(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch, loop.parallel,
-                    cfg.model.vocab, cfg.data.prefix)
+                    cfg.model.vocab, _where(cfg, split))
     for c in loop.callbacks: c.on_eval(split, loop.iteration, loss)
     return loss
 
@@ -561,8 +620,7 @@ def finish(loop: Loop) -> TrainResult:
     r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save(loop)
     if it >= loop.plan.iters:
         if loop.valid is not None: r.valid_loss = _evaluate(loop, loop.valid, 'valid')
-        n_eval = cfg.train.eval_iters * loop.plan.global_batch
-        test = _split(cfg.data.prefix, cfg, 'test', n_eval, loop.rank) if n_eval else None
+        test = _split(cfg, 'test', loop.rank)
         if test is not None: r.test_loss = _evaluate(loop, test, 'test')
     r.seconds = time.perf_counter() - loop.started
     for c in loop.callbacks: c.on_end(r)

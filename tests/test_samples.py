@@ -91,3 +91,78 @@ def test_blended_samples(tmp_path):
     assert (blend[0] == a[0]).all() and len(blend) == 100
     with pytest.raises(Exception, match='the blend draws'):
         BlendedSamples([a, b], [0.1, 0.9], 1000)
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    "megatron-core's BlendedDataset asks torch.distributed for its rank when it caches: this process is rank 0 of 1"
+    import torch.distributed
+    monkeypatch.setattr(torch.distributed, 'get_rank', lambda *a, **k: 0)
+
+
+def megatron_config(seq_len, seed, cache, **blend):
+    return gpt.GPTDatasetConfig(random_seed=seed, sequence_length=seq_len, path_to_cache=str(cache),
+                                reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                                mmap_bin_files=True, tokenizer=NullTokenizer(50256), **blend)
+
+
+def assert_same_blend(ours, theirs):
+    "gptkit's split (BlendedSamples or GPTSamples) equals megatron-core's: blend indices, each dataset's, the tokens"
+    from gptkit.data.samples import BlendedSamples
+    if isinstance(ours, BlendedSamples):
+        np.testing.assert_array_equal(ours.dataset_index, theirs.dataset_index)
+        np.testing.assert_array_equal(ours.dataset_sample_index, theirs.dataset_sample_index)
+        assert len(ours.datasets) == len(theirs.datasets)
+        pairs = list(zip(ours.datasets, theirs.datasets))
+    else:
+        pairs = [(ours, theirs)]
+    for o, t in pairs:
+        for k in ('document_index', 'sample_index', 'shuffle_index'):
+            np.testing.assert_array_equal(getattr(o, k), getattr(t, k))
+    for i in range(0, len(ours), max(1, len(ours) // 60)):
+        if isinstance(ours, BlendedSamples):
+            d, j = int(theirs.dataset_index[i]), int(theirs.dataset_sample_index[i])
+            text, _ = theirs.datasets[d]._query_document_sample_shuffle_indices(j)
+        else:
+            text, _ = theirs._query_document_sample_shuffle_indices(i)
+        np.testing.assert_array_equal(ours[i], text)
+
+
+@pytest.mark.parametrize('weights,docs,split,sizes,seq_len,seed', [
+    ([0.3, 0.7], [200, 90], '90,8,2', [500, 40, 8], 32, 1234),
+    ([2, 5, 1.5], [150, 60, 40], '80,15,5', [1000, 64, 16], 16, 7),     # weights normalized; several epochs
+    ([1.0], [100], '90,8,2', [300, 20, 4], 32, 3),                       # '1.0 A': a blend of one, as Megatron
+])
+def test_blend_equals_megatron(tmp_path, one_rank, weights, docs, split, sizes, seq_len, seed):
+    from gptkit.data.samples import split_samples
+    prefixes = [str(tmp_path / f'd{k}') for k in range(len(docs))]
+    for k, (p, n) in enumerate(zip(prefixes, docs)): write(p, n, seed + k)
+    config = megatron_config(seq_len, seed, tmp_path / 'mcache', blend=(prefixes, weights), split=split)
+    theirs = BlendedMegatronDatasetBuilder(gpt.GPTDataset, sizes, lambda: True, config).build()
+    for name, n, t in zip(('train', 'valid', 'test'), sizes, theirs):
+        assert_same_blend(split_samples(prefixes, weights, name, n, seq_len, seed, split=split, cache=False), t)
+
+
+def test_per_split_blends_equal_megatron(tmp_path, one_rank):
+    from gptkit.data.samples import split_samples
+    p = [str(tmp_path / f'd{k}') for k in range(4)]
+    for k, n in enumerate((120, 80, 30, 25)): write(p[k], n, k)
+    blends = [([p[0], p[1]], [0.6, 0.4]), ([p[2]], None), ([p[3], p[2]], [1.0, 3.0])]
+    sizes, seq_len, seed = [700, 30, 50], 32, 11
+    config = megatron_config(seq_len, seed, tmp_path / 'mcache', blend_per_split=blends, split=None)
+    theirs = BlendedMegatronDatasetBuilder(gpt.GPTDataset, sizes, lambda: True, config).build()
+    for name, n, (prefixes, weights), t in zip(('train', 'valid', 'test'), sizes, blends, theirs):
+        assert_same_blend(split_samples(prefixes, weights, name, n, seq_len, seed, cache=False), t)
+
+
+def test_plan_split_counts_what_the_blend_builds(tmp_path):
+    from gptkit.data.samples import plan_split, split_samples
+    write(tmp_path / 'a', 50, 1); write(tmp_path / 'b', 20, 2)
+    prefixes = [tmp_path / 'a', tmp_path / 'b']
+    parts = plan_split(prefixes, [1, 3], 'train', 400, 16, split='90,10,0')
+    blend = split_samples(prefixes, [1, 3], 'train', 400, 16, 5, split='90,10,0', cache=False)
+    assert [p.weight for p in parts] == [0.25, 0.75]
+    assert [p.samples for p in parts] == np.bincount(blend.dataset_index).tolist() == [100, 300]
+    assert [p.built for p in parts] == [101, 302]
+    n_docs = [45, 18]
+    assert [p.epochs for p in parts] == [len(ds.document_index) // n for ds, n in zip(blend.datasets, n_docs)]

@@ -272,3 +272,48 @@ def test_every_optimizer_step_reaches_on_train_step(tiny_data, tmp_path):
         def on_step(self, m): seen.append(('report', m.iteration))
     train(config(tiny_data, tmp_path, 'train.iters=3', 'train.eval_iters=0', 'train.log_interval=2'), callbacks=[Steps()])
     assert seen == [('step', 1), ('step', 2), ('report', 2), ('step', 3), ('report', 3)]
+
+
+def blend_config(tiny_data, out, data, *sets):
+    return resolve(sets=TINY_SETS + list(sets), overrides={'data': {'tokenizer': tiny_data[1], **data}}, out=str(out))
+
+
+@pytest.fixture
+def two_datasets(tiny_data, tmp_path):
+    "(a, b): the tiny KJV dataset and a second one made of every third of its documents, reversed"
+    import numpy as np
+    from gptkit.data.indexed import IndexedDataset, IndexedWriter
+    data = IndexedDataset(tiny_data[0])
+    with IndexedWriter(tmp_path / 'b', data.dtype) as w:
+        for i in range(0, len(data), 3): w.add_document(np.asarray(data.get(i))[::-1])
+    return tiny_data[0], str(tmp_path / 'b')
+
+
+def test_a_blend_trains_in_megatrons_order_and_resuming_on_another_blend_is_refused(tiny_data, two_datasets, tmp_path):
+    from gptkit.data.samples import BlendedSamples, split_samples
+    from gptkit.train import _split, data_plan
+    a, b = two_datasets
+    cfg = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.3 {a} 0.7 {b}', 'split': '90,8,2'}, 'train.iters=3')
+    train_set = _split(cfg, 'train', 0)
+    theirs = split_samples([a, b], [0.3, 0.7], 'train', 12, 32, cfg.train.seed, '90,8,2', cache=False)
+    assert isinstance(train_set, BlendedSamples) and len(train_set) == 4 + 9
+    assert all((train_set[i] == theirs[i]).all() for i in range(len(theirs)))
+    plan = data_plan(cfg)
+    assert [(p.weight, p.samples, p.built) for p in plan['train']] == [(0.3, 4, 5), (0.7, 9, 10)]
+    first = train(cfg, stop_after=2)
+    assert first.iteration == 2 and json.loads((tmp_path / 'run' / 'config.json').read_text())['data']['prefix'] == cfg.data.prefix
+    other = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.5 {a} 0.5 {b}', 'split': '90,8,2'}, 'train.iters=3')
+    with pytest.raises(DataError, match=r"was trained on prefix '0\.3 .*, not prefix '0\.5 .*resuming on another blend"):
+        train(other, resume=True)
+    same = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'3 {a} 7 {b}', 'split': '90,8,2'}, 'train.iters=3')   # the same weights, normalized
+    assert train(same, resume=True).iteration == 3
+
+
+def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
+    a, b = two_datasets
+    cfg = blend_config(tiny_data, tmp_path / 'run', {'train_prefix': f'1 {a} 1 {b}', 'valid_prefix': b}, 'train.iters=3')
+    r = train(cfg)
+    assert r.iteration == 3 and r.valid_loss is not None and r.test_loss is None
+    bad = blend_config(tiny_data, tmp_path / 'bad', {'train_prefix': f'1 {a} 1 {tmp_path / "nope"}'})
+    with pytest.raises(DataError, match=r'nope\.(bin|idx): no such file; data.train_prefix must name'):
+        train(bad)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from ..config import ConfigError, DataError
 from .indexed import IndexedDataset
 
 # %% auto #0
-__all__ = ['SPLITS', 'split_ranges', 'num_epochs', 'build_indices', 'SampleSpec', 'GPTSamples', 'batches', 'blending_indices',
-           'BlendedSamples']
+__all__ = ['SPLITS', 'PER_SPLIT', 'split_ranges', 'num_epochs', 'build_indices', 'SampleSpec', 'GPTSamples', 'batches',
+           'blending_indices', 'BlendedSamples', 'blend_sizes', 'BlendPart', 'plan_split', 'split_samples']
 
 # %% ../../nbs/06_samples.ipynb #cb16bf44
 SPLITS = ('train', 'valid', 'test')
@@ -108,13 +109,17 @@ def _save_atomic(path: Path, arr: np.ndarray):
     np.save(tmp, arr)
     os.replace(tmp, path)
 
+def _split_range(prefix, split: str, name: str, n: int) -> tuple[int, int]:
+    "The sequences [begin, end) of split `name`, refused when empty"
+    rng = split_ranges(split, n).get(name)
+    if rng is None or rng[1] <= rng[0]: raise DataError(f'{prefix}: the {name} split of {split!r} is empty')
+    return rng
+
 class GPTSamples:
     "Samples of `seq_len + 1` tokens from one split of a .bin/.idx dataset, in Megatron's shuffled order"
     def __init__(self, prefix: str | Path, spec: SampleSpec, cache: bool = True):
         self.data, self.spec = IndexedDataset(prefix), spec
-        rng = split_ranges(spec.split, len(self.data)).get(spec.name)
-        if rng is None or rng[1] <= rng[0]:
-            raise DataError(f'{prefix}: the {spec.name} split of {spec.split!r} is empty')
+        rng = _split_range(prefix, spec.split, spec.name, len(self.data))
         documents = np.arange(*rng, dtype=np.int32)
         key = json.dumps({**spec.__dict__, 'range': rng, 'tokens': self.data.num_tokens})
         key = hashlib.md5(key.encode()).hexdigest()
@@ -179,3 +184,54 @@ class BlendedSamples:
     def __len__(self) -> int: return len(self.dataset_index)
     def __getitem__(self, i: int) -> np.ndarray:
         return self.datasets[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
+
+# %% ../../nbs/06_samples.ipynb #fd9f46ef
+PER_SPLIT = {'train': '1,0,0', 'valid': '0,1,0', 'test': '0,0,1'}   # a per-split blend uses each dataset whole
+
+def blend_sizes(weights, size: int, margin: float = 0.005) -> tuple[list[float], list[int], list[int]]:
+    "(normalized weights, samples the blend draws from each dataset, samples each one's index is built for)"
+    w = np.asarray(weights, dtype=np.float64)
+    w = (w / np.sum(w)).tolist()
+    drawn = [int(math.ceil(size * x)) for x in w]
+    return w, drawn, [int(math.ceil(n * (1 + margin))) for n in drawn]
+
+
+# %% ../../nbs/06_samples.ipynb #350b7251
+def _source(prefixes, weights, name: str, split: str | None):
+    "(split string, weights) a split is built with: a per-split blend (split None) takes each dataset whole"
+    if split is None: split, weights = PER_SPLIT[name], None if len(prefixes) == 1 else weights
+    if weights is None and len(prefixes) > 1:
+        raise ConfigError([('prefix', f'{{key}} blends {len(prefixes)} datasets and needs a weight for each')])
+    return split, weights
+
+@dataclass(frozen=True)
+class BlendPart:
+    "One dataset of a split's blend and how much of it the split uses"
+    prefix: str
+    weight: float | None   # normalized weight; None: the split's only dataset, unblended
+    samples: int           # samples the split draws from it
+    built: int             # samples its index is built for (with the 0.5% margin in a blend)
+    epochs: int            # passes over its documents in this split that `built` takes
+
+def plan_split(prefixes, weights, name: str, num_samples: int, seq_len: int, split: str | None = None) -> list:
+    "The `BlendPart`s of split `name` of the blend, read from the .idx files alone (no index is built)"
+    split, weights = _source(prefixes, weights, name, split)
+    if weights is None: rows = [(prefixes[0], None, num_samples, num_samples)]
+    else: rows = zip(prefixes, *blend_sizes(weights, num_samples))
+    out = []
+    for p, w, n, b in rows:
+        data = IndexedDataset(p)
+        lo, hi = _split_range(p, split, name, len(data))
+        tokens = int(data.sequence_lengths[lo:hi].sum(dtype=np.int64))
+        out.append(BlendPart(str(p), w, n, b, num_epochs(max(tokens, 1), b, seq_len)))
+    return out
+
+def split_samples(prefixes, weights, name: str, num_samples: int, seq_len: int, seed: int, split: str | None = None,
+                  cache: bool = True):
+    "Split `name` of the blend, as megatron-core's BlendedMegatronDatasetBuilder builds it (split None: per-split)"
+    split, weights = _source(prefixes, weights, name, split)
+    spec = lambda n: SampleSpec(split, name, n, seq_len, seed)
+    if weights is None: return GPTSamples(prefixes[0], spec(num_samples), cache)
+    w, drawn, built = blend_sizes(weights, num_samples)
+    return BlendedSamples([GPTSamples(p, spec(b), cache) for p, b in zip(prefixes, built)], w, sum(drawn))
+
