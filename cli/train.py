@@ -17,7 +17,9 @@ from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, out, report
 
 # Keys that have their own flag; the rest are set with --set section.key=value
-FLAGS = {'data.prefix': '--data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters', 'train.tokens': '--tokens',
+FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
+         'data.test_prefix': '--test-data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters',
+         'train.tokens': '--tokens',
          'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp',
          'parallel.pp': '--pp'}
 LAUNCHERS = ('torchrun', 'deepspeed')
@@ -28,10 +30,12 @@ def key_name(key: str) -> str:
     return FLAGS.get(key, f'--set {key}' if '.' in key else flag(key))
 
 
-def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None) -> RunConfig:
+def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
+                splits=(None, None, None)) -> RunConfig:
     "The RunConfig the command line describes, as `gptkit.train.run_config` completes it (machine defaults, vocabulary)"
     from gptkit.train import run_config
-    over = {'data': {k: v for k, v in (('prefix', data), ('tokenizer', tokenizer)) if v is not None},
+    pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
+    over = {'data': {k: v for k, v in pairs if v is not None},
             'train': {k: v for k, v in (('iters', iters), ('tokens', tokens)) if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
@@ -85,6 +89,20 @@ def _summary(cfg: RunConfig):
               f'{cfg.out}')
 
 
+def _data_summary(cfg: RunConfig):
+    "Each split's datasets: weight, samples drawn and epochs (a dataset that cannot be read is one line)"
+    from gptkit.train import data_plan
+    if not (cfg.data.prefix or cfg.data.train_prefix): return
+    try: plan = data_plan(cfg)
+    except GptkitError as e:
+        out.print(f'[yellow]data: {e}[/]'); return
+    for name, parts in plan.items():
+        for p in parts:
+            weight = 'whole' if p.weight is None else f'weight {p.weight:.4g}'
+            out.print(f'{name} data: {p.prefix} | {weight} | {p.samples:,} samples | {p.epochs} epoch'
+                      f'{"s" if p.epochs != 1 else ""}')
+
+
 @app.command(context_settings={'help_option_names': ['-h', '--help']})
 def train(
     preset: Annotated[Optional[str], typer.Option(
@@ -94,7 +112,13 @@ def train(
     set_: Annotated[Optional[List[str]], typer.Option(
         '--set', help='Override one setting: section.key=value (repeat).')] = None,
     data: Annotated[Optional[str], typer.Option(
-        help='Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare).')] = None,
+        help="Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare) or a blend '0.3 PREFIX1 0.7 PREFIX2'.")] = None,
+    train_data: Annotated[Optional[str], typer.Option(
+        help='The train split\'s own PREFIX or blend (instead of --data and data.split).')] = None,
+    valid_data: Annotated[Optional[str], typer.Option(
+        help="The validation split's own PREFIX or blend (with --train-data).")] = None,
+    test_data: Annotated[Optional[str], typer.Option(
+        help="The test split's own PREFIX or blend (with --train-data).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(
         help="Tokenizer folder the data was prepared with, or 'gpt2'.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option(
@@ -121,7 +145,8 @@ def train(
 ):
     """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed."""
     try:
-        cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp)
+        cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
+                          (train_data, valid_data, test_data))
         override = _ds_override(deepspeed_config)
         if launcher not in LAUNCHERS: raise ConfigError([('launcher',
                                                           f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
@@ -138,7 +163,7 @@ def train(
             cmd = launch_command(launcher, world, _strip_launch_args(sys.argv[2:]), port)
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
             raise typer.Exit(subprocess.call(cmd))
-        if rank == 0: _summary(cfg)
+        if rank == 0: _summary(cfg); _data_summary(cfg)
         _run(cfg, override, resume, force, rank)
     except GptkitError as e:
         if os.environ.get('GPTKIT_DEBUG'): raise
@@ -148,6 +173,7 @@ def train(
 def _dry_run(cfg, override, world, launcher):
     from gptkit.engine import ds_config
     _summary(cfg)
+    _data_summary(cfg)
     out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
     out.print_json(json.dumps(ds_config(cfg, override=override)))

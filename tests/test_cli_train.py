@@ -107,3 +107,51 @@ def test_missing_data_and_too_big_models_are_one_line_errors(tiny_data, tmp_path
     assert r.exit_code == 1 and 'nothing.bin: no such file; data.prefix must name the PREFIX' in r.output.replace('\n', ' ')
     r = run('train', '--preset', '175b', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', str(tmp_path / 'r'))
     assert r.exit_code == 1 and 'preset 175b needs about' in r.output and '--force' in r.output
+
+
+@pytest.fixture
+def two_prefixes(tiny_data, tmp_path):
+    "The tiny dataset under two prefixes"
+    import shutil
+    for ext in ('bin', 'idx'): shutil.copy(f'{tiny_data[0]}.{ext}', tmp_path / f'b.{ext}')
+    return tiny_data[0], str(tmp_path / 'b')
+
+
+def test_dry_run_shows_each_datasets_weight_samples_and_epochs(tiny_data, two_prefixes):
+    from gptkit.data.samples import plan_split
+    a, b = two_prefixes
+    common = ['train', '--preset', 'tiny', '--tokenizer', tiny_data[1], '--iters', '10', '--dry-run',
+              *sets('train.global_batch=16', 'train.eval_iters=2')]
+    r = run(*common, '--data', f'0.3 {a} 0.7 {b}')
+    assert r.exit_code == 0, r.output
+    text = ' '.join(r.output.split())
+    epochs = [p.epochs for p in plan_split([a, b], [0.3, 0.7], 'train', 160, 256, split='949,50,1')]
+    assert f'train data: {a} | weight 0.3 | 48 samples | {epochs[0]} epoch' in text
+    assert f'train data: {b} | weight 0.7 | 112 samples | {epochs[1]} epoch' in text
+    assert f'valid data: {b} | weight 0.7 | 23 samples' in text          # ceil(32 x 0.7)
+    r = run(*common, '--train-data', f'1 {a} 3 {b}', '--valid-data', b)
+    text = ' '.join(r.output.split())
+    assert r.exit_code == 0 and f'train data: {b} | weight 0.75 | 120 samples' in text, r.output
+    assert f'valid data: {b} | whole | 32 samples' in text and 'test data' not in text
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--data', '0.3 a 0.7'], "--data must be one PREFIX or weight-prefix pairs like '0.3 A 0.7 B' (positive weights); "
+                              "3 items are not pairs"),
+    (['--data', '0.3 a x b'], "weight 'x' is not a number"),
+    (['--train-data', '1 a 0 b'], "--train-data must be one PREFIX or weight-prefix pairs"),
+    (['--data', 'a', '--test-data', 'b'], '--data cannot be combined with data.train_prefix'),
+    (['--valid-data', 'b'], '--train-data must be set when data.valid_prefix or data.test_prefix is'),
+])
+def test_bad_blends_name_the_flag(args, message):
+    r = run('train', '--preset', 'tiny', *args, '--dry-run')
+    assert r.exit_code == 2 and message in ' '.join(r.output.split()), r.output
+
+
+def test_a_blend_trains_from_the_command_line(tiny_data, two_prefixes, tmp_path):
+    a, b = two_prefixes
+    r = run('train', '--data', f'0.5 {a} 0.5 {b}', '--tokenizer', tiny_data[1], '--out', str(tmp_path / 'r'),
+            *sets(*TINY_SETS, 'train.iters=2'))
+    assert r.exit_code == 0, r.output
+    assert f'train data: {b} | weight 0.5 | 4 samples' in ' '.join(r.output.split())
+    assert json.loads((tmp_path / 'r' / 'config.json').read_text())['data']['prefix'] == f'0.5 {a} 0.5 {b}'
