@@ -160,15 +160,18 @@ def blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
     if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
         raise ConfigError([('weights', f'{{key}} must be non-negative numbers with a positive sum, '
                                        f'not {list(weights)!r}')])
-    w = w / w.sum()
-    counts = np.zeros(len(w), np.int64)
-    dataset = np.empty(size, np.int16)
-    within = np.empty(size, np.int64)
-    for i in range(size):
-        d = int(np.argmax(w * max(float(i), 1.0) - counts))
-        dataset[i], within[i] = d, counts[d]
-        counts[d] += 1
-    return dataset, within
+    w = (w / w.sum()).tolist()
+    counts, others = [0] * len(w), range(1, len(w))
+    dataset, within = [0] * size, [0] * size
+    for i in range(size):                    # plain floats: numpy's per-call cost on a few weights dominates
+        x = float(max(i, 1))
+        best, err = 0, w[0] * x - counts[0]
+        for d in others:
+            e = w[d] * x - counts[d]
+            if e > err: best, err = d, e
+        dataset[i], within[i] = best, counts[best]
+        counts[best] += 1
+    return np.array(dataset, np.int16).reshape(size), np.array(within, np.int64).reshape(size)
 
 class BlendedSamples:
     "Samples drawn from several `GPTSamples` in proportion to `weights`"
