@@ -355,9 +355,9 @@ def _blends(data) -> dict:
     return {'split': None if data.per_split else data.split, **out}
 
 def _check_same_data(cfg: RunConfig, resume_from: Path):
-    "Refuse to continue a checkpoint on another blend than the one it was trained on"
+    "Refuse to continue a checkpoint on another blend than the one it was trained on (an import names none: any goes)"
     old = ckpt.read_config(resume_from).data
-    if _blends(old) == _blends(cfg.data): return
+    if not (old.prefix or old.train_prefix) or _blends(old) == _blends(cfg.data): return
     show = lambda d: '; '.join(f'{k} {getattr(d, k)!r}' for k in ('prefix', 'train_prefix', 'valid_prefix',
                                                                    'test_prefix', 'split') if getattr(d, k))
     raise DataError(f'{resume_from} was trained on {show(old)}, not {show(cfg.data)}: resuming on another blend '

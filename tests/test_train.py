@@ -317,3 +317,22 @@ def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
     bad = blend_config(tiny_data, tmp_path / 'bad', {'train_prefix': f'1 {a} 1 {tmp_path / "nope"}'})
     with pytest.raises(DataError, match=r'nope\.(bin|idx): no such file; data.train_prefix must name'):
         train(bad)
+
+
+def test_the_blend_check_on_resume(tmp_path):
+    "Resuming compares blends by prefixes and normalized weights; a checkpoint that names no data (an import) takes any"
+    from gptkit.config import RunConfig, DataConfig, save_config
+    from gptkit.train import _check_same_data
+    def saved(**data):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir(); save_config(RunConfig(data=DataConfig(tokenizer='t', **data)), folder / 'config.json')
+        return folder
+    new = RunConfig(data=DataConfig(prefix='1 a 3 b', tokenizer='t'))
+    _check_same_data(new, saved())                                      # an imported model: no data recorded
+    _check_same_data(new, saved(prefix='0.25 a 0.75 b'))
+    with pytest.raises(DataError, match=r"was trained on prefix 'a'; split '949,50,1', not prefix '1 a 3 b'; split '949,50,1'"):
+        _check_same_data(new, saved(prefix='a'))
+    with pytest.raises(DataError, match="was trained on prefix '1 a 3 b'; split '90,10,0', not"):
+        _check_same_data(new, saved(prefix='1 a 3 b', split='90,10,0'))
+    with pytest.raises(DataError, match="train_prefix '1 a 3 b'"):
+        _check_same_data(new, saved(train_prefix='1 a 3 b'))
