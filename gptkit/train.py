@@ -294,7 +294,11 @@ def data_plan(cfg: RunConfig) -> dict[str, list]:
     out = {}
     for name, n in _split_sizes(cfg).items():
         src = _source(cfg, name)
-        if src is not None: out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
+        if src is None: continue
+        try: out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
+        except DataError as e:
+            raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that gives '
+                            'every dataset documents in each split, or give each split its own blend') from None
     return out
 
 def _split(cfg: RunConfig, name: str, rank: int):
