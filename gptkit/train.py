@@ -350,12 +350,14 @@ def _setup_data(cfg: RunConfig):
     return tok
 
 def _blends(data) -> dict:
-    "What each split trains or evaluates on: its prefixes and normalized weights"
+    "Each split's dataset names and normalized weights (a run whose data moved to other folders is the same run)"
     from gptkit.data.samples import SPLITS
     out = {}
     for name in SPLITS:
         b = data.blend(name)
-        if b is not None: out[name] = (b[1], None if b[2] is None else tuple(w / sum(b[2]) for w in b[2]))
+        if b is not None:
+            weights = None if b[2] is None else tuple(w / sum(b[2]) for w in b[2])
+            out[name] = (tuple(Path(p).name for p in b[1]), weights)
     return {'split': None if data.per_split else data.split, **out}
 
 def _check_same_data(cfg: RunConfig, resume_from: Path):

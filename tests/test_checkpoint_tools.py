@@ -113,7 +113,7 @@ def test_imported_checkpoint_trains_from_the_imported_weights(imported, tiny_dat
     losses = [s['loss'] for s in steps if s['kind'] == 'train']
     assert len(losses) == 2 and losses[0] != losses[1]
     cfg = resolve(file=run / 'config.json', overrides={'data': {'prefix': prefix}, 'train': {'iters': 2}})
-    ids = torch.from_numpy(micro_batch(_split(prefix, cfg, 'train', 2, 0), 0, 1, 512, prefix))
+    ids = torch.from_numpy(micro_batch(_split(cfg, 'train', 0), 0, 1, 512, prefix))
     with torch.no_grad(): want = F.cross_entropy(hf(ids[:, :-1]).logits.flatten(0, 1), ids[:, 1:].flatten()).item()
     assert abs(losses[0] - want) < 1e-5, (losses[0], want)
     assert ck.load_model(run).state['iteration'] == 2
