@@ -186,6 +186,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'gptkit.data.prepare.PrepareResult.mb_per_s': ( 'prepare.html#prepareresult.mb_per_s',
                                                                                      'gptkit/data/prepare.py'),
                                      'gptkit.data.prepare.Progress': ('prepare.html#progress', 'gptkit/data/prepare.py'),
+                                     'gptkit.data.prepare._ahead': ('prepare.html#_ahead', 'gptkit/data/prepare.py'),
                                      'gptkit.data.prepare._batches': ('prepare.html#_batches', 'gptkit/data/prepare.py'),
                                      'gptkit.data.prepare._filtered': ('prepare.html#_filtered', 'gptkit/data/prepare.py'),
                                      'gptkit.data.prepare._nothing_written': ('prepare.html#_nothing_written', 'gptkit/data/prepare.py'),

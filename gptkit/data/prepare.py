@@ -7,6 +7,8 @@ report everything."""
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -117,6 +119,38 @@ def _filtered(docs: Iterable[Document], cfg: PrepareConfig, dropped: Counter):
         if dedupe and dedupe.seen(d.text): dropped['duplicate'] += 1; continue
         yield d
 
+# %% ../../nbs/05_prepare.ipynb #a7e4d1c0
+_END = object()
+
+def _ahead(items: Iterable, depth: int = 2):
+    "The items of `items`, produced on a background thread up to `depth` ahead; its errors are raised here"
+    q, stop = queue.Queue(depth), threading.Event()
+    def put(x) -> bool:
+        while not stop.is_set():
+            try: q.put(x, timeout=0.05); return True
+            except queue.Full: pass
+        return False
+    def produce():
+        it = iter(items)
+        try:
+            for x in it:
+                if not put((x, None)): return
+            put((_END, None))
+        except BaseException as e: put((_END, e))
+        finally:
+            if hasattr(it, 'close'): it.close()
+    reader = threading.Thread(target=produce, name='gptkit-prepare-reader', daemon=True)
+    reader.start()
+    try:
+        while True:
+            x, err = q.get()
+            if x is _END:
+                if err is not None: raise err
+                return
+            yield x
+    finally:
+        stop.set(); reader.join()
+
 # %% ../../nbs/05_prepare.ipynb #84a7e175
 def shard_inputs(paths: list[Path], shard: str) -> list[Path]:
     "The I-th of N contiguous slices of `paths` ('I/N'), cut so each holds about 1/N of the bytes"
@@ -150,7 +184,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
     docs = _filtered(read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format), cfg, result.dropped)
     with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
-        for batch in _batches(docs, cfg.batch_bytes):
+        for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
             for ids in tok.encode_batch(batch, cfg.workers):
                 if len(ids) < cfg.min_tokens or not ids: result.dropped['too_short' if ids else 'empty'] += 1; continue
                 if cfg.append_eod: ids.append(tok.eod)
