@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from gptkit.config import DataError
-from gptkit.data.corpus import Tally
-from gptkit.data.mediawiki import clean_wikitext, read_mediawiki
+from gptkit.data.corpus import Tally, read_documents
+from gptkit.data.mediawiki import (_scan_streams, bz2_streams, clean_wikitext, index_path, read_mediawiki,
+                                     read_mediawiki_parallel)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
 from peers import wikiextractor  # noqa: E402
@@ -106,3 +107,128 @@ def test_against_wikiextractor(tmp_path):
     # prose pages (not lists, which wikiextractor drops and we keep) agree both ways
     ours, ref = words(docs[3].text), words(theirs['International Atomic Time'])
     assert sum((ours & ref).values()) / sum(ours.values()) > 0.9
+
+
+def multistream(raw: bytes, sizes=(2, 3)) -> tuple[bytes, bytes]:
+    "A multistream dump of `raw` (header stream, pages in streams of 2 and 3 in turn, footer stream) and its index"
+    head, rest = raw.split(b'  <page>', 1)
+    body, foot = (b'  <page>' + rest).rsplit(b'  </page>\n', 1)
+    pages = [p + b'  </page>\n' for p in body.split(b'  </page>\n')]
+    out, index, i, k = [bz2.compress(head)], [], 0, 0
+    while i < len(pages):
+        group, off = pages[i:i + sizes[k % len(sizes)]], sum(map(len, out))
+        for p in group:
+            pid, title = re.search(rb'<id>(\d+)</id>', p)[1], re.search(rb'<title>(.*?)</title>', p)[1]
+            index.append(b'%d:%s:%s\n' % (off, pid, title))
+        out.append(bz2.compress(b''.join(group))); i += len(group); k += 1
+    out.append(bz2.compress(foot))
+    return b''.join(out), bz2.compress(b''.join(index))
+
+
+@pytest.fixture(scope='module')
+def dump(tmp_path_factory):
+    d = tmp_path_factory.mktemp('multistream')
+    packed, index = multistream(bz2.decompress(EN.read_bytes()))
+    path = d / 'enwiki-sample-pages-articles-multistream.xml.bz2'
+    path.write_bytes(packed)
+    return path, index
+
+
+def serial_read(path: Path, tally=None):
+    tally = tally if tally is not None else Tally()
+    return [(d.text, d.source, d.line) for d in read_mediawiki(bz2.BZ2File(path), path, tally)], tally
+
+
+def parallel_read(path: Path, tally=None, **kw):
+    tally = tally if tally is not None else Tally()
+    docs = read_mediawiki_parallel(path, tally, 2, task_bytes=1, **kw)
+    return [(d.text, d.source, d.line) for d in docs], tally
+
+
+def test_stream_offsets(dump):
+    path, index = dump
+    scanned = _scan_streams(path)
+    assert len(scanned) == 1 + 4 + 1                     # header, 10 pages in streams of 2, 3, 2, 3, footer
+    assert _scan_streams(path, chunk=5) == scanned       # headers across chunk boundaries
+    assert bz2_streams(path) == scanned                  # no index beside it: scanned
+    raw = path.read_bytes()
+    fake = raw[:300] + b'BZh91AY&SY' + raw[300:]         # a chance header inside compressed data is refused
+    other = path.with_name('fake.xml.bz2'); other.write_bytes(fake)
+    assert _scan_streams(other) == [0] + [s + 10 for s in scanned[1:]]
+
+
+@pytest.mark.parametrize('with_index', [False, True])
+def test_parallel_equals_serial(dump, with_index):
+    path, index = dump
+    idx = index_path(path)
+    idx.unlink(missing_ok=True)
+    if with_index: idx.write_bytes(index)
+    try:
+        assert (bz2_streams(path) == _scan_streams(path)[:-1]) is with_index   # the index names no footer
+        raw = bz2.decompress(EN.read_bytes()).replace(b'{{Infobox film', b'{{Infobox film {{unclosed', 1)
+        broken, _ = multistream(raw)
+        bpath = path.with_name('broken-multistream.xml.bz2'); bpath.write_bytes(broken)
+        for p in (path, bpath):
+            ours, tally = parallel_read(p)
+            theirs, ttally = serial_read(p)
+            assert [d[2] for d in ours] == [3, 4, 5, 7, 8, 9, 10] and ours == theirs
+            assert (tally.problems, tally.examples) == (ttally.problems, ttally.examples)
+        assert tally.problems == {'broken_markup': 1}
+        with pytest.raises(DataError, match=r"broken-multistream.xml.bz2:4: broken markup: page 'Actrius'.*--strict"):
+            parallel_read(bpath, Tally(strict=True))
+    finally:
+        idx.unlink(missing_ok=True)
+
+
+def test_read_documents_workers(dump):
+    path, _ = dump
+    t1, t2 = Tally(), Tally()
+    one = [(d.text, d.line) for d in read_documents([path], t1)]
+    two = [(d.text, d.line) for d in read_documents([path], t2, workers=2)]
+    assert one == two and len(two) == 7
+    assert (t1.documents, t1.bytes, t1.input_bytes, t1.problems) == (t2.documents, t2.bytes, t2.input_bytes,
+                                                                     t2.problems)
+    assert read_mediawiki_parallel(EN, Tally(), 2) is None      # a single-stream dump: the serial path
+    assert read_mediawiki_parallel(path, Tally(), 1) is None
+
+
+def test_wrong_index_refused(dump):
+    path, index = dump
+    idx = index_path(path)
+    idx.write_bytes(bz2.compress(b'700:12:Anarchism\n'))
+    try:
+        with pytest.raises(DataError, match='index of another dump'):
+            parallel_read(path)
+    finally:
+        idx.unlink()
+
+
+def test_parallel_truncated(dump, tmp_path):
+    path, _ = dump
+    starts = _scan_streams(path)
+    cut = tmp_path / 'cut-multistream.xml.bz2'
+    cut.write_bytes(path.read_bytes()[:starts[3] + 100])       # inside the third page stream (pages 6 and 7)
+    ours, tally = parallel_read(cut)
+    theirs, ttally = serial_read(cut)
+    assert ours == theirs and [d[2] for d in ours] == [3, 4, 5]   # pages 1-5 of the intact streams
+    assert tally.problems == {'truncated_file': 1} and tally.examples == ttally.examples
+    assert 'cut-multistream.xml.bz2:6: truncated file' in tally.examples[0]
+    with pytest.raises(DataError, match='cut-multistream.xml.bz2:6: truncated file'):
+        parallel_read(cut, Tally(strict=True))
+    ends = tmp_path / 'nofooter-multistream.xml.bz2'              # cut at a stream boundary: </mediawiki> missing
+    ends.write_bytes(path.read_bytes()[:starts[-1]])
+    ours, tally = parallel_read(ends)
+    theirs, ttally = serial_read(ends)
+    assert ours == theirs and len(ours) == 7
+    assert tally.problems == {'truncated_file': 1} and tally.examples == ttally.examples
+
+
+def test_early_stop_leaves_no_process(dump):
+    import multiprocessing as mp
+    path, _ = dump
+    before = set(mp.active_children())
+    docs = read_mediawiki_parallel(path, Tally(), 2, task_bytes=1)
+    next(docs)
+    assert len(set(mp.active_children()) - before) == 2
+    docs.close()
+    assert set(mp.active_children()) == before

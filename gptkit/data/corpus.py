@@ -295,9 +295,14 @@ def _read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
     from gptkit.data.mediawiki import read_mediawiki
     return read_mediawiki(stream, path, tally)
 
+def _read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list) -> Iterator[Document] | None:
+    "A multistream .xml.bz2 dump decompressed and cleaned by `workers` processes; None if it holds one stream"
+    from gptkit.data.mediawiki import read_mediawiki_parallel
+    return read_mediawiki_parallel(path, tally, workers, seen)
+
 # %% ../../nbs/03_corpus.ipynb #5356bff8
 def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str = 'file',
-              fmt: str = 'auto') -> Iterator[Document]:
+              fmt: str = 'auto', workers: int = 1) -> Iterator[Document]:
     "Documents of one file read as `fmt` (auto: by name and content); problems go to `tally`, damage is counted"
     done, seen = tally.input_bytes, [0]
     counts = tally.inputs.setdefault(str(path), Counter())
@@ -312,12 +317,17 @@ def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str =
                 tell = lambda: seen[0]
             else:
                 with open(path, 'rb') as f: head = f.read(16)
-                stream, raw = _open_binary(path, _compression(path, head))
-                stack.enter_context(raw); stack.enter_context(stream)
-                docs = (_read_txt(stream, path, txt_split, tally) if kind == 'txt'
-                        else _read_mediawiki(stream, path, tally) if kind == 'mediawiki'
-                        else _read_jsonl(stream, path, text_key, tally))
-                tell = raw.tell
+                comp = _compression(path, head)
+                docs = None   # a multistream .bz2 dump is read by `workers` processes, anything else streams here
+                if kind == 'mediawiki' and comp == '.bz2' and workers > 1:
+                    docs = _read_mediawiki_parallel(path, tally, workers, seen); tell = lambda: seen[0]
+                if docs is None:
+                    stream, raw = _open_binary(path, comp)
+                    stack.enter_context(raw); stack.enter_context(stream)
+                    docs = (_read_txt(stream, path, txt_split, tally) if kind == 'txt'
+                            else _read_mediawiki(stream, path, tally) if kind == 'mediawiki'
+                            else _read_jsonl(stream, path, text_key, tally))
+                    tell = raw.tell
             for doc in docs:
                 tally.documents += 1; counts['documents'] += 1
                 tally.bytes += len(doc.text.encode('utf-8'))
@@ -330,13 +340,14 @@ def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str =
     tally.input_bytes = done + (path.stat().st_size if path.is_file() else 0)
 
 def read_documents(inputs: Iterable[str | Path], tally: Tally | None = None, text_key: str = 'text',
-                   txt_split: str = 'file', fmt: str = 'auto') -> Iterator[Document]:
+                   txt_split: str = 'file', fmt: str = 'auto', workers: int = 1) -> Iterator[Document]:
     "Stream every document named by `inputs` (files, directories, globs, builtin:NAME), all checked first"
+    # workers: processes that decompress and clean a multistream .xml.bz2 dump (other inputs stream in this one)
     tally = tally if tally is not None else Tally()
     if txt_split not in ('file', 'blank-line'):
         raise DataError(f"txt_split must be 'file' or 'blank-line', not {txt_split!r}")
     for path in expand_inputs(inputs, fmt):
-        yield from read_file(path, tally, text_key, txt_split, fmt)
+        yield from read_file(path, tally, text_key, txt_split, fmt, workers)
 
 # %% ../../nbs/03_corpus.ipynb #78e468ac
 _CONTROL = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u200b\ufeff]')

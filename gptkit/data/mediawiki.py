@@ -6,16 +6,18 @@ streaming, with bounded memory."""
 # %% ../../nbs/03b_mediawiki.ipynb #05136bec
 from __future__ import annotations
 
+import bz2
 import html
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterator
 
+from ..config import DataError
 from .corpus import Document, Tally
 
 # %% auto #0
-__all__ = ['DROPPED', 'clean_wikitext', 'read_mediawiki']
+__all__ = ['DROPPED', 'clean_wikitext', 'read_mediawiki', 'index_path', 'bz2_streams', 'read_mediawiki_parallel']
 
 # %% ../../nbs/03b_mediawiki.ipynb #a6a7fc87
 # Elements dropped with everything inside them (wikiextractor's discard list, plus the math, chemistry, code and
@@ -132,11 +134,31 @@ def clean_wikitext(text: str) -> tuple[str, list[str]]:
 # %% ../../nbs/03b_mediawiki.ipynb #c84dc687
 def _local(tag: str) -> str: return tag.rpartition('}')[2]
 
+def _article(page) -> tuple[str, str | None, list[str]]:
+    "A `<page>` element's title, its clean text (None if it is not an article) and the markup found broken"
+    ns = text = None; redirect = False; title = ''
+    for child in page:
+        t = _local(child.tag)
+        if t == 'title': title = child.text or ''
+        elif t == 'ns': ns = (child.text or '').strip()
+        elif t == 'redirect': redirect = True
+        elif t == 'revision':
+            for c in child:
+                if _local(c.tag) == 'text': text = c.text
+    if redirect or ns not in ('0', None) or not text: return title, None, []
+    if ns is None and ':' in title: return title, None, []    # very old dumps have no <ns>
+    if text.lstrip()[:9].upper() == '#REDIRECT': return title, None, []
+    return (title, *clean_wikitext(text))
+
+class _Read1:
+    "A stream whose read(n) returns what one decompression step gave, so a cut .bz2 loses no page decoded before it"
+    def __init__(self, stream): self.read = getattr(stream, 'read1', stream.read)
+
 def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
     "Articles of a MediaWiki XML dump as clean text, one Document per article (line = the page's ordinal)"
     n, title = 0, ''
     try:
-        events = ET.iterparse(stream, events=('start', 'end'))
+        events = ET.iterparse(_Read1(stream), events=('start', 'end'))
         _, root = next(events)
         for event, elem in events:
             if event != 'end': continue
@@ -144,20 +166,8 @@ def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
             if tag == 'siteinfo': root.clear(); continue
             if tag != 'page': continue
             n += 1
-            ns = text = None; redirect = False; title = ''
-            for child in elem:
-                t = _local(child.tag)
-                if t == 'title': title = child.text or ''
-                elif t == 'ns': ns = (child.text or '').strip()
-                elif t == 'redirect': redirect = True
-                elif t == 'revision':
-                    for c in child:
-                        if _local(c.tag) == 'text': text = c.text
+            title, clean, broken = _article(elem)
             root.clear()                                     # bounded memory: drop the page just read
-            if redirect or ns not in ('0', None) or not text: continue
-            if ns is None and ':' in title: continue         # very old dumps have no <ns>
-            if text.lstrip()[:9].upper() == '#REDIRECT': continue
-            clean, broken = clean_wikitext(text)
             if broken:
                 tally.problem('broken_markup', path, n, f'page {title!r}: unmatched {", ".join(sorted(set(broken)))}')
             if clean: yield Document(clean, str(path), n)
@@ -165,3 +175,174 @@ def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
         tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({e})')
     except (EOFError, OSError) as e:
         tally.problem('truncated_file', path, n + 1, f'stream ends after page {title!r} ({type(e).__name__}: {e})')
+
+# %% ../../nbs/03b_mediawiki.ipynb #0767c9f9
+_STREAM = re.compile(rb'BZh[1-9]1AY&SY')   # a bz2 stream header and its first block's magic, byte-aligned
+_END = 0x177245385090                        # the end-of-stream magic (sqrt(pi)), bit-aligned
+
+def _ends_stream(before: bytes) -> bool:
+    "Whether `before` ends with a bz2 end-of-stream marker and its 32-bit CRC, padded with 0-7 bits to a byte"
+    x = int.from_bytes(before[-11:], 'big')
+    return any((x >> (pad + 32)) & (2**48 - 1) == _END for pad in range(8))
+
+def _scan_streams(path: Path, chunk: int = 1 << 24) -> list[int]:
+    "Offsets of the bz2 streams in `path`, read `chunk` bytes at a time; a header counts only after an end marker"
+    found, keep, pos = [], b'', 0
+    with open(path, 'rb') as f:
+        while (data := f.read(chunk)):
+            buf = keep + data
+            for m in _STREAM.finditer(buf):
+                at = pos - len(keep) + m.start()
+                if at == 0 or m.start() >= 11 and _ends_stream(buf[:m.start()]):
+                    if not found or at > found[-1]: found.append(at)
+            pos += len(data); keep = buf[-20:]
+    return found
+
+def index_path(path: Path) -> Path:
+    "The index Wikimedia publishes beside a multistream dump: `X-multistream-index.txt.bz2` for `X-multistream.xml.bz2`"
+    name = path.name
+    return path.with_name((name[:-len('.xml.bz2')] if name.endswith('.xml.bz2') else name) + '-index.txt.bz2')
+
+def bz2_streams(path: Path) -> list[int]:
+    "Byte offsets where the bz2 streams of `path` start: from the index beside it if there is one, else a scan"
+    index = index_path(path)
+    if not index.is_file(): return _scan_streams(path)
+    starts = {0}
+    try:
+        with bz2.open(index, 'rb') as f:
+            last = None
+            for line in f:
+                off = line.split(b':', 1)[0]
+                if off != last: starts.add(int(off)); last = off
+    except (OSError, EOFError, ValueError) as e:
+        raise DataError(f'{index}: not an index of {path.name} ({type(e).__name__}: {e}); move it away to scan '
+                        'the dump instead') from None
+    starts = sorted(starts)
+    with open(path, 'rb') as f:                 # every offset must be where a stream starts
+        for s in starts:
+            f.seek(s)
+            if not _STREAM.match(f.read(10)):
+                raise DataError(f'{index}: offset {s} is not where a bz2 stream of {path.name} starts; it is the '
+                                'index of another dump (move it away to scan the dump instead)')
+    return starts
+
+# %% ../../nbs/03b_mediawiki.ipynb #92fc8c8a
+def _pages(parser, data: bytes, root: list, out: list):
+    "Feed `data` to an XMLPullParser a piece at a time; append the (title, clean text, broken markup) of each page"
+    for i in range(0, len(data), 1 << 16):
+        parser.feed(data[i:i + (1 << 16)])
+        for event, elem in parser.read_events():
+            if event == 'start':
+                if not root: root.append(elem)
+                continue
+            tag = _local(elem.tag)
+            if tag == 'siteinfo': root[0].clear()
+            elif tag == 'page': out.append(_article(elem)); root[0].clear()
+
+def _read_streams(path: str, start: int, end: int) -> dict:
+    "Worker: decompress the bz2 streams in bytes [start, end) of `path`, read the whole pages, return the rest"
+    with open(path, 'rb') as f:
+        f.seek(start); raw = f.read(end - start)
+    if not _STREAM.match(raw): return {'not_a_stream': True}
+    out, error = [], None
+    while raw:
+        d = bz2.BZ2Decompressor()
+        try: out.append(d.decompress(raw))
+        except OSError as e: error = ('OSError', str(e)); break
+        if not d.eof:
+            error = ('EOFError', 'Compressed file ended before the end-of-stream marker was reached'); break
+        raw = d.unused_data
+    data = b''.join(out)
+    first, last = data.find(b'<page>'), data.rfind(b'</page>')
+    if first < 0 or last < first: first = last = len(data)          # no whole page: all of it goes to the caller
+    else: last += len(b'</page>')
+    body, pages, parse_error = data[first:last], [], None
+    if body:
+        parser = ET.XMLPullParser(events=('start', 'end'))
+        parser.feed(b'<mediawiki>')                                    # a root for the pages, on the body's line 1
+        try: _pages(parser, body, [], pages)
+        except ET.ParseError as e: parse_error = (str(e), *e.position)
+    return {'head': data[:first], 'tail': data[last:], 'pages': pages, 'parse_error': parse_error, 'error': error,
+            'body': (body.count(b'\n'), len(body) - 1 - body.rfind(b'\n'))}   # the body's newlines, last line's length
+
+# %% ../../nbs/03b_mediawiki.ipynb #f9b36aa0
+def _groups(starts: list[int], size: int, task_bytes: int) -> list[tuple[int, int]]:
+    "Consecutive streams grouped into byte ranges of at least `task_bytes` (the last may be shorter)"
+    out, begin = [], 0
+    for s in [*starts[1:], size]:
+        if s - begin >= task_bytes or s == size: out.append((begin, s)); begin = s
+    return out
+
+class _Where:
+    "Line and column reached in the decompressed XML, to report parse errors where the serial reader would"
+    def __init__(self): self.line, self.col, self.skipped = 1, 0, 0
+    def advance(self, lines: int, col: int, skip: bool = False):
+        self.line += lines; self.col = col if lines else self.col + col
+        if skip: self.skipped += lines
+    def moved(self, msg: str, line: int, col: int, lines: int, col0: int) -> str:
+        "`msg` of a parse error at (line, col) of a piece that started `lines` lines and `col0` columns in"
+        return re.sub(r'line \d+, column \d+$', f'line {line + lines}, column {col + col0 if line == 1 else col}', msg)
+
+def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list | None = None,
+                            task_bytes: int = 4 << 20, starts: list[int] | None = None) -> Iterator[Document] | None:
+    "A multistream .xml.bz2 read by `workers` processes, equal to `read_mediawiki`; None if it holds one stream"
+    starts = starts if starts is not None else bz2_streams(path)
+    groups = _groups(starts, path.stat().st_size, task_bytes)
+    if workers < 2 or len(groups) < 2: return None
+    return _parallel(path, tally, workers, groups, seen if seen is not None else [0])
+
+def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
+    import multiprocessing as mp
+    from collections import deque
+
+    # the worker is named by its module, so that spawned processes can import it (also when called from a notebook)
+    from gptkit.data.mediawiki import _read_streams
+    n, title, where, root = 0, '', _Where(), []
+    skeleton = ET.XMLPullParser(events=('start', 'end'))   # all but the workers' whole pages: header, footer, cut pages
+    def emit(pages):
+        nonlocal n, title
+        for title, clean, broken in pages:
+            n += 1
+            if broken:
+                tally.problem('broken_markup', path, n, f'page {title!r}: unmatched {", ".join(sorted(set(broken)))}')
+            if clean: yield Document(clean, str(path), n)
+    def outside(piece):   # head or tail of a task, through the skeleton parser; a ParseError means stop
+        pages = []
+        try: _pages(skeleton, piece, root, pages)
+        except ET.ParseError as e:
+            yield from emit(pages)
+            msg = where.moved(str(e), e.position[0], e.position[1], where.skipped, 0)
+            tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
+            return True
+        yield from emit(pages)
+        where.advance(piece.count(b'\n'), len(piece) - 1 - piece.rfind(b'\n'))
+    pool = mp.get_context('spawn').Pool(workers)
+    try:
+        todo, running = deque(groups), deque()
+        while todo or running:
+            while todo and len(running) < 2 * workers:
+                s, e = todo.popleft(); running.append((e, pool.apply_async(_read_streams, (str(path), s, e))))
+            end, r = running.popleft(); r = r.get()
+            if r.get('not_a_stream'):
+                raise DataError(f'{index_path(path)}: its offsets are not where the bz2 streams of {path.name} start; '
+                                'it is the index of another dump (move it away to scan the dump instead)')
+            seen[0] = end
+            if (yield from outside(r['head'])): return
+            yield from emit(r['pages'])
+            if r['parse_error']:
+                msg, line, col = r['parse_error']
+                msg = where.moved(msg, line, col, where.line - 1, where.col - len('<mediawiki>'))
+                tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
+                return
+            where.advance(*r['body'], skip=True)
+            if (yield from outside(r['tail'])): return
+            if r['error']:
+                kind, msg = r['error']
+                tally.problem('truncated_file', path, n + 1, f'stream ends after page {title!r} ({kind}: {msg})')
+                return
+        try: skeleton.close()
+        except ET.ParseError as e:
+            msg = where.moved(str(e), e.position[0], e.position[1], where.skipped, 0)
+            tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
+    finally:
+        pool.terminate(); pool.join()
