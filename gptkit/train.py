@@ -281,7 +281,11 @@ def _source(cfg: RunConfig, name: str) -> tuple | None:
     from gptkit.data.samples import split_ranges
     blend = cfg.data.blend(name)
     if blend is None or (name != 'train' and not _split_sizes(cfg)[name]): return None
-    _, prefixes, weights = blend
+    key, prefixes, weights = blend
+    if weights is None and any(c.isspace() for c in prefixes[0]) and not Path(prefixes[0] + '.idx').exists():
+        raise DataError(f'{key} {prefixes[0]!r} is not a dataset; a blend gives a weight before each prefix, as in '
+                        f"'1 {' 1 '.join(prefixes[0].split())}' (Megatron's list of prefixes without weights "
+                        'is not read)')
     if cfg.data.per_split: return prefixes, weights, None
     if name != 'train':                          # a valid/test share that rounds to nothing in every dataset
         ranges = [split_ranges(cfg.data.split, len(IndexedDataset(p))).get(name) for p in prefixes]
@@ -290,13 +294,13 @@ def _source(cfg: RunConfig, name: str) -> tuple | None:
 
 def data_plan(cfg: RunConfig) -> dict[str, list]:
     "Each split's datasets with their weight, samples drawn and epochs (`BlendPart`s), from the .idx files alone"
-    from gptkit.data.samples import plan_split
+    from gptkit.data.samples import _EmptySplit, plan_split
     out = {}
     for name, n in _split_sizes(cfg).items():
         src = _source(cfg, name)
         if src is None: continue
         try: out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
-        except DataError as e:
+        except _EmptySplit as e:
             raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that gives '
                             'every dataset documents in each split, or give each split its own blend') from None
     return out

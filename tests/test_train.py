@@ -17,7 +17,7 @@ import torch
 from conftest import TINY_SETS
 from gptkit import store
 from gptkit.config import ConfigError, DataError, resolve
-from gptkit.train import TrainingError, train
+from gptkit.train import TrainingError, data_plan, train
 
 
 def config(tiny_data, out, *sets, tokenizer=None):
@@ -344,3 +344,15 @@ def test_a_dataset_with_an_empty_split_in_a_blend_is_refused_before_training(tin
     with pytest.raises(DataError, match=r"b: the test split of '949,50,1' is empty, while data.prefix draws from it"):
         train(cfg)
     assert not list((tmp_path / 'run').glob('checkpoints/*'))
+
+
+def test_megatron_unweighted_prefix_list_and_a_missing_dataset_get_their_own_sentences(tiny_data, two_datasets, tmp_path):
+    a, b = two_datasets
+    cfg = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'{a} {b}'})   # Megatron's --data-path A B
+    with pytest.raises(DataError, match=rf"data.prefix '{a} {b}' is not a dataset; a blend gives a weight before each "
+                                        rf"prefix, as in '1 {a} 1 {b}'"):
+        data_plan(cfg)
+    cfg = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'1 {a} 1 {tmp_path}/missing'})
+    with pytest.raises(DataError, match=r'missing.idx: no such file') as e:
+        data_plan(cfg)
+    assert 'data.split' not in str(e.value)                    # no advice about splits for a file that is not there

@@ -109,10 +109,13 @@ def _save_atomic(path: Path, arr: np.ndarray):
     np.save(tmp, arr)
     os.replace(tmp, path)
 
+class _EmptySplit(DataError):
+    "A split of the documents that gives a dataset none"
+
 def _split_range(prefix, split: str, name: str, n: int) -> tuple[int, int]:
     "The sequences [begin, end) of split `name`, refused when empty"
     rng = split_ranges(split, n).get(name)
-    if rng is None or rng[1] <= rng[0]: raise DataError(f'{prefix}: the {name} split of {split!r} is empty')
+    if rng is None or rng[1] <= rng[0]: raise _EmptySplit(f'{prefix}: the {name} split of {split!r} is empty')
     return rng
 
 class GPTSamples:
