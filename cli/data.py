@@ -29,7 +29,7 @@ def prepare(
     tokenizer: TokenizerName = 'gpt2',
     text_key: TextKey = 'text',
     txt_split: Annotated[str, Opt(help=".txt files: one document per 'file' or per 'blank-line' block.")] = 'file',
-    workers: Annotated[int, Opt(help='Tokenizer threads.')] = 2,
+    workers: Annotated[int, Opt(help='Tokenizer threads, and processes that read a multistream .xml.bz2 dump.')] = 2,
     append_eod: Annotated[bool, Opt(
         '--append-eod/--no-append-eod', help='End each document with <|endoftext|>.')] = True,
     min_tokens: Annotated[int, Opt(help='Drop documents with fewer tokens.')] = 0,

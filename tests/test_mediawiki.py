@@ -232,3 +232,22 @@ def test_early_stop_leaves_no_process(dump):
     assert len(set(mp.active_children()) - before) == 2
     docs.close()
     assert set(mp.active_children()) == before
+
+
+def test_prepare_workers_read_a_multistream_dump_in_processes(dump, tmp_path, monkeypatch):
+    "prepare --workers 2 hands the dump to worker processes (streams in tasks of one) and writes the same bytes"
+    import gptkit.data.mediawiki as mw
+    from gptkit.data.prepare import PrepareConfig, prepare
+    path, _ = dump
+    calls, real = [], mw.read_mediawiki_parallel
+    def small_tasks(path, tally, workers, seen=None, **kw):
+        docs = real(path, tally, workers, seen, task_bytes=1)
+        calls.append(docs is not None)
+        return docs
+    monkeypatch.setattr(mw, 'read_mediawiki_parallel', small_tasks)
+    one = prepare(PrepareConfig((str(path),), str(tmp_path / 'one'), workers=1))
+    two = prepare(PrepareConfig((str(path),), str(tmp_path / 'two'), workers=2))
+    assert calls == [True]                                 # workers=1 never asks for processes; workers=2 got them
+    assert (one.documents, one.tokens) == (two.documents, two.tokens) and one.documents == 7
+    for suffix in ('.bin', '.idx'):
+        assert Path(one.prefix + suffix).read_bytes() == Path(two.prefix + suffix).read_bytes()

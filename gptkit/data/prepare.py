@@ -31,7 +31,7 @@ class PrepareConfig:
     tokenizer: str = 'gpt2'          # 'gpt2' or a directory saved by gptkit.tokenizer.save
     text_key: str = 'text'           # JSON Lines field holding the text
     txt_split: str = 'file'          # .txt: one document per 'file' or per 'blank-line' block
-    workers: int = 2                 # tokenizer threads
+    workers: int = 2                 # tokenizer threads; processes reading a multistream .xml.bz2 dump
     append_eod: bool = True          # end each document with <|endoftext|>
     min_tokens: int = 0              # drop documents with fewer tokens (before the end-of-document token)
     dedupe: bool = False             # drop exact duplicates (after cleaning)
@@ -182,7 +182,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     start = last = time.perf_counter()
     total = sum(p.stat().st_size for p in paths if p.is_file())
     event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
-    docs = _filtered(read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format), cfg, result.dropped)
+    docs = _filtered(read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers), cfg, result.dropped)
     with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
         for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
             for ids in tok.encode_batch(batch, cfg.workers):
