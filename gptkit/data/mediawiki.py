@@ -176,7 +176,7 @@ def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
     except (EOFError, OSError) as e:
         tally.problem('truncated_file', path, n + 1, f'stream ends after page {title!r} ({type(e).__name__}: {e})')
 
-# %% ../../nbs/03b_mediawiki.ipynb #0767c9f9
+# %% ../../nbs/03b_mediawiki.ipynb #52a64f38
 _STREAM = re.compile(rb'BZh[1-9]1AY&SY')   # a bz2 stream header and its first block's magic, byte-aligned
 _END = 0x177245385090                        # the end-of-stream magic (sqrt(pi)), bit-aligned
 
@@ -226,7 +226,7 @@ def bz2_streams(path: Path) -> list[int]:
                                 'index of another dump (move it away to scan the dump instead)')
     return starts
 
-# %% ../../nbs/03b_mediawiki.ipynb #92fc8c8a
+# %% ../../nbs/03b_mediawiki.ipynb #36d8cf9c
 def _pages(parser, data: bytes, root: list, out: list):
     "Feed `data` to an XMLPullParser a piece at a time; append the (title, clean text, broken markup) of each page"
     for i in range(0, len(data), 1 << 16):
@@ -265,7 +265,7 @@ def _read_streams(path: str, start: int, end: int) -> dict:
     return {'head': data[:first], 'tail': data[last:], 'pages': pages, 'parse_error': parse_error, 'error': error,
             'body': (body.count(b'\n'), len(body) - 1 - body.rfind(b'\n'))}   # the body's newlines, last line's length
 
-# %% ../../nbs/03b_mediawiki.ipynb #f9b36aa0
+# %% ../../nbs/03b_mediawiki.ipynb #ff467215
 def _groups(starts: list[int], size: int, task_bytes: int) -> list[tuple[int, int]]:
     "Consecutive streams grouped into byte ranges of at least `task_bytes` (the last may be shorter)"
     out, begin = [], 0
@@ -284,10 +284,13 @@ class _Where:
         return re.sub(r'line \d+, column \d+$', f'line {line + lines}, column {col + col0 if line == 1 else col}', msg)
 
 def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list | None = None,
-                            task_bytes: int = 4 << 20, starts: list[int] | None = None) -> Iterator[Document] | None:
+                            task_bytes: int | None = None,
+                            starts: list[int] | None = None) -> Iterator[Document] | None:
     "A multistream .xml.bz2 read by `workers` processes, equal to `read_mediawiki`; None if it holds one stream"
+    # task_bytes: compressed bytes a task decompresses; by default 4 MB, less for a dump too small to keep workers busy
     starts = starts if starts is not None else bz2_streams(path)
-    groups = _groups(starts, path.stat().st_size, task_bytes)
+    size = path.stat().st_size
+    groups = _groups(starts, size, task_bytes or min(4 << 20, size // (8 * workers)))
     if workers < 2 or len(groups) < 2: return None
     return _parallel(path, tally, workers, groups, seen if seen is not None else [0])
 
