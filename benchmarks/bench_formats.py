@@ -209,9 +209,8 @@ def main():
                   f'of XML  {n:,} articles  speed-up {reads[1][0] / t:.2f}x  {xml_mb / t / min(w, cores):5.1f} MB/s '
                   f'per core')
         tw, rw = run_prepare(dump, d / 'wiki', args.workers)
-        print(f'   gptkit prepare (extract + tokenize + write), --workers {args.workers} (prepare reads the dump '
-              f'serially until it passes workers to read_documents): {tw:6.2f} s  {xml_mb / tw:6.1f} MB/s of XML  '
-              f'{rw.documents:,} articles  {rw.tokens:,} tokens')
+        print(f'   gptkit prepare (extract + tokenize + write), --workers {args.workers}: {tw:6.2f} s  '
+              f'{xml_mb / tw:6.1f} MB/s of XML  {rw.documents:,} articles  {rw.tokens:,} tokens')
         peer = run_wikiextractor(dump, d / 'wikiextractor', args.workers)
         if isinstance(peer, str):
             print(f'   wikiextractor skipped: {peer}')
