@@ -182,7 +182,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     start = last = time.perf_counter()
     total = sum(p.stat().st_size for p in paths if p.is_file())
     event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
-    docs = _filtered(read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers), cfg, result.dropped)
+    docs = read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers)
+    docs = _filtered(docs, cfg, result.dropped)
     with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
         for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
             for ids in tok.encode_batch(batch, cfg.workers):
