@@ -5,6 +5,7 @@ import json
 import lzma
 from pathlib import Path
 
+import datasets  # a dev requirement (settings.ini); the tests must not skip in the dev venv
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -13,8 +14,6 @@ from gptkit.config import DataError
 from gptkit.data.corpus import read_documents
 from gptkit.data.prepare import PrepareConfig, prepare
 from gptkit_cli.main import app
-
-datasets = pytest.importorskip('datasets')   # a dev requirement (settings.ini); skipped only outside the dev venv
 
 FORMATS = Path(__file__).parent / 'data' / 'formats'
 WIKI = FORMATS / 'wikiextractor'

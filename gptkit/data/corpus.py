@@ -78,7 +78,8 @@ def _expand_dir(p: Path, fmt: str) -> list[Path]:
     found = [f for f in files if keep(f)]
     if not found:
         visible = [f for f in files if not f.name.startswith('.')]
-        raise DataError(f'{p}: the directory holds {len(files)} files but none with a name gptkit reads'
+        n = f'{len(files)} file' + 's' * (len(files) != 1)
+        raise DataError(f'{p}: the directory holds {n} but none with a name gptkit reads'
                         f'{" (such as " + visible[0].name + ")" if visible else ""}; name their format with --format '
                         f'{"|".join(FORMATS)}, or use {ACCEPTED.split(", or")[0]}')
     return found
