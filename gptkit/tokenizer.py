@@ -46,12 +46,15 @@ PROBE = ("Hello world! It's 3.14159 -- isn't it?\n\n  Indented\tline\r\n naïve 
 
 def fast_encoder(hf: HFTokenizer, eod_token: str = EOD) -> 'tiktoken.Encoding | None':
     "A tiktoken encoding equivalent to the byte-level BPE `hf`, or None if they disagree on the probe text"
-    u2b = _unicode_to_bytes()
+    # each stand-in character becomes its byte (as latin-1); any other character becomes one latin-1 cannot encode
+    table = {ord(ch): b for ch, b in _unicode_to_bytes().items()}
+    table.update({b: 0x10FFFF for b in range(256) if b not in table})
     ranks, specials = {}, {}
-    for token, i in hf.get_vocab().items():
-        if token == eod_token: specials[token] = i; continue
-        if any(ch not in u2b for ch in token): return None      # not a byte-level vocabulary
-        ranks[bytes(u2b[ch] for ch in token)] = i
+    try:
+        for token, i in hf.get_vocab().items():
+            if token == eod_token: specials[token] = i; continue
+            ranks[token.translate(table).encode('latin-1')] = i
+    except UnicodeEncodeError: return None                       # not a byte-level vocabulary
     try: enc = tiktoken.Encoding('gptkit-bpe', pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
     except Exception: return None
     same = enc.encode_ordinary(PROBE) == hf.encode(PROBE, add_special_tokens=False).ids

@@ -140,3 +140,13 @@ def test_word_cache_matches_hf_on_every_builtin_corpus(trained, builtin_by_hf):
     from gptkit.tokenizer import WordCache
     texts, want = builtin_by_hf
     assert [WordCache(trained.hf).encode(t) for t in texts] == want
+
+
+def test_fast_encoder_refuses_a_vocabulary_that_is_not_byte_level():
+    from tokenizers import Tokenizer as HFTokenizer, models
+    from gptkit.tokenizer import _unicode_to_bytes, fast_encoder
+    for vocab in ({'a': 0, ' b': 1}, {'a': 0, '\x07': 1}, {'a': 0, 'é日': 1}):   # a raw space or control byte, CJK
+        assert fast_encoder(HFTokenizer(models.BPE(vocab=vocab, merges=[]))) is None
+    u2b, hf = _unicode_to_bytes(), gpt2().hf                 # GPT-2's ranks are its vocabulary's bytes
+    ranks = {bytes(u2b[c] for c in t): i for t, i in hf.get_vocab().items() if t != '<|endoftext|>'}
+    assert fast_encoder(hf)._mergeable_ranks == ranks
