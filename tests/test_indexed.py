@@ -76,3 +76,19 @@ def test_foreign_and_damaged_files(tmp_path):
     with pytest.raises(DataError, match='index version 2 is not supported'): IndexedDataset(tmp_path / 'v2')
     (tmp_path / 'ok.bin').unlink()
     with pytest.raises(DataError, match='ok.bin: no such file'): IndexedDataset(tmp_path / 'ok')
+
+
+def test_add_documents_writes_what_add_document_writes(tmp_path):
+    from gptkit.data.indexed import IndexedWriter
+    docs = [[5, 6, 7], [65535], [1, 2], [9] * 1000, [0]]
+    with IndexedWriter(tmp_path / 'one') as w:
+        for d in docs: w.add_document(d)
+    with IndexedWriter(tmp_path / 'many') as w:
+        w.add_documents(docs[:2]); w.add_documents([]); w.add_documents(docs[2:])
+        assert (w.tokens, len(w.doc_index)) == (1007, 6)
+    for suffix in ('.bin', '.idx'):
+        assert (tmp_path / f'one{suffix}').read_bytes() == (tmp_path / f'many{suffix}').read_bytes()
+    for bad in ([[1], [65536]], [[-1]]):
+        w = IndexedWriter(tmp_path / 'bad')
+        with pytest.raises(DataError, match=f'token id {bad[-1][0]} does not fit in uint16'): w.add_documents(bad)
+        w.abort()

@@ -5,6 +5,7 @@
 # %% ../../nbs/04_indexed.ipynb #a58fa140
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import time
@@ -57,15 +58,28 @@ class IndexedWriter:
         self.doc_index = array('q', [0])   # running sequence count after each document
         self.tokens = 0
 
+    def _cast(self, arr: np.ndarray) -> np.ndarray:
+        "`arr` in the dataset's dtype, refused if a token id does not fit"
+        if arr.dtype == self.dtype: return arr
+        info = np.iinfo(self.dtype) if self.dtype.kind in 'iu' else None
+        if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
+            bad = int(arr.max() if arr.max() > info.max else arr.min())
+            raise DataError(f'{self.bin_path}: token id {bad} does not fit in {self.dtype}; use a wider dtype')
+        return arr.astype(self.dtype)
+
+    def add_documents(self, docs: list):
+        "Append many documents of one sequence each, with one conversion and one write for all of them"
+        sizes = [len(d) for d in docs]
+        arr = self._cast(np.fromiter(itertools.chain.from_iterable(docs), np.int64, count=sum(sizes)))
+        self._bin.write(arr.tobytes())
+        start = len(self.lengths)
+        self.lengths.extend(sizes)
+        self.doc_index.extend(range(start + 1, start + len(sizes) + 1))
+        self.tokens += arr.size
+
     def add_document(self, tokens, lengths: list[int] | None = None):
         "Append one document: its tokens, split into sequences of `lengths` (default: one sequence)"
-        arr = np.asarray(tokens)
-        if arr.dtype != self.dtype:
-            info = np.iinfo(self.dtype) if self.dtype.kind in 'iu' else None
-            if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
-                raise DataError(f'{self.bin_path}: token id {int(arr.max())} does not fit in {self.dtype}; '
-                                'use a wider dtype')
-            arr = arr.astype(self.dtype)
+        arr = self._cast(np.asarray(tokens))
         lengths = [arr.size] if lengths is None else list(lengths)
         if sum(lengths) != arr.size:
             raise DataError(f'{self.bin_path}: sequence lengths add up to {sum(lengths)}, '

@@ -186,11 +186,13 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     docs = _filtered(docs, cfg, result.dropped)
     with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
         for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
+            kept = []
             for ids in tok.encode_batch(batch, cfg.workers):
                 if len(ids) < cfg.min_tokens or not ids: result.dropped['too_short' if ids else 'empty'] += 1; continue
                 if cfg.append_eod: ids.append(tok.eod)
-                writer.add_document(ids)
-                result.documents += 1; result.tokens += len(ids)
+                kept.append(ids)
+            writer.add_documents(kept)
+            result.documents += len(kept); result.tokens += sum(map(len, kept))
             now = time.perf_counter()
             if progress and now - last >= every:
                 progress(event(now - start)); last = now
