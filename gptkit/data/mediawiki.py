@@ -28,23 +28,33 @@ DROPPED = ('ref', 'references', 'gallery', 'timeline', 'math', 'chem', 'ce', 'pr
 _COMMENT = re.compile(r'<!--.*?(?:-->|$)', re.S)
 _DROPPED = re.compile(r'<(%s)\b[^>]*?(?<!/)>.*?</\1\s*>' % '|'.join(DROPPED), re.S | re.I)
 _SELF_CLOSING = re.compile(r'<(?:%s)\b[^>]*/>' % '|'.join(DROPPED), re.I)
-_NESTED = re.compile(r'\{\{|\}\}|^[ \t:]*\{\||^[ \t]*\|\}(?!\})', re.M)
+_NESTED = re.compile(r'\{\{|\}\}|\{\||\|\}(?!\})')   # {| and |} count only at a line's start: checked below
+
+def _nested_tokens(text: str):
+    """(token, start, end) of each {{, }}, {| and |} in `text`. A table's {| counts only at a line's start after
+    spaces or colons (indented tables), its |} only after spaces; their span starts at the line's start"""
+    for m in _NESTED.finditer(text):
+        tok, start = m.group(), m.start()
+        if '|' in tok:
+            line = text.rfind('\n', 0, start) + 1
+            if text[line:start].strip(' \t:' if tok == '{|' else ' \t'): continue
+            start = line
+        yield tok, start, m.end()
 
 def _drop_nested(text: str) -> tuple[str, list[str]]:
     "`text` without templates {{...}} and tables {|...|} (nested), and the openers or closers left unmatched"
     broken = []
     while True:
         spans, stack, start = [], [], 0
-        for m in _NESTED.finditer(text):
-            tok = m.group().lstrip(' \t:')
+        for tok, s, e in _nested_tokens(text):
             if tok in ('{{', '{|'):
-                if not stack: start = m.start()
-                stack.append((tok, m.start(), m.end()))
+                if not stack: start = s
+                stack.append((tok, s, e))
             elif stack and stack[-1][0] == ('{{' if tok == '}}' else '{|'):
                 stack.pop()
-                if not stack: spans.append((start, m.end()))
+                if not stack: spans.append((start, e))
             elif not stack:                            # a closer with no opener: drop the closer alone
-                broken.append(tok); spans.append((m.start(), m.end()))
+                broken.append(tok); spans.append((s, e))
         if stack:                                      # unclosed: drop the outermost opener only, then rescan
             tok, s, e = stack[0]
             broken.append(tok)
@@ -94,7 +104,7 @@ _TAG = re.compile(r'</?[a-zA-Z][a-zA-Z0-9]*\b[^<>]*>')
 _QUOTES = re.compile(r"'{2,}")   # bold, italic, both; and '''' left when a template inside italics goes
 _MAGIC = re.compile(r'__[A-Z]+__')
 _HEADING = re.compile(r'(={1,6})\s*(.*?)\s*\1\s*$')
-_SPACES = re.compile(r'[ \t\xa0\u2009\u202f]+')
+_SPACES = re.compile(r' [ \t\xa0\u2009\u202f]+|[\t\xa0\u2009\u202f][ \t\xa0\u2009\u202f]*')   # runs, not 1 space
 _EMPTY_PARENS = re.compile(r'\(\s*(?:[,;:]\s*)*\)')
 _LEAD_PUNCT = re.compile(r'\(\s*[,;:]\s*')   # "(, Sofiya)" once the template before the comma is gone
 _SPACE_PUNCT = re.compile(r' +([,.;:!?)\]])')
@@ -114,9 +124,10 @@ def clean_wikitext(text: str) -> tuple[str, list[str]]:
     text = _MAGIC.sub('', _QUOTES.sub('', text))
     if '<' in text: text = _TAG.sub('', text)
     if '&' in text: text = html.unescape(text)
-    lines, heading = [], None
+    text = _SPACES.sub(' ', text)                          # whole text at once: the class holds no \n
+    out, lines, heading = [], [], None
     for line in text.split('\n'):
-        line = _SPACES.sub(' ', line).strip()
+        line = line.strip()
         if not line: continue
         m = _HEADING.match(line)
         if m: heading = m.group(2); continue             # kept only if its section has text
@@ -124,12 +135,16 @@ def clean_wikitext(text: str) -> tuple[str, list[str]]:
             line = line.lstrip('*#:; ')
             if not line: continue
         if line[0] in '{|!}': continue                     # residue of tables and templates
-        if '(' in line: line = _SPACES.sub(' ', _LEAD_PUNCT.sub('(', _EMPTY_PARENS.sub('', line)))
-        line = _OPEN_SPACE.sub(r'\1', _SPACE_PUNCT.sub(r'\1', line)).strip()
+        if '(' in line: line = _SPACES.sub(' ', _LEAD_PUNCT.sub('(', _EMPTY_PARENS.sub('', line))).strip()
         if not line or not any(c.isalnum() for c in line): continue
-        if heading: lines.append(heading); heading = None
+        if heading: out += [_tidy(lines), heading]; lines, heading = [], None
         lines.append(line)
-    return '\n'.join(lines), broken
+    return '\n'.join(filter(None, out + [_tidy(lines)])), broken
+
+def _tidy(lines: list[str]) -> str:
+    "Lines joined, without spaces before punctuation or after an opening bracket"
+    # one pass over them all: the lines are stripped, so no match crosses a line end
+    return _OPEN_SPACE.sub(r'\1', _SPACE_PUNCT.sub(r'\1', '\n'.join(lines)))
 
 # %% ../../nbs/03b_mediawiki.ipynb #c84dc687
 def _local(tag: str) -> str: return tag.rpartition('}')[2]
