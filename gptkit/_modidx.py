@@ -740,6 +740,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'gptkit.tokenizer.Tokenizer.__repr__': ('tokenizer.html#tokenizer.__repr__', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.decode': ('tokenizer.html#tokenizer.decode', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.encode': ('tokenizer.html#tokenizer.encode', 'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.Tokenizer.encode_arrays': ( 'tokenizer.html#tokenizer.encode_arrays',
+                                                                                'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.encode_batch': ( 'tokenizer.html#tokenizer.encode_batch',
                                                                                'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.fast': ('tokenizer.html#tokenizer.fast', 'gptkit/tokenizer.py'),

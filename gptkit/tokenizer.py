@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import gzip
 import json
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import regex
 import tiktoken
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
@@ -132,6 +135,13 @@ class Tokenizer:
         if self.fast: return self.fast.encode_ordinary_batch(texts, num_threads=threads)
         if self.words: return [self.words.encode(t) for t in texts]
         return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
+    def encode_arrays(self, texts: list[str], threads: int = 2) -> list[np.ndarray]:
+        """`encode_batch` as uint32 arrays: the fast encoder writes them straight from Rust, with no Python int per
+        token (what `prepare` writes); the others convert their lists"""
+        if not self.fast: return [np.array(ids, np.uint32) for ids in self.encode_batch(texts, threads)]
+        encode = partial(self.fast.encode_to_numpy, disallowed_special=())   # special tokens as plain text
+        if threads <= 1 or len(texts) < 2: return [encode(t) for t in texts]
+        with ThreadPoolExecutor(threads) as pool: return list(pool.map(encode, texts))
     def decode(self, ids) -> str: return self.hf.decode(list(ids), skip_special_tokens=False)
 
     def __repr__(self): return f'Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eod={self.eod})'

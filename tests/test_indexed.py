@@ -86,9 +86,21 @@ def test_add_documents_writes_what_add_document_writes(tmp_path):
     with IndexedWriter(tmp_path / 'many') as w:
         w.add_documents(docs[:2]); w.add_documents([]); w.add_documents(docs[2:])
         assert (w.tokens, len(w.doc_index)) == (1007, 6)
+    with IndexedWriter(tmp_path / 'arrays') as w:   # uint32 arrays, as Tokenizer.encode_arrays gives them
+        w.add_documents([np.array(d, np.uint32) for d in docs])
     for suffix in ('.bin', '.idx'):
-        assert (tmp_path / f'one{suffix}').read_bytes() == (tmp_path / f'many{suffix}').read_bytes()
-    for bad in ([[1], [65536]], [[-1]]):
+        for other in ('many', 'arrays'):
+            assert (tmp_path / f'one{suffix}').read_bytes() == (tmp_path / f'{other}{suffix}').read_bytes()
+    for bad in ([[1], [65536]], [[-1]], [np.array([1], np.uint32), np.array([70000], np.uint32)]):
         w = IndexedWriter(tmp_path / 'bad')
         with pytest.raises(DataError, match=f'token id {bad[-1][0]} does not fit in uint16'): w.add_documents(bad)
         w.abort()
+
+
+def test_add_documents_ends_each_document_with_eod(tmp_path):
+    from gptkit.data.indexed import IndexedDataset, IndexedWriter
+    docs, eod = [[5, 6, 7], [], [1, 2]], 50256
+    for name, given in (('lists', docs), ('arrays', [np.array(d, np.uint32) for d in docs])):
+        with IndexedWriter(tmp_path / name) as w: w.add_documents(given, eod=eod)
+        ds = IndexedDataset(tmp_path / name)
+        assert [ds[i].tolist() for i in range(3)] == [[5, 6, 7, eod], [eod], [1, 2, eod]]

@@ -74,7 +74,9 @@ def test_fast_encoder_matches_hf_on_every_builtin_corpus():
     tok = _gpt2()
     assert tok.fast is not None
     texts = [d.text for d in read_documents([f'builtin:{k}' for k in BUILTIN])]
-    assert tok.encode_batch(texts) == [e.ids for e in tok.hf.encode_batch(texts, add_special_tokens=False)]
+    want = [e.ids for e in tok.hf.encode_batch(texts, add_special_tokens=False)]
+    assert tok.encode_batch(texts) == want
+    assert [a.tolist() for a in tok.encode_arrays(texts, 2)] == want   # what prepare writes
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,6 +98,7 @@ def test_trained_tokenizer_encodes_like_hf_on_every_builtin_corpus(trained, buil
     texts, want = builtin_by_hf
     assert trained.fast is not None   # the probe found tiktoken equivalent
     assert trained.encode_batch(texts) == want
+    assert [a.tolist() for a in trained.encode_arrays(texts[:50], 2)] == want[:50]
 
 
 @settings(max_examples=300, deadline=None)

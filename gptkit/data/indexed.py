@@ -67,14 +67,21 @@ class IndexedWriter:
             raise DataError(f'{self.bin_path}: token id {bad} does not fit in {self.dtype}; use a wider dtype')
         return arr.astype(self.dtype)
 
-    def add_documents(self, docs: list):
-        "Append many documents of one sequence each, with one conversion and one write for all of them"
-        sizes = [len(d) for d in docs]
-        arr = self._cast(np.fromiter(itertools.chain.from_iterable(docs), np.int64, count=sum(sizes)))
+    def add_documents(self, docs: list, eod: int | None = None):
+        """Append many documents of one sequence each (lists or arrays of token ids), each ended by `eod` if given,
+        with one conversion and one write for all of them"""
+        if not docs: return
+        if isinstance(docs[0], np.ndarray):
+            end = [np.array([eod], docs[0].dtype)] if eod is not None else []
+            arr = np.concatenate([p for d in docs for p in (d, *end)])
+        else:
+            end = [eod] if eod is not None else []
+            arr = np.fromiter(itertools.chain.from_iterable(p for d in docs for p in (d, end)), np.int64)
+        arr = self._cast(arr)
         self._bin.write(arr.tobytes())
         start = len(self.lengths)
-        self.lengths.extend(sizes)
-        self.doc_index.extend(range(start + 1, start + len(sizes) + 1))
+        self.lengths.extend(len(d) + len(end) for d in docs)
+        self.doc_index.extend(range(start + 1, start + len(docs) + 1))
         self.tokens += arr.size
 
     def add_document(self, tokens, lengths: list[int] | None = None):

@@ -187,12 +187,13 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
         for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
             kept = []
-            for ids in tok.encode_batch(batch, cfg.workers):
-                if len(ids) < cfg.min_tokens or not ids: result.dropped['too_short' if ids else 'empty'] += 1; continue
-                if cfg.append_eod: ids.append(tok.eod)
+            for ids in tok.encode_arrays(batch, cfg.workers):
+                if len(ids) < cfg.min_tokens or not len(ids):
+                    result.dropped['too_short' if len(ids) else 'empty'] += 1; continue
                 kept.append(ids)
-            writer.add_documents(kept)
-            result.documents += len(kept); result.tokens += sum(map(len, kept))
+            tokens = writer.tokens
+            writer.add_documents(kept, tok.eod if cfg.append_eod else None)
+            result.documents += len(kept); result.tokens += writer.tokens - tokens
             now = time.perf_counter()
             if progress and now - last >= every:
                 progress(event(now - start)); last = now
