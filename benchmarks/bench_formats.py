@@ -5,18 +5,25 @@
    (HF tokenizers' encode_batch, Rust on all cores, and gptkit's own Tokenizer.encode_batch; goal >= 0.8x).
 3. prepare with 1, 2 (and os.cpu_count(), if more) workers: MB/s, speed-up and MB/s per core.
 4. A MediaWiki multistream dump (.xml.bz2): gptkit's reader alone (read_documents) with 1, 2 (and os.cpu_count())
-   worker processes, then the dump to .bin/.idx against wikiextractor 3.0.6's extraction alone (run under a Python
-   < 3.11, as tests/test_mediawiki.py finds it). Megatron's tools/preprocess_data.py is not installed here, so
-   the printed ratio is a lower bound of the issue's (wikiextractor, then preprocess_data.py; goal >= 3x).
+   worker processes; then the dump to .bin/.idx by `gptkit data prepare` against the peers' pipeline, as
+   Megatron-DeepSpeed's walkthrough runs it: wikiextractor 3.0.6 --json (under a Python < 3.11, as
+   tests/test_mediawiki.py finds it), its wiki_* files joined into one file, then Megatron-LM's
+   tools/preprocess_data.py with GPT2BPETokenizer (goal >= 3x). Every step runs as its command in a subprocess,
+   start-up included; each is also run on the one-copy sample dump, and the ratio is printed both with start-up and
+   for the extra pages alone. preprocess_data.py is not in the megatron-core wheel: give a Megatron-LM source tree
+   with --megatron-lm PATH (or MEGATRON_LM), e.g. `git clone -b core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`
+   (the tag of the installed megatron-core); without it the peer is wikiextractor alone, a lower bound.
 
 Inputs: the built-in corpora (gptkit/assets/corpora/*.jsonl.gz) repeated to 30 MB x --scale, written as JSON Lines
 and as Parquet (pyarrow, --row-group rows per row group); the pages of tests/data/mediawiki/enwiki-sample-*.xml.bz2
-repeated with distinct titles and ids to 12 MB x --scale of XML, compressed as a multistream dump (streams of 100
-pages, like Wikimedia's, with its index file). Every prepare runs
+repeated with distinct titles and ids to 12 MB x --scale of XML, each article with about 24 KB of distinct paragraphs
+from the built-in corpora added (12.6 MB of distinct text in all, then it repeats), compressed as a multistream dump
+(streams of 100 pages, like Wikimedia's, with its index file). Every prepare runs
 in this process with GPT-2's tokenizer and the default cleaning; times are wall clock around each call.
 
     .venv/bin/python benchmarks/bench_formats.py
     .venv/bin/python benchmarks/bench_formats.py --scale 4 --workers 8
+    .venv/bin/python benchmarks/bench_formats.py --only-mediawiki --megatron-lm ~/Megatron-LM
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import gzip
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
-from peers import wikiextractor  # noqa: E402
+from peers import megatron_checkout, megatron_preprocess, wikiextractor  # noqa: E402
 
 WIKI = ROOT / 'tests' / 'data' / 'mediawiki' / 'enwiki-sample-pages-articles.xml.bz2'
 
@@ -59,19 +67,39 @@ def make_parquet(folder: Path, texts: list[str], row_group: int) -> tuple[Path, 
     return path, pq.ParquetFile(path).num_row_groups
 
 
-def make_dump(folder: Path, target: int, per_stream: int = 100) -> tuple[Path, int, int]:
-    """The sample dump's pages repeated (titles and page ids made distinct) until `target` bytes of XML, as a
-    multistream .xml.bz2 (a header stream, `per_stream` pages a stream, a footer stream) with its index beside it,
-    as Wikimedia's"""
+def corpus_paragraphs():
+    "The built-in corpora's documents as blank-line paragraphs of distinct text, in turn, forever"
+    from gptkit.tokenizer import asset
+    while True:
+        for p in sorted(asset('corpora').glob('*.jsonl.gz')):
+            for line in gzip.decompress(p.read_bytes()).splitlines():
+                if line.strip(): yield from (q for q in json.loads(line)['text'].split('\n\n') if q.strip())
+
+
+_NOT_XML = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]')   # characters XML 1.0 does not allow
+
+
+def make_dump(folder: Path, target: int, per_stream: int = 100, extra: int = 24_000) -> tuple[Path, int, int]:
+    """The sample dump's pages repeated (titles and page ids made distinct) until `target` bytes of XML, each article
+    given about `extra` characters of distinct paragraphs from the built-in corpora (so the text is not the same few
+    pages again, which a tokenizer's word cache would make cheap), as a multistream .xml.bz2 (a header stream,
+    `per_stream` pages a stream, a footer stream) with its index beside it, as Wikimedia's"""
+    from html import escape
     xml = bz2.decompress(WIKI.read_bytes()).decode('utf-8')
     head, rest = xml.split('  <page>', 1)
     body, tail = ('  <page>' + rest).rsplit('  </page>\n', 1)
     sample = [p + '  </page>\n' for p in body.split('  </page>\n')]
+    paragraphs = corpus_paragraphs()
     pages, size, k = [], len(head) + len(tail), 0
-    while size < target:
+    while size < target or not pages:   # at least one copy
         for page in sample:
             if k: page = re.sub(r'<title>(.*?)</title>', rf'<title>\1 ({k})</title>', page)
             page = re.sub(r'\n    <id>(\d+)</id>', lambda m: f'\n    <id>{int(m[1]) + k * 10**7}</id>', page)
+            if '<ns>0</ns>' in page and '#REDIRECT' not in page.upper() and '</text>' in page:
+                added, n = [], 0
+                while n < extra: added.append(next(paragraphs)); n += len(added[-1])
+                added = _NOT_XML.sub('', escape('\n\n' + '\n\n'.join(added), quote=False))   # as dumps are
+                page = page.replace('</text>', added + '</text>', 1)
             pages.append(page); size += len(page)
         k += 1
     path = folder / 'enwiki-repeated-pages-articles-multistream.xml.bz2'
@@ -136,15 +164,42 @@ def raw_encode(texts: list[str], cores: int) -> tuple[float, int, float, int, fl
     return hf, hf_tokens, time.perf_counter() - t, own_tokens, loading
 
 
-def run_wikiextractor(dump: Path, out: Path, processes: int) -> tuple[float, int, int] | str:
-    "wikiextractor 3.0.6 --json on the dump: (seconds, records written, records with text), or why it cannot run"
+def timed(cmd: list[str], what: str, **kw) -> float:
+    "Seconds `cmd` takes as a subprocess; stops the benchmark with its output if it fails"
     t = time.perf_counter()
-    r = wikiextractor(dump, out, processes)
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw) if isinstance(cmd, list) else cmd()
     seconds = time.perf_counter() - t
-    if isinstance(r, str): return r
-    if r.returncode: raise SystemExit(f'wikiextractor failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
-    texts = [json.loads(line)['text'] for f in out.rglob('wiki_*') for line in f.read_bytes().splitlines()]
-    return seconds, len(texts), sum(1 for t in texts if t.strip())   # it writes redirects as records without text
+    if isinstance(r, str): raise SystemExit(f'{what} cannot run: {r}')
+    if r.returncode: raise SystemExit(f'{what} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}')
+    return seconds
+
+
+def gptkit_cli(dump: Path, prefix: Path, workers: int) -> float:
+    "`gptkit data prepare` on the dump as a command: seconds, start-up included"
+    cli = Path(sys.executable).with_name('gptkit')
+    return timed([str(cli), 'data', 'prepare', '-i', str(dump), '--output-prefix', str(prefix),
+                  '--workers', str(workers)], 'gptkit data prepare')
+
+
+def peer_pipeline(dump: Path, out: Path, workers: int, tree) -> dict:
+    """wikiextractor --json on the dump, its wiki_* files joined in order into one JSON Lines file, then
+    preprocess_data.py on it if `tree` is a Megatron-LM source tree: seconds of each step, and the records"""
+    out.mkdir()
+    times = {'wikiextractor': timed(lambda: wikiextractor(dump, out / 'text', workers), 'wikiextractor')}
+    t = time.perf_counter()
+    joined = out / 'wiki.json'
+    with open(joined, 'wb') as f:
+        for part in sorted((out / 'text').rglob('wiki_*')): f.write(part.read_bytes())
+    times['join'] = time.perf_counter() - t
+    lines = joined.read_bytes().splitlines()
+    times['records'] = len(lines)
+    times['with_text'] = sum(1 for line in lines if json.loads(line)['text'].strip())
+    if isinstance(tree, Path):
+        times['preprocess_data'] = timed(lambda: megatron_preprocess(tree, joined, out / 'megatron', workers),
+                                         'preprocess_data.py')
+        from gptkit.data.indexed import IndexedDataset
+        times['tokens'] = IndexedDataset(out / 'megatron_text_document').num_tokens
+    return times
 
 
 def main():
@@ -153,6 +208,7 @@ def main():
     ap.add_argument('--workers', type=int, default=os.cpu_count(), help='workers of prepare (parts 1, 2 and 4)')
     ap.add_argument('--row-group', type=int, default=2048, help='Parquet rows per row group')
     ap.add_argument('--only-mediawiki', action='store_true', help='run part 4 alone')
+    ap.add_argument('--megatron-lm', help='a Megatron-LM source tree, for tools/preprocess_data.py (part 4)')
     args = ap.parse_args()
     cores = os.cpu_count()
     with tempfile.TemporaryDirectory() as d:
@@ -208,26 +264,41 @@ def main():
         dump, xml_size, pages = make_dump(d, int(12 * 2**20 * args.scale))
         xml_mb = xml_size / 2**20
         print(f'   dump: {dump.stat().st_size / 2**20:.2f} MB .xml.bz2 in streams of 100 pages with its index '
-              f'(repeats compress better than a real dump), {xml_mb:.1f} MB of XML, {pages:,} pages')
+              f'({xml_size / dump.stat().st_size:.1f}x smaller than its XML), {xml_mb:.1f} MB of XML, {pages:,} pages')
         reads = {w: run_read(dump, w) for w in sorted({1, 2, cores})}
         for w, (t, n) in reads.items():
             print(f'   read_documents(workers={w}) (decompress + parse + clean): {t:6.2f} s  {xml_mb / t:6.1f} MB/s '
                   f'of XML  {n:,} articles  speed-up {reads[1][0] / t:.2f}x  {xml_mb / t / min(w, cores):5.1f} MB/s '
                   f'per core')
         tw, rw = run_prepare(dump, d / 'wiki', args.workers)
-        print(f'   gptkit prepare (extract + tokenize + write), --workers {args.workers}: {tw:6.2f} s  '
+        print(f'   gptkit prepare (extract + tokenize + write) in this process, --workers {args.workers}: {tw:6.2f} s  '
               f'{xml_mb / tw:6.1f} MB/s of XML  {rw.documents:,} articles  {rw.tokens:,} tokens')
-        peer = run_wikiextractor(dump, d / 'wikiextractor', args.workers)
-        if isinstance(peer, str):
-            print(f'   wikiextractor skipped: {peer}')
+        tree = megatron_checkout(args.megatron_lm or os.environ.get('MEGATRON_LM'))
+        (d / 'small').mkdir()
+        small, small_size, small_pages = make_dump(d / 'small', 1)
+        runs = {}
+        for name, path in (('full', dump), ('sample', small)):
+            runs[name] = {'gptkit': gptkit_cli(path, d / f'cli-{name}', args.workers),
+                          **peer_pipeline(path, d / f'peer-{name}', args.workers, tree)}
+        full, one = runs['full'], runs['sample']
+        steps = ['wikiextractor', 'join'] + (['preprocess_data'] if 'preprocess_data' in full else [])
+        print(f'   as commands, --workers/--processes {args.workers}, on this dump and on the one-copy sample '
+              f'({small_pages} pages, {small_size / 2**20:.1f} MB of XML; start-up and imports):')
+        for step in ['gptkit'] + steps:
+            extra = full[step] - one[step]
+            print(f'     {step:16} {full[step]:7.2f} s   sample {one[step]:6.2f} s   extra pages '
+                  f'{extra:7.2f} s  {(xml_mb - small_size / 2**20) / max(extra, 1e-9):6.1f} MB/s of XML')
+        print(f'   wikiextractor wrote {full["records"]:,} records, {full["with_text"]:,} with text (redirects are '
+              f'records without text); gptkit wrote {rw.documents:,} articles')
+        peer, peer_one = sum(full[s] for s in steps), sum(one[s] for s in steps)
+        name = ' + '.join(steps)
+        if 'preprocess_data' in full:
+            print(f'   preprocess_data.py wrote {full["tokens"]:,} tokens (gptkit: {rw.tokens:,})')
         else:
-            te, records, articles = peer
-            print(f'   wikiextractor --json --processes {args.workers} (extract only): {te:6.2f} s  '
-                  f'{xml_mb / te:6.1f} MB/s of XML  {records:,} records, {articles:,} with text')
-            print(f'   ratio gptkit / wikiextractor alone (speed): {te / tw:.2f}x. A lower bound of the issue\'s '
-                  f'ratio (goal >= 3x),\n   whose peer adds Megatron\'s preprocess_data.py (not installed here) '
-                  f'to the extraction')
-
+            print(f'   preprocess_data.py skipped: {tree}; the ratio below is a lower bound of the issue\'s')
+        print(f'   ratio gptkit / ({name}) (speed): {peer / full["gptkit"]:.2f}x with start-up, '
+              f'{(peer - peer_one) / max(full["gptkit"] - one["gptkit"], 1e-9):.2f}x on the extra pages '
+              f'(goal >= 3x)')
 
 if __name__ == '__main__':
     main()
