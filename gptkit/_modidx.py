@@ -196,6 +196,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'gptkit.data.mediawiki._read_streams': ('mediawiki.html#_read_streams', 'gptkit/data/mediawiki.py'),
                                        'gptkit.data.mediawiki._scan_streams': ('mediawiki.html#_scan_streams', 'gptkit/data/mediawiki.py'),
                                        'gptkit.data.mediawiki._tidy': ('mediawiki.html#_tidy', 'gptkit/data/mediawiki.py'),
+                                       'gptkit.data.mediawiki._usable_cores': ('mediawiki.html#_usable_cores', 'gptkit/data/mediawiki.py'),
                                        'gptkit.data.mediawiki.bz2_streams': ('mediawiki.html#bz2_streams', 'gptkit/data/mediawiki.py'),
                                        'gptkit.data.mediawiki.clean_wikitext': ( 'mediawiki.html#clean_wikitext',
                                                                                  'gptkit/data/mediawiki.py'),

@@ -1,6 +1,7 @@
 "MediaWiki XML dumps read as clean article text (gptkit.data.mediawiki), against the shipped enwiki/bgwiki samples"
 import bz2
 import io
+import os
 import json
 import re
 import sys
@@ -190,6 +191,14 @@ def test_read_documents_workers(dump):
                                                                      t2.problems)
     assert read_mediawiki_parallel(EN, Tally(), 2) is None      # a single-stream dump: the serial path
     assert read_mediawiki_parallel(path, Tally(), 1) is None
+    import multiprocessing.pool
+    made, Pool = [], multiprocessing.pool.Pool
+    class Counting(Pool):
+        def __init__(self, processes=None, *a, **kw): made.append(processes); super().__init__(processes, *a, **kw)
+    multiprocessing.pool.Pool = Counting
+    try: many = [(d.text, d.line) for d in read_documents([path], Tally(), workers=10**6)]   # a huge --workers
+    finally: multiprocessing.pool.Pool = Pool
+    assert many == one and len(made) == 1 and 2 <= made[0] <= max(2, len(os.sched_getaffinity(0)))
 
 
 def test_wrong_index_refused(dump):

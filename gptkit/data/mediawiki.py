@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bz2
 import html
+import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -298,6 +299,9 @@ class _Where:
         "`msg` of a parse error at (line, col) of a piece that started `lines` lines and `col0` columns in"
         return re.sub(r'line \d+, column \d+$', f'line {line + lines}, column {col + col0 if line == 1 else col}', msg)
 
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
 def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list | None = None,
                             task_bytes: int | None = None,
                             starts: list[int] | None = None) -> Iterator[Document] | None:
@@ -305,8 +309,10 @@ def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list |
     # task_bytes: compressed bytes a task decompresses; by default 4 MB, less for a dump too small to keep workers busy
     starts = starts if starts is not None else bz2_streams(path)
     size = path.stat().st_size
+    workers = min(workers, max(2, _usable_cores()))   # more processes than cores only cost memory
     groups = _groups(starts, size, task_bytes or min(4 << 20, size // (8 * workers)))
-    if workers < 2 or len(groups) < 2: return None
+    workers = min(workers, len(groups))
+    if workers < 2: return None
     return _parallel(path, tally, workers, groups, seen if seen is not None else [0])
 
 def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
