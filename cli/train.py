@@ -143,7 +143,10 @@ def train(
         '--force', help="Train even when the estimate says the model does not fit this machine.")] = False,
     local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True)] = None,
 ):
-    """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed."""
+    """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed.
+
+    SIGINT, SIGTERM or SIGUSR1 (a scheduler's preemption, SLURM's --signal=USR1@120) finish the step, save a
+    checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it."""
     try:
         cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
                           (train_data, valid_data, test_data))
@@ -204,7 +207,8 @@ class RichProgress:
         if info.resumed_from: self.progress.console.print(f'resumed from {info.resumed_from} (step {info.start})')
 
     def on_step(self, m):
-        stats = f'loss {m.loss:.3f} | lr {m.lr:.2e} | {m.tokens_per_s:,.0f} tok/s | {m.tflops:.3f} TFLOP/s'
+        loss = 'no loss (NaN)' if m.loss is None else f'loss {m.loss:.3f}'
+        stats = f'{loss} | lr {m.lr:.2e} | {m.tokens_per_s:,.0f} tok/s | {m.tflops:.3f} TFLOP/s'
         if m.mfu is not None: stats += f' | MFU {m.mfu:.1%}'
         if m.grad_norm is not None: stats += f' | grad {m.grad_norm:.2f}'
         if m.loss_scale is not None: stats += f' | scale {m.loss_scale:g}'
@@ -226,12 +230,17 @@ class RichProgress:
 def _run(cfg, override, resume, force, rank):
     from gptkit.train import train as run_training
     result = run_training(cfg, callbacks=[RichProgress()], resume=resume, ds_override=override, force=force)
-    if rank != 0: return result
+    if rank != 0:
+        if result.interrupted: raise typer.Exit(result.exit_code)
+        return result
     parts = [f'{result.iteration:,} steps, {result.tokens:,} tokens in {fmt.duration(result.seconds)}']
     if result.valid_loss is not None: parts.append(f'validation loss {result.valid_loss:.3f}')
     if result.test_loss is not None: parts.append(f'test loss {result.test_loss:.3f}')
     out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {result.checkpoint}')
     if result.interrupted:
-        out.print(f'[yellow]interrupted[/]: continue with [bold]gptkit train --resume --out {cfg.out}[/] and the same '
-                  f'settings')
+        import signal
+        name = signal.Signals(result.signal).name if result.signal else 'a signal'
+        out.print(f'[yellow]interrupted[/] by {name}, checkpoint saved: continue with [bold]gptkit train --resume '
+                  f'--out {cfg.out}[/] and the same settings (exit code {result.exit_code}: 128 + the signal)')
+        raise typer.Exit(result.exit_code)
     return result

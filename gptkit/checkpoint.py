@@ -354,6 +354,16 @@ def _verified_state(folder: Path) -> dict:
     "state.json of a folder that `find` has just verified (its files are not hashed again)"
     return json.loads((folder / 'state.json').read_text())
 
+def _check_finite(weights: dict, folder: Path):
+    "Refuse weights holding NaN or infinite values (a run that diverged before it saved): nothing useful comes out"
+    import torch
+    bad = {k: int(v.numel() - torch.isfinite(v).sum()) for k, v in weights.items() if v.is_floating_point()}
+    if not any(bad.values()): return
+    first = next(k for k, n in bad.items() if n)
+    total = sum(v.numel() for v in weights.values() if v.is_floating_point())
+    raise CheckpointError(f'{folder}: {sum(bad.values()):,} of its {total:,} weights are NaN or infinite (first in '
+                          f'{first}): the run had diverged when it saved this. Use an earlier checkpoint')
+
 def checkpoint_parts(path) -> tuple:
     "(folder, RunConfig, state.json, weights checked against the config, tokenizer or None) of a checkpoint"
     import torch
@@ -364,6 +374,7 @@ def checkpoint_parts(path) -> tuple:
     weights = _read_weights(folder)
     with torch.device('meta'): shell = GPT(cfg.model)
     check_shapes({k: list(v.shape) for k, v in weights.items()}, shell, str(folder))
+    _check_finite(weights, folder)
     tok = None
     if (folder / 'tokenizer').is_dir():
         from gptkit.tokenizer import load as load_tokenizer

@@ -19,7 +19,8 @@ from typing import Callable, Iterable
 __all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'GptkitError',
            'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
            'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig',
-           'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic', 'save_config']
+           'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic',
+           'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -602,6 +603,17 @@ def write_atomic(path: str | Path, text: str):
     tmp = path.with_name(f'.{path.name}.tmp')
     with open(tmp, 'w', encoding='utf-8') as f: f.write(text); f.flush(); os.fsync(f.fileno())
     os.replace(tmp, path)
+
+def finite_or_none(obj):
+    "`obj` with every NaN or infinite float inside (dicts, lists, tuples) replaced by None"
+    if isinstance(obj, float): return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict): return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [finite_or_none(v) for v in obj]
+    return obj
+
+def json_text(obj, **kw) -> str:
+    "JSON of `obj` with NaN and infinities as null: JSON has neither, and readers such as jq reject them"
+    return json.dumps(finite_or_none(obj), allow_nan=False, **kw)
 
 def save_config(cfg: RunConfig, path: str | Path):
     "Write `cfg` as JSON (or YAML by suffix), atomically"

@@ -23,17 +23,17 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt, store
-from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, resolve, save_config
+from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, json_text, resolve, save_config
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TrainingError', 'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard',
-           'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan',
-           'tokenizer_vocab', 'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due',
-           'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss',
-           'text_loss']
+__all__ = ['log', 'STOP_SIGNALS', 'TrainingError', 'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile',
+           'TensorBoard', 'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate',
+           'data_plan', 'tokenizer_vocab', 'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report',
+           'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts',
+           'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -58,7 +58,7 @@ class RunInfo:
 class StepMetrics:
     "Averages over the steps since the last report"
     iteration: int            # optimizer steps done
-    loss: float
+    loss: float | None        # None when every micro-batch since the last report was dropped (NaN or inf)
     lr: float
     grad_norm: float | None
     loss_scale: float | None
@@ -80,9 +80,15 @@ class TrainResult:
     valid_loss: float | None = None
     test_loss: float | None = None
     checkpoint: Path | None = None
-    interrupted: bool = False
+    interrupted: bool = False            # stopped early by a signal, after saving
+    signal: int | None = None            # that signal's number (SIGINT, SIGTERM or SIGUSR1)
     seconds: float = 0.0
     engine: object = field(default=None, repr=False)   # the DeepSpeed engine, to look at or go on with
+
+    @property
+    def exit_code(self) -> int:
+        "What `gptkit train` exits with: 0 when the run is done or its caller stopped it, else 128 + the signal"
+        return 128 + self.signal if self.signal else 0
 
 # %% ../nbs/11_train.ipynb #c4bd73d0
 class Callback:
@@ -94,10 +100,25 @@ class Callback:
     def on_checkpoint(self, path: Path, iteration: int): pass
     def on_end(self, result: TrainResult): pass
 
+def _rows_up_to(path: Path, iteration: int):
+    "Drop the rows of a metrics.jsonl after `iteration`, which a run resumed from there logs again"
+    if not path.is_file(): return
+    lines = path.read_text(encoding='utf-8', errors='replace').splitlines(keepends=True)
+    def keep(line: str) -> bool:
+        try: row = json.loads(line)
+        except ValueError: return line.endswith('\n')      # a row cut by a kill is dropped; others are kept
+        return not isinstance(row, dict) or not isinstance(row.get('iteration'), int) or row['iteration'] <= iteration
+    kept = [line for line in lines if keep(line)]
+    if len(kept) < len(lines):
+        from gptkit.config import write_atomic
+        write_atomic(path, ''.join(kept))
+
 class MetricsFile(Callback):
-    "Appends one JSON object per report, evaluation and checkpoint to OUT/metrics.jsonl"
-    def on_start(self, info): self.f = open(info.out / 'metrics.jsonl', 'a')
-    def _write(self, d): self.f.write(json.dumps(d) + '\n'); self.f.flush()
+    "Appends one JSON object per report, evaluation and checkpoint to OUT/metrics.jsonl: one row per step, also resumed"
+    def on_start(self, info):
+        if info.resumed_from is not None: _rows_up_to(info.out / 'metrics.jsonl', info.start)
+        self.f = open(info.out / 'metrics.jsonl', 'a')
+    def _write(self, d): self.f.write(json_text(d) + '\n'); self.f.flush()   # NaN as null
     def on_step(self, m): self._write({'kind': 'train', 'time': time.time(), **m.to_dict()})
     def on_eval(self, split, iteration, loss):
         self._write({'kind': split, 'iteration': iteration, 'loss': loss, 'ppl': math.exp(min(loss, 50))})
@@ -109,7 +130,9 @@ class TensorBoard(Callback):
     "Scalars to TensorBoard event files in OUT/tensorboard (x axis: steps)"
     def on_start(self, info):
         from torch.utils.tensorboard import SummaryWriter
-        self.w = SummaryWriter(str(info.out / 'tensorboard'))
+        # a resumed run hides the events its previous run wrote after the step it resumes from
+        purge = info.start + 1 if info.resumed_from is not None else None
+        self.w = SummaryWriter(str(info.out / 'tensorboard'), purge_step=purge)
     def on_step(self, m):
         for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib'):
             v = getattr(m, k)
@@ -172,12 +195,16 @@ def check_fits(cfg: RunConfig, device: str, force: bool = False):
     return mem
 
 # %% ../nbs/11_train.ipynb #48629a1f
+# Signals that ask a run to finish its step, save and exit 128 + the signal's number: Ctrl-C, a scheduler's
+# preemption or shutdown (SIGTERM), and SLURM's warning before the time limit (`sbatch --signal=USR1@120`)
+STOP_SIGNALS = tuple(getattr(signal, s) for s in ('SIGINT', 'SIGTERM', 'SIGUSR1') if hasattr(signal, s))
+
 class _Stop:
-    "Turns the first SIGINT/SIGTERM into a request to checkpoint and stop; a second one interrupts at once"
+    "Turns the first stop signal into a request to checkpoint and stop; a second one interrupts at once"
     def __init__(self): self.signal, self.old = None, {}
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM): self.old[s] = signal.signal(s, self._handle)
+            for s in STOP_SIGNALS: self.old[s] = signal.signal(s, self._handle)
         return self
     def _handle(self, signum, frame):
         if self.signal is not None: raise KeyboardInterrupt
@@ -190,6 +217,13 @@ class _Stop:
 def _zero_loss(module):
     "A loss whose gradient is zero everywhere, so a micro-batch can be dropped without upsetting DeepSpeed's counters"
     return sum((p * 0).sum() for p in module.parameters() if p.requires_grad)
+
+def _all_max(value: int, device) -> int:
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1: dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 def _all_sum(values: list[float], device) -> list[float]:
     import torch
@@ -461,8 +495,10 @@ class Loop:
     iteration: int = 0             # optimizer steps done
     consumed: int = 0              # samples of the train split used
     bad_steps: int = 0             # steps in a row with a NaN or infinite loss
+    finite_loss: bool = True       # the last step had a loss (not every micro-batch dropped)
     grad_norm: float | None = None # the last one gptkit measured
-    stopping: bool = False         # a rank received SIGINT or SIGTERM
+    stopping: bool = False         # a rank received a stop signal (SIGINT, SIGTERM, SIGUSR1)
+    signal: int | None = None      # the highest-numbered one any rank received, once stopping
     last_saved: Path | None = None
     info: RunInfo | None = None
     window: Window | None = None
@@ -556,15 +592,15 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     n = plan.accumulation * plan.dp
     loss = total / (n - dropped) if dropped < n else float('nan')
     loop.result.losses.append(loss)
+    loop.finite_loss = dropped < n
+    if dropped == n: _check_finite(loop)         # no micro-batch had a loss: diverged weights stop the run now
     if dropped:
         loop.bad_steps += 1
         log.warning('step %d: %d of %d micro-batches had a NaN or infinite loss and were left out of the step',
                     it, dropped, n)
         if loop.bad_steps >= cfg.train.max_bad_steps:
-            last = store.newest(loop.root) or 'none'
             raise TrainingError(f'the loss was NaN or infinite in {loop.bad_steps} steps in a row (up to step {it}); '
-                                f'stopped without saving. The last checkpoint is {last}. Lower optim.lr, prefer bf16 '
-                                'to fp16, or check the data')
+                                f'stopped without saving. {_newest(loop)}')
     else: loop.bad_steps = 0
     loop.window.add(loss, dropped)
     return loss
@@ -576,10 +612,12 @@ def report(loop: Loop) -> StepMetrics | None:
     if it % cfg.train.log_interval and it != plan.iters: return None
     dt, steps = time.perf_counter() - w.t, it - w.start
     norm = loop.grad_norm if loop.own_norm else engine.get_global_grad_norm()
+    if not w.steps: norm = None                   # every step since the last report was dropped: no loss, no norm
     scale = getattr(engine.optimizer, 'cur_scale', None) if cfg.train.precision == 'fp16' else None
     tflops = loop.info.flops_per_step * steps / dt / loop.parallel.layout.world / 1e12
     peak = loop.info.peak_flops
-    m = StepMetrics(it, w.loss / max(1, w.steps), engine.get_lr()[0], None if norm is None else float(norm),
+    loss = w.loss / w.steps if w.steps else None
+    m = StepMetrics(it, loss, engine.get_lr()[0], None if norm is None else float(norm),
                     None if scale is None else float(scale), loop.tokens, steps * plan.tokens_per_step / dt, tflops,
                     tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped)
     for c in loop.callbacks: c.on_step(m)
@@ -606,9 +644,34 @@ def evaluate_if_due(loop: Loop) -> float | None:
     return loop.result.valid_loss
 
 # %% ../nbs/11_train.ipynb #b8d9037c
+def _nonfinite_weights(loop: Loop) -> int:
+    "How many of the model's weights are NaN or infinite, over all ranks (each weight counted once)"
+    import torch
+    bad = 0
+    for p in loop.engine.module.parameters():
+        t = getattr(p, 'ds_tensor', p)           # ZeRO-3 keeps this rank's partition there
+        bad += int(t.numel() - torch.isfinite(t).sum())
+    bad = _all_sum([bad], loop.engine.device)[0]
+    # ZeRO 0-2 hold every weight of a model-parallel rank on each of its data-parallel replicas
+    return int(bad if loop.cfg.parallel.zero == 3 else bad / loop.parallel.layout.dp)
+
+def _newest(loop: Loop) -> str:
+    "Where a diverged run can start again: its newest checkpoint (gptkit saves none with NaN), and what to change"
+    last = store.newest(loop.root)
+    where = f'The newest checkpoint, with finite weights, is {last}' if last else 'No checkpoint was saved'
+    return f'{where}. Lower optim.lr, prefer bf16 to fp16, or check the data'
+
+def _check_finite(loop: Loop):
+    "Stop the run, saving nothing, when its weights hold NaN or infinite values (every rank calls it)"
+    bad = _nonfinite_weights(loop)
+    if not bad: return
+    raise TrainingError(f'step {loop.iteration}: {bad:,} of the {loop.params:,} weights are NaN or infinite (the '
+                        f'run diverged), so no checkpoint was written. {_newest(loop)}')
+
 def save(loop: Loop) -> Path:
     "A checkpoint of the run as it stands (every rank writes its part); the callbacks hear of it"
     it, cfg = loop.iteration, loop.cfg
+    _check_finite(loop)                          # a diverged model never reaches a checkpoint
     client = {'iteration': it, 'consumed_samples': loop.consumed, 'tokens': loop.tokens}
     path = ckpt.save(loop.engine, loop.root, it, client, cfg, loop.ds_config, loop.out / 'tokenizer', loop.rank,
                      cfg.train.keep, loop.parallel.layout, loop.shapes)
@@ -618,6 +681,10 @@ def save(loop: Loop) -> Path:
 def save_if_due(loop: Loop) -> Path | None:
     "A checkpoint after every `save_interval` steps (None when not due)"
     if not is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters): return None
+    if not loop.finite_loss:                     # a model whose loss is NaN is not worth resuming from
+        log.warning('step %d: checkpoint skipped: every micro-batch of this step had a NaN or infinite loss',
+                    loop.iteration)
+        return None
     loop.last_saved = save(loop)
     return loop.last_saved
 
@@ -625,8 +692,11 @@ def save_if_due(loop: Loop) -> Path | None:
 def finish(loop: Loop) -> TrainResult:
     "A checkpoint of the last step run (unless just saved), the final evaluations of a complete run, `on_end`"
     r, it, cfg = loop.result, loop.iteration, loop.cfg
-    r.iteration, r.tokens, r.interrupted = it, loop.tokens, loop.stopping
+    r.iteration, r.tokens, r.interrupted, r.signal = it, loop.tokens, loop.stopping, loop.signal
     saved = loop.last_saved
+    if not loop.finite_loss:
+        raise TrainingError(f'step {it}: the run ended on a step whose every micro-batch had a NaN or infinite loss, '
+                            f'so its state was not saved. {_newest(loop)}')
     r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save(loop)
     if it >= loop.plan.iters:
         if loop.valid is not None: r.valid_loss = _evaluate(loop, loop.valid, 'valid')
@@ -650,6 +720,7 @@ def train(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
                 evaluate_if_due(loop)
                 save_if_due(loop)
             if loop.stopping or (stop_after is not None and loop.iteration >= stop_after): break
+        if loop.stopping: loop.signal = _all_max(stop.signal or 0, loop.engine.device)   # the same on every rank
     return finish(loop)
 
 # %% ../nbs/11_train.ipynb #3a9459fe

@@ -221,17 +221,17 @@ def test_tokens_without_a_global_batch_train_the_same_tokens_on_one_and_two_proc
     assert json.loads((tmp_path / 'dp2' / 'config.json').read_text())['parallel']['dp'] == 2   # the real layout
 
 
-def test_sigint_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
+def test_sigterm_saves_a_checkpoint_that_resumes(tiny_data, tmp_path):
     prefix, tok = tiny_data
     args = ['train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=100000', 'train.eval_iters=0')]
     p = subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     metrics = tmp_path / 'run' / 'metrics.jsonl'
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.is_file() and metrics.read_text().count('"train"') >= 3): time.sleep(0.2)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGTERM)                  # a scheduler preempting the job
     output, _ = p.communicate(timeout=120)
-    assert p.returncode == 0, output[-3000:]
-    assert 'interrupted' in output and '--resume' in output
+    assert p.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert 'interrupted by SIGTERM' in ' '.join(output.split()) and '--resume' in output
     (it, folder), = store.checkpoints(tmp_path / 'run' / 'checkpoints')
     assert 3 <= it < 100000 and store.verify(folder) is None
     r = _cli(*args[:-2], *_sets(f'train.iters={it + 2}', 'train.eval_iters=0')[2:], '--resume')

@@ -1,0 +1,119 @@
+"""Faults a run meets on real machines, injected: a diverging run (NaN weights), NaN steps at a save and at the end,
+and a checkpoint holding NaN weights given to the tools that load one. Each ends with one sentence and no poisoned
+output."""
+import json
+import logging
+import os
+import signal
+
+import pytest
+import torch
+from conftest import TINY_SETS
+from typer.testing import CliRunner
+
+from gptkit import store
+from gptkit.config import resolve
+from gptkit.store import CheckpointError
+from gptkit.train import TrainingError, train
+from gptkit_cli.main import app
+
+runner = CliRunner()
+
+
+def config(tiny_data, out, *sets):
+    prefix, tok = tiny_data
+    return resolve(sets=TINY_SETS + list(sets), overrides={'data': {'prefix': prefix, 'tokenizer': tok}}, out=str(out))
+
+
+def strict_json(line: str):
+    "JSON as the standard has it: NaN and Infinity are not JSON"
+    def refuse(name): raise ValueError(f'{name} in {line!r}')
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_a_diverging_run_stops_before_any_checkpoint_holds_nan(tiny_data, tmp_path):
+    "lr 1e6: the weights blow up within a few steps; no checkpoint is written from then on, the metrics hold null"
+    out = tmp_path / 'run'
+    with pytest.raises(TrainingError, match=r'step \d+: [\d,]+ of the [\d,]+ weights are NaN or infinite .*so no '
+                                            r'checkpoint was written\. No checkpoint was saved\. Lower optim.lr'):
+        train(config(tiny_data, out, 'optim.lr=1e6', 'optim.warmup=0', 'train.iters=30', 'train.save_interval=2',
+                     'train.eval_iters=0'))
+    assert not store.checkpoints(out / 'checkpoints')     # every due save fell in the NaN streak
+    rows = [strict_json(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
+    train_rows = [r for r in rows if r['kind'] == 'train']
+    assert train_rows[0]['loss'] is not None and any(r['loss'] is None for r in train_rows)
+    assert all(r['grad_norm'] is None for r in train_rows if r['loss'] is None)
+
+
+def test_nan_steps_skip_a_due_save_and_a_run_ending_on_one_saves_nothing(tiny_data, tmp_path, monkeypatch, caplog):
+    from gptkit.model import GPT
+    real, calls = GPT.loss, {'n': 0}
+    def nan_at(self, logits, targets):
+        calls['n'] += 1
+        loss = real(self, logits, targets)
+        return loss * float('nan') if calls['n'] in (3, 4, 11, 12) else loss   # every micro-batch of steps 2 and 6
+    monkeypatch.setattr(GPT, 'loss', nan_at)
+    out = tmp_path / 'run'
+    with caplog.at_level(logging.WARNING), pytest.raises(
+            TrainingError, match=r'step 6: the run ended on a step whose every micro-batch had a NaN or infinite loss, '
+                                 r'so its state was not saved\. The newest checkpoint, with finite weights, is '
+                                 r'.*iter_0000004\.'):
+        train(config(tiny_data, out, 'train.iters=6', 'train.save_interval=2', 'train.eval_iters=0'))
+    assert 'step 2: checkpoint skipped' in caplog.text
+    assert [i for i, _ in store.checkpoints(out / 'checkpoints')] == [4]
+
+
+@pytest.fixture(scope='module')
+def nan_checkpoint(tiny_data, tmp_path_factory):
+    "A run folder whose weights hold NaN, as a diverged run saved by an older gptkit would be"
+    from gptkit.config import ModelConfig
+    from gptkit.interop import write_run
+    from gptkit.model import GPT
+    from gptkit.tokenizer import load
+    tok = load(tiny_data[1])
+    cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)
+    weights = GPT(cfg).state_dict()
+    weights['blocks.1.mlp.fc1.weight'] = torch.full_like(weights['blocks.1.mlp.fc1.weight'], float('nan'))
+    return write_run(weights, cfg, tok, tmp_path_factory.mktemp('nan') / 'run', 'a tiny GPT with NaN weights')
+
+
+def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
+    from gptkit.checkpoint import load_model
+    with pytest.raises(CheckpointError, match=r'iter_0000000: 4,096 of its [\d,]+ weights are NaN or infinite '
+                                              r'\(first in blocks\.1\.mlp\.fc1\.weight\).*Use an earlier checkpoint'):
+        load_model(nan_checkpoint)
+    text = tmp_path / 'a.txt'; text.write_text('And God said, Let there be light. ' * 10)
+    for args in (['generate', '--checkpoint', nan_checkpoint, '--prompt', 'And'],
+                 ['eval', '--checkpoint', nan_checkpoint, '--text', text, '--json']):
+        r = runner.invoke(app, [str(a) for a in args])
+        assert r.exit_code == 1, r.output
+        assert 'weights are NaN or infinite' in r.output and 'Traceback' not in r.output
+
+
+@pytest.mark.parametrize('signum', [signal.SIGUSR1, signal.SIGINT])
+def test_a_stop_signal_finishes_the_step_saves_and_sets_the_exit_code(tiny_data, tmp_path, signum):
+    "SLURM's warning before the time limit (SIGUSR1) or Ctrl-C: the run saves after the step and exits 128 + signal"
+    from gptkit.train import Callback
+    class SignalAt(Callback):
+        def on_train_step(self, iteration):
+            if iteration == 2: os.kill(os.getpid(), signum)
+    r = train(config(tiny_data, tmp_path / 'run', 'train.iters=50', 'train.eval_iters=0'), callbacks=[SignalAt()])
+    assert r.interrupted and r.signal == signum and r.exit_code == 128 + signum
+    # it arrived after step 2 agreed on stopping (ranks decide together), so step 3 runs, then the save
+    assert r.iteration == 3 and [i for i, _ in store.checkpoints(tmp_path / 'run' / 'checkpoints')] == [3]
+    assert store.verify(r.checkpoint) is None
+
+
+def test_a_resumed_run_logs_each_step_once(tiny_data, tmp_path):
+    "Killed after step 5 with step 4 its newest checkpoint: the resumed run logs steps 5 and 6 again, and only once"
+    import shutil
+    out = tmp_path / 'run'
+    cfg = config(tiny_data, out, 'train.iters=6', 'train.save_interval=2', 'train.eval_iters=0')
+    train(cfg, stop_after=5)
+    shutil.rmtree(out / 'checkpoints' / 'iter_0000005')           # the kill came before step 5's save
+    (out / 'checkpoints' / 'latest').write_text('iter_0000004')
+    with open(out / 'metrics.jsonl', 'a') as f: f.write('{"kind": "train", "iterat')   # a row cut by the kill
+    train(cfg, resume=True)
+    rows = [strict_json(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
+    assert [r['iteration'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6]
+    assert [r['iteration'] for r in rows if r['kind'] == 'checkpoint'] == [2, 4, 6]
