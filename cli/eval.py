@@ -1,7 +1,6 @@
 """`gptkit eval`: perplexity (per token and per word) and LAMBADA-style cloze accuracy of a checkpoint."""
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
@@ -49,7 +48,8 @@ def eval_(
                        cloze=lambada, stride=stride, batch_size=batch_size, max_documents=max_documents, device=device,
                        progress=bar.update)
     if as_json:
-        print(json.dumps(res.to_dict(), indent=1))
+        from gptkit.config import json_text
+        print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     out.print(_table(res))
 

@@ -1,7 +1,6 @@
 """`gptkit profile`: train a few steps under torch.profiler; traces, the top operators, TFLOP/s and MFU."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -60,7 +59,8 @@ def profile(
     res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks,
                       force=force)
     if as_json:
-        print(json.dumps(res.to_dict(), indent=1))
+        from gptkit.config import json_text
+        print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     _report(res, top)
 

@@ -16,6 +16,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'gptkit.checkpoint._same_split': ('checkpoint.html#_same_split', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._saved_dtypes': ('checkpoint.html#_saved_dtypes', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._share': ('checkpoint.html#_share', 'gptkit/checkpoint.py'),
+                                   'gptkit.checkpoint._space_short': ('checkpoint.html#_space_short', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._universal_copy': ('checkpoint.html#_universal_copy', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._verified_state': ('checkpoint.html#_verified_state', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._zero_stage': ('checkpoint.html#_zero_stage', 'gptkit/checkpoint.py'),

@@ -56,6 +56,16 @@ def set_rng_state(s: dict):
     if 'cuda' in s and torch.cuda.is_available(): torch.cuda.set_rng_state(s['cuda'])
 
 # %% ../nbs/12b_checkpoint.ipynb #ad8b23f1
+def _space_short(root: Path) -> str | None:
+    "Why the next checkpoint will not fit beside the newest one (as big as it), or None"
+    before = newest(root)
+    if before is None: return None
+    need = sum(f.stat().st_size for f in before.rglob('*') if f.is_file())
+    free = shutil.disk_usage(root).free
+    if free >= need: return None
+    return (f'it needs about {need / 2**30:.2f} GiB (the size of {before.name}) but {root} has {free / 2**30:.2f} GiB '
+            f'free; free some space (train.keep prunes old checkpoints); the previous checkpoint {before} is intact')
+
 def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
          layout: Layout | None = None, shapes: dict | None = None) -> Path:
@@ -65,6 +75,8 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
     root = Path(root); name = tag(iteration)
     tmp, final = root / f'.tmp-{name}', root / name
     barrier = dist.barrier if dist.is_initialized() else (lambda: None)
+    short = _share(_space_short(root) if rank == 0 else None)
+    if short: raise CheckpointError(f'could not write checkpoint {final}: {short}')
     try:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
@@ -86,11 +98,14 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
             os.replace(tmp, final)
             write_atomic(root / 'latest', name)
             if keep: prune(root, keep)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...')
+        if isinstance(e, RuntimeError) and 'writ' not in str(e): raise
         if rank == 0: shutil.rmtree(tmp, ignore_errors=True)
         before = newest(root)
         kept = f'the previous checkpoint {before} is intact' if before else 'no earlier checkpoint exists'
-        raise CheckpointError(f'could not write checkpoint {final}: {e.strerror or e}; {kept}') from None
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+        raise CheckpointError(f'could not write checkpoint {final}: {why}; {kept}') from None
     barrier()
     return final
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, json_text, write_atomic
 from .train import Callback
 
 # %% auto #0
@@ -292,7 +292,7 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
                            str(ds_report) if report is not None else None,
                            deepspeed_fwd_flops(report) if report else None,
                            info.grad_accum, {k: v / n for k, v in prof.categories.items()})
-    (out / 'summary.json').write_text(json.dumps(result.to_dict(), indent=1))
+    write_atomic(out / 'summary.json', json_text(result.to_dict(), indent=1))   # NaN as null
     return result
 
 # %% ../nbs/13_profile.ipynb #d7be35d4

@@ -117,3 +117,33 @@ def test_a_resumed_run_logs_each_step_once(tiny_data, tmp_path):
     rows = [strict_json(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
     assert [r['iteration'] for r in rows if r['kind'] == 'train'] == [1, 2, 3, 4, 5, 6]
     assert [r['iteration'] for r in rows if r['kind'] == 'checkpoint'] == [2, 4, 6]
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_sentence_and_keeps_the_previous_one(tiny_data, tmp_path, monkeypatch):
+    "torch.save's own full-disk error (a RuntimeError), and the free-space check made before writing"
+    import dataclasses
+    from collections import namedtuple
+
+    import gptkit.checkpoint as ck
+    cfg = config(tiny_data, tmp_path / 'run', 'train.iters=2', 'train.eval_iters=0')
+    train(cfg)
+    more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=3))
+    root = tmp_path / 'run' / 'checkpoints'
+    real_save = torch.save
+    def full(obj, f, *a, **k):
+        if 'rng_rank' in str(f):
+            raise RuntimeError('[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file '
+                               'data/0: file write failed')
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(torch, 'save', full)
+    with pytest.raises(CheckpointError, match=r'could not write checkpoint .*iter_0000003: .*file write failed; '
+                                              r'the previous checkpoint .*iter_0000002 is intact'):
+        train(more, resume=True)
+    monkeypatch.setattr(torch, 'save', real_save)
+    Usage = namedtuple('Usage', 'total used free')
+    monkeypatch.setattr(ck.shutil, 'disk_usage', lambda p: Usage(2**30, 2**30 - 4096, 4096))
+    with pytest.raises(CheckpointError, match=r'iter_0000003: it needs about [\d.]+ GiB \(the size of iter_0000002\) '
+                                              r'but .* has 0.00 GiB free; .*the previous checkpoint .* is intact'):
+        train(more, resume=True)
+    assert [i for i, _ in store.checkpoints(root)] == [2] and store.verify(root / 'iter_0000002') is None
+    assert not list(root.glob('.tmp-*')) and (root / 'latest').read_text() == 'iter_0000002'
