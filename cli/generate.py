@@ -38,14 +38,28 @@ def _sampling(**kw):
     return Sampling(**kw)
 
 
+MAX_SAMPLES = 100_000   # sequences per prompt printed to a terminal
+
+
+class _Seqs:
+    "Item i // samples for sequence i: `samples` sequences per item, without a list of them all"
+    def __init__(self, items: list, samples: int): self.items, self.samples = items, samples
+    def __getitem__(self, i: int): return self.items[i // self.samples]
+    def __len__(self) -> int: return len(self.items) * self.samples
+
+
 def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: int):
     "Generate for (where, prompt) items; stream live when one sequence runs, else print each as it finishes"
-    seqs = [(w, p) for w, p in items for _ in range(samples)]
-    enc = [gen.encode(p, w) for w, p in seqs]
+    prompts = [gen.encode(p, w) for w, p in items]          # each prompt once, however many samples
+    n = len(items) * samples
+    batch_size = min(batch_size, n)
+    gen.check_batch(batch_size)                               # before any work: the KV cache must fit
+    seqs = _Seqs(items, samples)
+    enc = _Seqs(prompts, samples)
     total, t0 = 0, time.perf_counter()
-    for start in range(0, len(seqs), batch_size):
-        part = list(range(start, min(start + batch_size, len(seqs))))
-        if len(seqs) == 1:
+    for start in range(0, n, batch_size):
+        part = list(range(start, min(start + batch_size, n)))
+        if n == 1:
             out.print(f'[bold]{seqs[0][1]}[/]', end='')
             for c in gen.stream([enc[0]], sampling):
                 out.print(c.text, end='', markup=False, highlight=False)
@@ -92,6 +106,9 @@ def generate(
     try:
         problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
                                                                              ('batch_size', batch_size)) if v < 1]
+        if num_samples > MAX_SAMPLES:
+            problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
+                                            'gptkit.generate.Generator from a script and write as it goes'))
         if problems: raise ConfigError(problems)
         sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                              greedy=greedy, seed=seed, stop=tuple(stop or ()))

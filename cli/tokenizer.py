@@ -28,8 +28,10 @@ def train(
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from gptkit.config import check_folder
     from gptkit.data.corpus import Tally, clean_text, expand_inputs, read_documents
     from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
+    check_folder(output, 'output')                   # refused before the corpus is read
     tally, paths = Tally(), expand_inputs(input, format)
     total = sum(p.stat().st_size for p in paths)
     start = time.perf_counter()
@@ -52,6 +54,9 @@ def train(
     out.print(f'bytes per token on {held_out}: {bytes_per_token(tok, held):.2f} (GPT-2: '
               f'{bytes_per_token(gpt2(), held):.2f})')
     for ex in tally.examples: out.print(f'[yellow]  {ex}[/]')
+    if tok.vocab_size < vocab_size:
+        out.print(f'[yellow]note[/]: the corpus yields only {tok.vocab_size:,} of the {vocab_size:,} entries asked for '
+                  f'(no pair left seen {min_frequency} times); a smaller --vocab-size or more text gives a full one')
 
 
 @tok_app.command()

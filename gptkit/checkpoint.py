@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'save', 'prune', 'saved_layout', 'partitioned',
-           'to_universal', 'load', 'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'load_model', 'inspect']
+           'to_universal', 'load', 'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'check_device',
+           'load_model', 'inspect']
 
 # %% ../nbs/12b_checkpoint.ipynb #fab65e32
 def model_shapes(model) -> dict[str, list[int]]:
@@ -396,11 +397,25 @@ def checkpoint_parts(path) -> tuple:
         tok = load_tokenizer(folder / 'tokenizer')
     return folder, cfg, state, weights, tok
 
+def check_device(device: str | None, key: str = 'device') -> str | None:
+    "`device` if torch can run on it here, else a `ConfigError` naming the setting (None: the caller's default)"
+    import torch
+    if device is None: return None
+    try: kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        raise ConfigError([(key, f'{{key}} {device!r} is not a device torch knows; use cpu, cuda or cuda:N')]) from None
+    if kind == 'cuda' and not torch.cuda.is_available():
+        why = 'was built without CUDA' if torch.version.cuda is None else 'sees no GPU'
+        raise ConfigError([(key, f'{{key}} {device}: this torch {why}; use --device cpu')])
+    if kind not in ('cpu', 'cuda'): raise ConfigError([(key, f'{{key}} {device!r}: gptkit runs on cpu or cuda')])
+    return device
+
 def load_model(path: str | Path, device: str = 'cpu', dtype=None) -> Loaded:
     "Load a gptkit checkpoint (run, checkpoints or iter folder) for inference, with its config and tokenizer"
     import torch
 
     from gptkit.model import GPT
+    check_device(device)
     folder, cfg, state, weights, tok = checkpoint_parts(path)
     with torch.device('meta'): model = GPT(cfg.model)
     model.load_state_dict(weights, strict=True, assign=True)

@@ -20,7 +20,7 @@ __all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PR
            'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
            'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig',
            'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic',
-           'finite_or_none', 'json_text', 'save_config']
+           'check_folder', 'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -603,6 +603,16 @@ def write_atomic(path: str | Path, text: str):
     tmp = path.with_name(f'.{path.name}.tmp')
     with open(tmp, 'w', encoding='utf-8') as f: f.write(text); f.flush(); os.fsync(f.fileno())
     os.replace(tmp, path)
+
+def check_folder(path: str | Path, key: str) -> Path:
+    "`path` for an output folder (made later if missing), refused with `key` named when it or a parent is a file"
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists():
+            if q.is_dir(): return p
+            where = f'{{key}} {path} is a file' if q == p else f'{{key}} {path} lies under {q}, which is a file'
+            raise ConfigError([(key, where + ', not a folder')])
+    return p
 
 def finite_or_none(obj):
     "`obj` with every NaN or infinite float inside (dicts, lists, tuples) replaced by None"

@@ -7,6 +7,7 @@ top-k and top-p sampling, stop strings, streaming."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -175,15 +176,31 @@ class Generator:
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None) -> 'Generator':
         "Load any gptkit checkpoint (run, checkpoints or iter folder); fp32 on CPU, bf16/fp16 on GPU"
-        from gptkit.checkpoint import load_model
+        from gptkit.checkpoint import check_device, load_model
         from gptkit.store import CheckpointError
-        device, dtype = _device_dtype(device, dtype)
+        device, dtype = _device_dtype(check_device(device), dtype)
         loaded = load_model(path, device=device, dtype=dtype)
         if loaded.tokenizer is None:
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
         g = cls(loaded.model, loaded.tokenizer)
         g.loaded = loaded
         return g
+
+    def kv_cache_bytes(self, batch: int) -> int:
+        "Bytes of the keys and values `batch` sequences of the full context keep while generating"
+        cfg, p = self.model.cfg, next(self.model.parameters())
+        return 2 * cfg.layers * batch * self.context * cfg.hidden * p.element_size()
+
+    def check_batch(self, batch: int, key: str = 'batch_size'):
+        "Refuse a batch whose KV cache alone would not fit in the memory this device has free"
+        need, p = self.kv_cache_bytes(batch), next(self.model.parameters())
+        if p.device.type == 'cuda': free = torch.cuda.mem_get_info(p.device)[0]
+        else: free = os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') if hasattr(os, 'sysconf') else None
+        if free is not None and need > free:
+            fits = max(1, int(batch * free / need))
+            raise ConfigError([(key, f'{{key}} {batch:,}: the KV cache of {batch:,} sequences of {self.context:,} '
+                                     f'tokens needs {need / 2**30:,.1f} GiB, and {free / 2**30:,.1f} GiB is free; '
+                                     f'use at most about {fits:,}')])
 
     def encode(self, prompt: str, key: str = 'prompt') -> list[int]:
         "Token ids of a prompt; an empty prompt is the end-of-document token"

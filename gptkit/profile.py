@@ -19,15 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import ConfigError, RunConfig, json_text, write_atomic
+from .config import ConfigError, RunConfig, check_folder, json_text, write_atomic
 from .train import Callback
 
 # %% auto #0
-__all__ = ['CATEGORIES', 'RULES', 'REGIONS', 'parse_steps', 'step_actions', 'profiler_schedule', 'categorize', 'OpStat',
-           'op_stats', 'merge_stats', 'Profiler', 'ProfileResult', 'deepspeed_fwd_flops', 'profile_run',
+__all__ = ['MAX_PROFILE_STEP', 'CATEGORIES', 'RULES', 'REGIONS', 'parse_steps', 'step_actions', 'profiler_schedule', 'categorize',
+           'OpStat', 'op_stats', 'merge_stats', 'Profiler', 'ProfileResult', 'deepspeed_fwd_flops', 'profile_run',
            'prepare_builtin', 'read_trace', 'category_times', 'memory_timeline', 'step_spans']
 
 # %% ../nbs/13_profile.ipynb #20b2de3a
+MAX_PROFILE_STEP = 10_000   # profiling trains every step before the last one profiled
+
 def parse_steps(spec: str, key: str = 'steps') -> list[tuple[int, int]]:
     "'2-4,7-9' -> [(2, 4), (7, 9)]: inclusive ranges of steps counted from 0, increasing and disjoint"
     def bad(why): return ConfigError([(key, f'{{key}} {spec!r} {why}')])
@@ -43,6 +45,9 @@ def parse_steps(spec: str, key: str = 'steps') -> list[tuple[int, int]]:
             raise bad(f'has the range {a}-{b} overlapping or before {ranges[-1][0]}-{ranges[-1][1]}; '
                       'give ranges in increasing order')
         ranges.append((a, b))
+    if ranges and ranges[-1][1] >= MAX_PROFILE_STEP:
+        raise bad(f'reaches step {ranges[-1][1]:,}: a profile runs every step before it, so it stops at step '
+                  f'{MAX_PROFILE_STEP - 1:,}; watch a long run with gptkit train\'s TensorBoard instead')
     return ranges
 
 # %% ../nbs/13_profile.ipynb #39bfdbd6
@@ -267,7 +272,7 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
                 warmup: int = 1, stack: bool = True, callbacks=(), force: bool = False) -> ProfileResult:
     "Train `cfg` to the last step of `ranges` with torch.profiler on those steps; traces and summary.json go to `out`"
     from gptkit.train import train
-    out = Path(out)
+    out = check_folder(out, 'out')        # a file there: refused before training
     if not ranges: raise ConfigError([('steps', '{key} names no step to profile')])
     iters = ranges[-1][1] + 1 + (1 if deepspeed_flops else 0)
     run = out / 'run'

@@ -19,11 +19,11 @@ import regex
 import tiktoken
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-from .config import ConfigError, DataError, write_atomic
+from .config import ConfigError, DataError, check_folder, write_atomic
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'asset', 'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2', 'save',
-           'from_bpe_files', 'load', 'train_bpe', 'bytes_per_token']
+__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'MAX_VOCAB', 'asset', 'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2',
+           'save', 'from_bpe_files', 'load', 'train_bpe', 'bytes_per_token']
 
 # %% ../nbs/02_tokenizer.ipynb #b9e26ae7
 EOD = '<|endoftext|>'
@@ -161,7 +161,7 @@ def gpt2() -> Tokenizer:
 # %% ../nbs/02_tokenizer.ipynb #f5caa363
 def save(tok: Tokenizer, directory: str | Path) -> Path:
     "Write vocab.json, merges.txt and tokenizer.json to `directory`"
-    d = Path(directory)
+    d = check_folder(directory, 'output')
     d.mkdir(parents=True, exist_ok=True)
     model = json.loads(tok.hf.to_str())['model']
     vocab = dict(sorted(model['vocab'].items(), key=lambda kv: kv[1]))
@@ -195,11 +195,14 @@ def load(name_or_dir: str | Path) -> Tokenizer:
     raise DataError(f'{d}: holds neither tokenizer.json nor vocab.json and merges.txt')
 
 # %% ../nbs/02_tokenizer.ipynb #f8ed48ad
+MAX_VOCAB = 2**20   # beyond this the trainer's tables only exhaust memory (1e9 aborted it in Rust)
+
 def train_bpe(documents: Iterable[str], vocab_size: int, min_frequency: int = 2, length: int | None = None,
               show_progress: bool = False) -> Tokenizer:
     "Train a byte-level BPE with `vocab_size` entries (including 256 bytes and <|endoftext|>) on `documents`"
-    if not isinstance(vocab_size, int) or vocab_size < 257:
-        raise ConfigError([('vocab_size', f'{{key}} must be at least 257 (256 bytes and {EOD}), not {vocab_size!r}')])
+    if not isinstance(vocab_size, int) or not 257 <= vocab_size <= MAX_VOCAB:
+        raise ConfigError([('vocab_size', f'{{key}} must be from 257 (256 bytes and {EOD}) to {MAX_VOCAB:,} (the '
+                                          f'largest vocabularies in use hold about 256,000), not {vocab_size!r}')])
     tok = _gpt2_style(models.BPE())
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOD],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)

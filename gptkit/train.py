@@ -530,6 +530,8 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     from gptkit.model import GPT, num_params
     from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
     started = time.perf_counter()
+    from gptkit.config import check_folder
+    check_folder(cfg.out, 'out')                         # --out naming a file: refused before any work
     tok = _setup_data(cfg)
     rank, world, _ = init_distributed()
     cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's

@@ -45,7 +45,7 @@ def test_tokenizer_commands(tmp_path):
     assert 'bytes per token on builtin:wikipedia' in r.output
     assert run('tokenizer', 'info', '--tokenizer', tmp_path / 'tok').output.startswith('tok: 600 entries')
     r = run('tokenizer', 'train', '-i', 'builtin:tiny_shakespeare', '--vocab-size', '100', '--output', tmp_path / 'bad')
-    assert r.exit_code == 2 and '--vocab-size must be at least 257' in r.output
+    assert r.exit_code == 2 and '--vocab-size must be from 257' in r.output
 
 
 def test_tokenizer_train_reads_names_that_do_not_say_with_format(tmp_path):

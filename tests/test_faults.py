@@ -12,7 +12,7 @@ from conftest import TINY_SETS
 from typer.testing import CliRunner
 
 from gptkit import store
-from gptkit.config import resolve
+from gptkit.config import ConfigError, resolve
 from gptkit.store import CheckpointError
 from gptkit.train import TrainingError, train
 from gptkit_cli.main import app
@@ -147,3 +147,39 @@ def test_a_full_disk_at_a_checkpoint_is_one_sentence_and_keeps_the_previous_one(
         train(more, resume=True)
     assert [i for i, _ in store.checkpoints(root)] == [2] and store.verify(root / 'iter_0000002') is None
     assert not list(root.glob('.tmp-*')) and (root / 'latest').read_text() == 'iter_0000002'
+
+
+def test_hostile_paths_devices_and_sizes_get_one_sentence(tiny_data, tiny_checkpoint, tmp_path):
+    "Found by trying: each used to give a traceback, a Rust abort, a run that never ends or a memory blow-up"
+    prefix, tok = tiny_data
+    afile = tmp_path / 'afile'; afile.write_text('not a folder')
+    cases = [
+        (['train', '--data', prefix, '--tokenizer', tok, '--out', afile, '--iters', 1], f'--out {afile} is a file'),
+        (['train', '--data', prefix, '--tokenizer', tok, '--out', afile / 'run', '--iters', 1], 'which is a file'),
+        (['tokenizer', 'train', '-i', 'builtin:milton', '--output', afile], f'--output {afile} is a file'),
+        (['tokenizer', 'train', '-i', 'builtin:milton', '--output', tmp_path / 't', '--vocab-size', 10**9],
+         '--vocab-size must be from 257'),
+        (['data', 'prepare', '-i', 'builtin:milton', '--output-prefix', afile / 'x', '--tokenizer', tok],
+         '--output-prefix'),
+        (['profile', '--preset', 'tiny', '--data', prefix, '--tokenizer', tok, '--out', afile, '--steps', 1],
+         f'--out {afile} is a file'),
+        (['profile', '--preset', 'tiny', '--data', prefix, '--tokenizer', tok, '--out', tmp_path / 'p',
+          '--steps', 10**9], 'a profile runs every step before it'),
+        (['generate', '--checkpoint', tiny_checkpoint, '--prompt', 'a', '--device', 'cuda'],
+         '--device cuda: this torch'),
+        (['generate', '--checkpoint', tiny_checkpoint, '--prompt', 'a', '--device', 'tpu'], "--device 'tpu' is not"),
+        (['generate', '--checkpoint', tiny_checkpoint, '--prompt', 'a', '--num-samples', 10**9],
+         '--num-samples 1,000,000,000 is more than 100,000'),
+        (['eval', '--checkpoint', tiny_checkpoint, '--device', 'cuda'], '--device cuda: this torch'),
+    ]
+    if torch.cuda.is_available(): cases = [c for c in cases if 'cuda' not in c[0]]
+    for args, sentence in cases:
+        r = runner.invoke(app, [str(a) for a in args])
+        said = ' '.join(r.output.split())
+        assert r.exit_code in (1, 2) and sentence in said and 'Traceback' not in said, (args, r.output[-2000:])
+    from gptkit.generate import Generator
+    gen = Generator.from_checkpoint(tiny_checkpoint)
+    gen.check_batch(8)
+    with pytest.raises(ConfigError, match=r'batch_size 1,000,000,000: the KV cache of 1,000,000,000 sequences of 64 '
+                                          r'tokens needs [\d,.]+ GiB, and [\d,.]+ GiB is free; use at most about'):
+        gen.check_batch(10**9)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import DataError, check
+from ..config import DataError, check, check_folder
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
 from .indexed import IndexedWriter, token_dtype
 
@@ -171,6 +171,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
             every: float = 0.5) -> PrepareResult:
     "Tokenize `cfg.inputs` into a Megatron .bin/.idx pair; returns counts and timings"
     check(cfg.problems())
+    check_folder(Path(cfg.output_prefix).parent, 'output_prefix')   # a file in the way: refused before reading
     paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
     if cfg.shard: paths = shard_inputs(paths, cfg.shard)
     os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
