@@ -73,6 +73,8 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
     "Save the engine's whole state as `root/iter_XXXXXXX` atomically; every rank calls it"
     import torch
     import torch.distributed as dist
+
+    from gptkit.store import state_text
     root = Path(root); name = tag(iteration)
     tmp, final = root / f'.tmp-{name}', root / name
     barrier = dist.barrier if dist.is_initialized() else (lambda: None)
@@ -93,7 +95,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
             state = {'iteration': iteration, **{k: client[k] for k in ('consumed_samples', 'tokens') if k in client},
                      'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(),
                      'shapes': shapes or model_shapes(engine.module), 'files': manifest(tmp)}
-            write_atomic(tmp / 'state.json', json.dumps(state, indent=1))
+            write_atomic(tmp / 'state.json', state_text(state))
             fsync_dir(tmp)
             if final.exists(): shutil.rmtree(final)
             os.replace(tmp, final)

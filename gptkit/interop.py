@@ -14,7 +14,7 @@ from pathlib import Path
 from .checkpoint import check_shapes, checkpoint_parts, save
 from .config import ConfigError, ModelConfig, RunConfig, save_config, write_atomic
 from .params import param_table, stage_layers
-from .store import CheckpointError, manifest, staged_dir, tag
+from .store import CheckpointError, manifest, staged_dir, state_text, tag
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +399,7 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
                 'world_size': tp * pp, 'layout': layout.to_dict(),
                 'weights_only': True,
                 'shapes': {k: list(v.shape) for k, v in weights.items()}, 'files': manifest(ck)}
-        write_atomic(ck / 'state.json', json.dumps(info, indent=1))
+        write_atomic(ck / 'state.json', state_text(info))
         write_atomic(tmp / 'checkpoints' / 'latest', name)
     log.info('resharded %s to tp %d x pp %d in %s', folder, tp, pp, out_dir)
     return Path(out_dir)

@@ -19,8 +19,8 @@ from .config import GptkitError
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TAG_RE', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'verify', 'read_state', 'checkpoints', 'newest',
-           'find', 'staged_dir']
+__all__ = ['log', 'TAG_RE', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'state_text', 'verify', 'read_state',
+           'checkpoints', 'newest', 'find', 'staged_dir']
 
 # %% ../nbs/12a_store.ipynb #e3ba69ce
 class CheckpointError(GptkitError):
@@ -48,12 +48,24 @@ def manifest(folder: Path) -> dict:
     return {str(p.relative_to(folder)): {'size': p.stat().st_size, 'sha256': _sha256(p)}
             for p in sorted(folder.rglob('*')) if p.is_file() and p.name != 'state.json'}
 
+def _state_sum(state: dict) -> str:
+    "SHA-256 of a state.json's contents other than its checksum, in one canonical form"
+    rest = {k: v for k, v in state.items() if k != 'checksum'}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(',', ':')).encode()).hexdigest()
+
+def state_text(state: dict) -> str:
+    "state.json's text for `state`, sealed with a checksum of its contents (so an edit to it is noticed)"
+    return json.dumps({**state, 'checksum': _state_sum(state)}, indent=1)
+
 def verify(folder: str | Path) -> str | None:
     "None if the checkpoint in `folder` is complete and intact, else what is wrong with it"
     folder = Path(folder)
     try: state = json.loads((folder / 'state.json').read_text())
     except FileNotFoundError: return f'{folder} has no state.json (the save did not finish)'
     except (OSError, ValueError) as e: return f'{folder / "state.json"} cannot be read ({e})'
+    if not isinstance(state, dict): return f'{folder / "state.json"} does not hold a JSON object'
+    if 'checksum' in state and state['checksum'] != _state_sum(state):   # older checkpoints have none: accepted
+        return f'{folder / "state.json"} was edited or damaged (its checksum does not match its contents)'
     for name, want in state.get('files', {}).items():
         p = folder / name
         if not p.is_file(): return f'{p} is missing'

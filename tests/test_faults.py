@@ -183,3 +183,20 @@ def test_hostile_paths_devices_and_sizes_get_one_sentence(tiny_data, tiny_checkp
     with pytest.raises(ConfigError, match=r'batch_size 1,000,000,000: the KV cache of 1,000,000,000 sequences of 64 '
                                           r'tokens needs [\d,.]+ GiB, and [\d,.]+ GiB is free; use at most about'):
         gen.check_batch(10**9)
+
+
+def test_a_hand_edited_state_json_is_noticed(tiny_checkpoint, tmp_path):
+    "state.json carries a checksum of its contents: an edit is refused, an older one without a checksum still loads"
+    import shutil
+
+    from gptkit.checkpoint import load_model
+    copy = tmp_path / 'run'
+    shutil.copytree(tiny_checkpoint, copy)
+    folder = store.find(copy)
+    state = json.loads((folder / 'state.json').read_text())
+    assert store.verify(folder) is None and len(state['checksum']) == 64
+    (folder / 'state.json').write_text(json.dumps({**state, 'iteration': 7}))
+    assert 'was edited or damaged (its checksum does not match its contents)' in store.verify(folder)
+    with pytest.raises(CheckpointError, match='was edited or damaged'): load_model(folder)
+    (folder / 'state.json').write_text(json.dumps({k: v for k, v in state.items() if k != 'checksum'}))
+    assert store.verify(folder) is None and load_model(copy).state['iteration'] == state['iteration']

@@ -121,7 +121,7 @@ def test_a_failed_conversion_is_reported_and_leaves_nothing(tiny_data, two_ranks
 def test_model_parallel_checkpoints_on_another_data_parallel_size_are_refused(tiny_data, two_ranks, tmp_path):
     resumed = _from_step_3(two_ranks(1), tmp_path / 'resumed')
     state = resumed / 'checkpoints' / 'iter_0000003' / 'state.json'        # the layout that later versions record
-    state.write_text(json.dumps({**json.loads(state.read_text()), 'layout': {'tp': 2, 'pp': 1, 'dp': 2}}))
+    state.write_text(store.state_text({**json.loads(state.read_text()), 'layout': {'tp': 2, 'pp': 1, 'dp': 2}}))
     with pytest.raises(store.CheckpointError,
                        match=r'iter_0000003 was saved with tp 2 pp 1 .* this run has tp 1 pp 1 .*; convert it with '
                              r'gptkit checkpoint reshard .* or train with --tp 2 --pp 1'):
