@@ -29,11 +29,11 @@ from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'STOP_SIGNALS', 'TrainingError', 'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile',
-           'TensorBoard', 'micro_batch', 'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate',
-           'data_plan', 'tokenizer_vocab', 'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report',
-           'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts',
-           'unigram_loss', 'text_loss']
+__all__ = ['log', 'STOP_SIGNALS', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo', 'StepMetrics',
+           'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops', 'memory_gib',
+           'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'tokenizer_vocab', 'run_config', 'Window', 'Loop',
+           'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish',
+           'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -337,7 +337,28 @@ def data_plan(cfg: RunConfig) -> dict[str, list]:
         except _EmptySplit as e:
             raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that gives '
                             'every dataset documents in each split, or give each split its own blend') from None
+        for part in out[name]: _check_index_size(cfg, name, part)
     return out
+
+INDEX_BYTES_PER_SAMPLE = 40   # building a split's index: its sample, shuffle and document indices, and temporaries
+MANY_EPOCHS = 10              # more passes than this over a training dataset: warned of (it will be memorized)
+
+def _check_index_size(cfg: RunConfig, name: str, part):
+    "Refuse, before any work, a split whose sample index would not fit in this machine's memory"
+    need, have = part.built * INDEX_BYTES_PER_SAMPLE, machine_memory()
+    if need <= have: return
+    raise DataError(f'the {name} split would draw {part.built:,} samples of {cfg.model.seq_len + 1} tokens from '
+                    f'{part.prefix}, {part.epochs:,} passes over its data; building their index takes about '
+                    f'{need / 2**30:,.1f} GiB and this machine has {have / 2**30:,.1f} GiB. Train on fewer tokens '
+                    '(train.tokens, --iters) or on more data')
+
+def _warn_repeats(plan: dict):
+    "A warning for each training dataset the run passes over many times"
+    for part in plan.get('train', []):
+        if part.epochs > MANY_EPOCHS:
+            log.warning('the train split passes over %s %s times: a model this size will memorize it, and its '
+                        'validation loss will rise while the training loss falls; more data or fewer tokens help',
+                        part.prefix, f'{part.epochs:,}')
 
 def _split(cfg: RunConfig, name: str, rank: int):
     "The samples of one split, in Megatron's order (rank 0 builds the index caches first); None: no valid/test data"
@@ -362,7 +383,6 @@ def _where(cfg: RunConfig, name: str) -> str:
     "The data of split `name` as the run names it, for messages"
     b = cfg.data.blend(name)
     return cfg.data.prefix or (b and getattr(cfg.data, b[0].split('.')[1])) or 'data'
-
 
 # %% ../nbs/11_train.ipynb #fc4e1309
 def _setup_data(cfg: RunConfig):
@@ -537,7 +557,8 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's
     device = device_type()
     _check_precision(cfg)
-    data_plan(cfg)                                       # every split of every dataset holds data
+    plan_data = data_plan(cfg)                           # every split of every dataset holds data
+    if rank == 0: _warn_repeats(plan_data)
     check_fits(cfg, device, force)
     out = Path(cfg.out)
     resume_from = _resume_from(out / 'checkpoints', resume)

@@ -200,3 +200,19 @@ def test_a_hand_edited_state_json_is_noticed(tiny_checkpoint, tmp_path):
     with pytest.raises(CheckpointError, match='was edited or damaged'): load_model(folder)
     (folder / 'state.json').write_text(json.dumps({k: v for k, v in state.items() if k != 'checksum'}))
     assert store.verify(folder) is None and load_model(copy).state['iteration'] == state['iteration']
+
+
+def test_a_sample_index_too_big_is_refused_and_many_epochs_are_warned_of(tiny_data, tmp_path, caplog):
+    "--tokens 300B on a small corpus used to build an 8.7 GiB index, then MemoryError"
+    from gptkit.config import DataError
+    from gptkit.train import data_plan
+    with pytest.raises(DataError, match=r'the train split would draw [\d,]+ samples of 33 tokens from .*kjv_text_'
+                                        r'document, [\d,]+ passes over its data; building their index takes about '
+                                        r'[\d,.]+ GiB and this machine has [\d,.]+ GiB\. Train on fewer tokens'):
+        data_plan(config(tiny_data, tmp_path / 'a', 'train.iters=1000000000'))
+    from gptkit.train import _warn_repeats  # what setup calls on rank 0
+    plan = lambda iters: data_plan(config(tiny_data, tmp_path / 'b', f'train.iters={iters}'))
+    with caplog.at_level(logging.WARNING): _warn_repeats(plan(2))
+    assert not caplog.text
+    with caplog.at_level(logging.WARNING): _warn_repeats(plan(200_000))
+    assert 'the train split passes over' in caplog.text and 'will memorize it' in caplog.text
