@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -15,6 +14,7 @@ import typer
 from gptkit.config import ConfigError, GptkitError, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, out, report
+from gptkit_cli.launch import Launch, emit as emit_job, train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -22,7 +22,6 @@ FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.val
          'train.tokens': '--tokens',
          'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp',
          'parallel.pp': '--pp'}
-LAUNCHERS = ('torchrun', 'deepspeed')
 
 
 def key_name(key: str) -> str:
@@ -55,28 +54,6 @@ def _ds_override(path: Optional[Path]) -> dict | None:
     return d
 
 
-def launch_command(launcher: str, nproc: int, argv: list[str], port: int = 29500) -> list[str]:
-    "The launcher command that runs `gptkit train` (argv without --nproc/--launcher) in `nproc` local processes"
-    if launcher == 'torchrun':
-        head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_port',
-                str(port), '-m']
-    else:
-        head = [sys.executable, '-m', 'deepspeed.launcher.runner', '--num_gpus', str(nproc), '--master_port', str(port),
-                '--module']
-    return head + ['gptkit_cli.main', 'train'] + argv
-
-
-def _strip_launch_args(argv: list[str]) -> list[str]:
-    "argv without --nproc N, --launcher X and --dry-run"
-    outv, skip = [], False
-    for a in argv:
-        if skip: skip = False; continue
-        if a in ('--nproc', '--launcher'): skip = True; continue
-        if a.startswith(('--nproc=', '--launcher=')) or a == '--dry-run': continue
-        outv.append(a)
-    return outv
-
-
 def _summary(cfg: RunConfig):
     from gptkit.estimate import count_params, flops_per_iteration
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
@@ -105,6 +82,7 @@ def _data_summary(cfg: RunConfig):
 
 @app.command(context_settings={'help_option_names': ['-h', '--help']})
 def train(
+    ctx: typer.Context,
     preset: Annotated[Optional[str], typer.Option(
         help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
     config: Annotated[Optional[Path], typer.Option(
@@ -137,8 +115,20 @@ def train(
         help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
     deepspeed_config: Annotated[Optional[Path], typer.Option(
         help='A DeepSpeed JSON merged over the generated one (experts).')] = None,
-    nproc: Annotated[Optional[int], typer.Option(help='Start this many local processes with --launcher.')] = None,
-    launcher: Annotated[str, typer.Option(help='torchrun or deepspeed, for --nproc.')] = 'torchrun',
+    nproc: Annotated[Optional[int], typer.Option(
+        help='Start this many processes on this node (on each node) with --launcher.')] = None,
+    launcher: Annotated[str, typer.Option(help='torchrun or deepspeed, for --nproc and --nnodes.')] = 'torchrun',
+    nnodes: Annotated[int, typer.Option(help='Nodes the run spans; run the same command on each.')] = 1,
+    node_rank: Annotated[int, typer.Option(help='This node\'s rank, 0 to --nnodes - 1.')] = 0,
+    master_addr: Annotated[Optional[str], typer.Option(
+        help='Address of the node with --node-rank 0 (needed with --nnodes above 1).')] = None,
+    master_port: Annotated[Optional[int], typer.Option(
+        help='Its port (default: 29500 across nodes, a free one on one node).')] = None,
+    hostfile: Annotated[Optional[Path], typer.Option(
+        help="DeepSpeed's hostfile ('host slots=N' lines): deepspeed starts every node itself.")] = None,
+    emit: Annotated[Optional[str], typer.Option(
+        help='Print a job file instead of training: slurm (an sbatch script) or k8s (a Kubeflow PyTorchJob).')] = None,
+    image: Annotated[Optional[str], typer.Option(help='The container image, for --emit k8s.')] = None,
     force: Annotated[bool, typer.Option(
         '--force', help="Train even when the estimate says the model does not fit this machine.")] = False,
     local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True)] = None,
@@ -151,19 +141,23 @@ def train(
         cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
                           (train_data, valid_data, test_data))
         override = _ds_override(deepspeed_config)
-        if launcher not in LAUNCHERS: raise ConfigError([('launcher',
-                                                          f"{{key}} must be torchrun or deepspeed, not {launcher!r}")])
-        if nproc is not None and nproc < 1: raise ConfigError([('nproc', f'{{key}} must be at least 1, not {nproc}')])
         launched = 'RANK' in os.environ or local_rank is not None
         from gptkit.engine import world_size
-        world = world_size(cfg, nproc)
+        per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
+        launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile)
+        problems = launch.problems(launching=emit is None)
+        if problems: raise ConfigError(problems)
+        world = world_size(cfg, launch.world)
         cfg = cfg.for_world(world)
         rank = int(os.environ.get('RANK', 0))
-        if dry_run: return _dry_run(cfg, override, world, launcher)
+        argv = train_argv(ctx)
+        if emit is not None:
+            print(emit_job(emit, launch, argv, cfg.out, image), end=''); return
+        if dry_run: return _dry_run(cfg, override, world, launch, argv)
         if world > 1 and not launched:
             from gptkit.engine import _free_port
-            port = int(os.environ.get('MASTER_PORT') or _free_port())
-            cmd = launch_command(launcher, world, _strip_launch_args(sys.argv[2:]), port)
+            port = master_port or int(os.environ.get('MASTER_PORT') or (29500 if nnodes > 1 else _free_port()))
+            cmd = launch.command(argv, port)
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
             raise typer.Exit(subprocess.call(cmd))
         if rank == 0: _summary(cfg); _data_summary(cfg)
@@ -173,15 +167,14 @@ def train(
         raise typer.Exit(report(e, key_name)) from None
 
 
-def _dry_run(cfg, override, world, launcher):
+def _dry_run(cfg, override, world, launch, argv):
     from gptkit.engine import ds_config
     _summary(cfg)
     _data_summary(cfg)
     out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
     out.print_json(json.dumps(ds_config(cfg, override=override)))
-    argv = _strip_launch_args(sys.argv[2:])
-    cmd = launch_command(launcher, world, argv) if world > 1 else ['gptkit', 'train'] + argv
+    cmd = launch.command(argv, launch.master_port or 29500) if world > 1 else ['gptkit', 'train'] + argv
     out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True)
 
 

@@ -155,3 +155,67 @@ def test_a_blend_trains_from_the_command_line(tiny_data, two_prefixes, tmp_path)
     assert r.exit_code == 0, r.output
     assert f'train data: {b} | weight 0.5 | 4 samples' in ' '.join(r.output.split())
     assert json.loads((tmp_path / 'r' / 'config.json').read_text())['data']['prefix'] == f'0.5 {a} 0.5 {b}'
+
+
+def test_emit_slurm_prints_an_sbatch_script_that_bash_reads(tiny_data, tmp_path):
+    import subprocess
+    prefix, tok = tiny_data
+    r = run('train', '--preset', 'tiny', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'My Run'),
+            '--nnodes', '2', '--nproc', '2', '--emit', 'slurm')
+    assert r.exit_code == 0, r.output
+    script = tmp_path / 'job.sh'; script.write_text(r.stdout)
+    assert subprocess.run(['bash', '-n', str(script)], capture_output=True).returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[0] == '#!/bin/bash' and '#SBATCH --nodes=2' in lines and '#SBATCH --gpus-per-node=2' in lines
+    assert '#SBATCH --job-name=gptkit-my-run' in lines and '#SBATCH --signal=TERM@120' in lines
+    srun = next(line for line in lines if line.startswith('srun torchrun'))
+    assert '--nnodes "$SLURM_NNODES" --nproc_per_node 2' in srun and srun.endswith('--resume')
+    assert "--out '" + str(tmp_path / 'My Run') + "'" in srun               # quoted for the shell
+    assert not any(o in srun for o in ('--emit', '--nproc ', '--node-rank', '--nnodes 2'))
+
+
+def test_emit_k8s_prints_a_pytorchjob_with_the_right_replicas(tiny_data):
+    import yaml
+    prefix, tok = tiny_data
+    common = ['train', '--preset', 'tiny', '--data', prefix, '--tokenizer', tok, '--out', 'runs/a', '--emit', 'k8s']
+    r = run(*common, '--nnodes', '4', '--nproc', '1', '--image', 'registry.example/gptkit:1')
+    assert r.exit_code == 0, r.output
+    job = yaml.safe_load(r.stdout)
+    assert (job['apiVersion'], job['kind'], job['metadata']['name']) == ('kubeflow.org/v1', 'PyTorchJob', 'gptkit-a')
+    specs = job['spec']['pytorchReplicaSpecs']
+    assert (specs['Master']['replicas'], specs['Worker']['replicas'], job['spec']['nprocPerNode']) == (1, 3, '1')
+    container = specs['Worker']['template']['spec']['containers'][0]
+    assert container['image'] == 'registry.example/gptkit:1' and container['command'][:4] == [
+        'torchrun', '-m', 'gptkit_cli.main', 'train'] and container['command'][-1] == '--resume'
+    assert container['resources']['limits']['nvidia.com/gpu'] == 1 and '--emit' not in container['command']
+    assert 'Worker' not in yaml.safe_load(run(*common, '--image', 'x').stdout)['spec']['pytorchReplicaSpecs']
+    r = run(*common)
+    assert r.exit_code == 2 and '--image is needed with --emit k8s' in r.output
+
+
+@pytest.mark.parametrize('args,said', [
+    (['--nnodes', '2'], '--master-addr is needed with --nnodes above 1'),
+    (['--nnodes', '2', '--node-rank', '2', '--master-addr', 'h'], '--node-rank must be from 0 to 1'),
+    (['--nnodes', '0'], '--nnodes must be at least 1'),
+    (['--hostfile', 'hosts'], "--hostfile is DeepSpeed's"),
+    (['--hostfile', 'no-such-hosts', '--launcher', 'deepspeed'], '--hostfile no-such-hosts: no such file'),
+    (['--emit', 'pbs'], '--emit must be slurm or k8s'),
+    (['--master-port', '70000'], '--master-port must be a TCP port'),
+])
+def test_bad_launch_options_name_the_flag(args, said):
+    r = run('train', '--preset', 'tiny', '--dry-run', *args)
+    assert r.exit_code == 2 and said in ' '.join(r.output.split()), r.output
+
+
+def test_multi_node_dry_run_hands_the_nodes_to_the_launcher(tmp_path):
+    hosts = tmp_path / 'hosts'; hosts.write_text('node1 slots=2\nnode2 slots=2\n')
+    r = run('train', '--preset', 'tiny', '--dry-run', '--nnodes', '2', '--node-rank', '1', '--nproc', '2',
+            '--master-addr', '10.0.0.1', '--master-port', '6000')
+    assert r.exit_code == 0, r.output
+    shown = ' '.join(r.output.split())
+    assert ('-m torch.distributed.run --nproc_per_node 2 --master_port 6000 --nnodes 2 --node_rank 1 '
+            '--master_addr 10.0.0.1 -m gptkit_cli.main train') in shown and 'for 4 process(es)' in shown
+    r = run('train', '--preset', 'tiny', '--dry-run', '--nnodes', '2', '--nproc', '2', '--launcher', 'deepspeed',
+            '--hostfile', str(hosts))
+    assert r.exit_code == 0 and f'--num_gpus 2 --master_port 29500 --hostfile {hosts} --module' in ' '.join(
+        r.output.split()), r.output

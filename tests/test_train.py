@@ -187,14 +187,26 @@ def _sets(*extra):
     return [a for s in TINY_SETS + list(extra) for a in ('--set', s)]
 
 
-@pytest.mark.parametrize('launcher', ['torchrun', 'deepspeed'])
+def _two_nodes(common: list[str], out: Path, nproc: int = 1) -> list[subprocess.CompletedProcess]:
+    "`gptkit train` as two nodes on 127.0.0.1 (node ranks 0 and 1, started at once), each with `nproc` processes"
+    from gptkit.engine import _free_port
+    node = [*common, '--out', str(out), '--nnodes', '2', '--master-addr', '127.0.0.1', '--master-port',
+            str(_free_port()), '--nproc', str(nproc)]
+    procs = [subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', *node, '--node-rank', str(r)], env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), p.stdout.read(), '') for p in procs]
+
+
+@pytest.mark.parametrize('launcher', ['torchrun, 2 nodes x 1', 'deepspeed'])
 def test_two_data_parallel_processes_match_one(tiny_data, tmp_path, launcher):
+    "Two processes (one node's two, or two nodes' one each, through torchrun's --nnodes) train as one does"
     prefix, tok = tiny_data
     common = ['train', '--data', prefix, '--tokenizer', tok, *_sets('parallel.zero=2', 'train.eval_iters=0')]
     one = _cli(*common, '--out', str(tmp_path / 'one'))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _cli(*common, '--out', str(tmp_path / 'two'), '--nproc', '2', '--launcher', launcher)
-    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    if launcher == 'deepspeed': runs = [_cli(*common, '--out', str(tmp_path / 'two'), '--nproc', '2', '--launcher', launcher)]
+    else: runs = _two_nodes(common, tmp_path / 'two')
+    for two in runs: assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     losses = [[json.loads(l)['loss'] for l in (tmp_path / d / 'metrics.jsonl').read_text().splitlines() if '"train"' in l] for d in ('one', 'two')]
     assert len(losses[0]) == 6 and losses[1] == pytest.approx(losses[0], rel=1e-5)
     assert json.loads((tmp_path / 'two' / 'ds_config.json').read_text())['gradient_accumulation_steps'] == 1
@@ -356,3 +368,17 @@ def test_megatron_unweighted_prefix_list_and_a_missing_dataset_get_their_own_sen
     with pytest.raises(DataError, match=r'missing.idx: no such file') as e:
         data_plan(cfg)
     assert 'data.split' not in str(e.value)                    # no advice about splits for a file that is not there
+
+
+def test_two_nodes_of_two_processes_match_one(tiny_data, tmp_path, request):
+    "Flagged slow (4 processes on 2 cores): pytest --nb-flags slow"
+    if 'slow' not in request.config.getoption('--nb-flags').split(): pytest.skip('slow: run with --nb-flags slow')
+    prefix, tok = tiny_data
+    common = ['train', '--data', prefix, '--tokenizer', tok,
+              *_sets('parallel.zero=1', 'train.eval_iters=0', 'train.global_batch=8', 'train.micro_batch=2')]
+    one = _cli(*common, '--out', str(tmp_path / 'one'))
+    assert one.returncode == 0, one.stderr[-3000:]
+    for node in _two_nodes(common, tmp_path / 'four', nproc=2): assert node.returncode == 0, node.stdout[-3000:]
+    losses = [[json.loads(l)['loss'] for l in (tmp_path / d / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
+              for d in ('one', 'four')]
+    assert len(losses[0]) == 6 and losses[1] == pytest.approx(losses[0], rel=1e-5)

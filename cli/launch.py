@@ -1,0 +1,154 @@
+"""Where `gptkit train` runs: the torchrun or deepspeed command for local and multi-node runs, and the job files
+(`--emit slurm`, `--emit k8s`) that start the same command on a cluster. gptkit invents no cluster machinery: the
+scheduler starts one launcher per node, the launcher starts the processes, torch.distributed connects them."""
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit.config import ConfigError
+
+LAUNCHERS = ('torchrun', 'deepspeed')
+EMITS = ('slurm', 'k8s')
+DEFAULT_PORT = 29500          # torchrun's and DeepSpeed's own default
+# Options that say where to run, not what: dropped from the command a launcher or a job file runs on each node
+LAUNCH_OPTIONS = ('--nproc', '--launcher', '--nnodes', '--node-rank', '--master-addr', '--master-port', '--hostfile',
+                  '--emit', '--image')
+LAUNCH_FLAGS = ('--dry-run',)
+
+
+@dataclass
+class Launch:
+    "How many processes on how many nodes, and how they find each other"
+    launcher: str = 'torchrun'
+    nproc: int = 1                 # processes on each node
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None # the node that node rank 0 runs on (default 127.0.0.1 for one node)
+    master_port: int | None = None
+    hostfile: Path | None = None   # DeepSpeed's: one line 'host slots=N' per node; deepspeed starts them all by ssh
+
+    @property
+    def world(self) -> int: return self.nproc * self.nnodes
+
+    def problems(self, launching: bool = True) -> list[tuple[str, str]]:
+        "What cannot work; `launching` False (a job file) leaves the master to the scheduler"
+        out = []
+        if self.launcher not in LAUNCHERS: out.append(('launcher', f'{{key}} must be torchrun or deepspeed, not '
+                                                                   f'{self.launcher!r}'))
+        if self.nproc < 1: out.append(('nproc', f'{{key}} must be at least 1, not {self.nproc}'))
+        if self.nnodes < 1: out.append(('nnodes', f'{{key}} must be at least 1, not {self.nnodes}'))
+        elif not 0 <= self.node_rank < self.nnodes:
+            out.append(('node_rank', f'{{key}} must be from 0 to {self.nnodes - 1} (--nnodes {self.nnodes}), '
+                                     f'not {self.node_rank}'))
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            out.append(('master_port', f'{{key}} must be a TCP port from 1 to 65535, not {self.master_port}'))
+        if launching and self.nnodes > 1 and not self.master_addr and self.hostfile is None:
+            out.append(('master_addr', '{key} is needed with --nnodes above 1: the address of the node with '
+                                       '--node-rank 0, the same on every node'))
+        if self.hostfile is not None:
+            if self.launcher != 'deepspeed':
+                out.append(('hostfile', "{key} is DeepSpeed's (it starts every node by ssh); add --launcher deepspeed"))
+            elif not self.hostfile.is_file():
+                out.append(('hostfile', f'{{key}} {self.hostfile}: no such file'))
+        return out
+
+    def command(self, argv: list[str], port: int) -> list[str]:
+        "The launcher command that runs `gptkit train argv` on this node (all nodes, with a DeepSpeed hostfile)"
+        if self.launcher == 'torchrun':
+            head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(self.nproc),
+                    '--master_port', str(port)]
+            if self.nnodes > 1:
+                head += ['--nnodes', str(self.nnodes), '--node_rank', str(self.node_rank),
+                         '--master_addr', self.master_addr]
+            head.append('-m')
+        else:
+            head = [sys.executable, '-m', 'deepspeed.launcher.runner', '--num_gpus', str(self.nproc),
+                    '--master_port', str(port)]
+            if self.hostfile is not None:
+                head += ['--hostfile', str(self.hostfile)] + (['--master_addr', self.master_addr]
+                                                               if self.master_addr else [])
+            elif self.nnodes > 1:
+                head += ['--no_ssh', '--num_nodes', str(self.nnodes), '--node_rank', str(self.node_rank),
+                         '--master_addr', self.master_addr]
+            head.append('--module')
+        return head + ['gptkit_cli.main', 'train'] + argv
+
+
+def train_argv(ctx) -> list[str]:
+    """The `gptkit train` options this command was given (click's parsed values, not sys.argv, so it is right
+    however the command was called), without those that say where to run (they become the launcher's)"""
+    argv = []
+    for p in ctx.command.params:
+        value = ctx.params.get(p.name)
+        opt = p.opts[0]
+        if value is None or value == p.default or opt in LAUNCH_OPTIONS + LAUNCH_FLAGS or p.hidden: continue
+        if getattr(p, 'is_flag', False):
+            if value: argv.append(opt)
+            elif p.secondary_opts: argv.append(p.secondary_opts[0])
+        elif getattr(p, 'multiple', False): argv += [a for v in value for a in (opt, str(v))]
+        else: argv += [opt, str(value)]
+    return argv
+
+
+def _with_resume(argv: list[str]) -> list[str]:
+    "A job that the scheduler may restart continues from its newest checkpoint (none yet: it starts afresh)"
+    return argv if '--resume' in argv else argv + ['--resume']
+
+
+def slurm_script(launch: Launch, argv: list[str], name: str) -> str:
+    """An sbatch script: one srun task per node runs torchrun, which starts `launch.nproc` processes there.
+    SLURM's SIGTERM two minutes before the time limit makes the run save and exit 143; --requeue and --resume
+    continue it in a new job"""
+    port = launch.master_port or DEFAULT_PORT
+    cmd = ['torchrun', '--nnodes', '"$SLURM_NNODES"', '--nproc_per_node', str(launch.nproc),
+           '--rdzv_id', '"$SLURM_JOB_ID"', '--rdzv_backend', 'c10d', '--rdzv_endpoint', '"$MASTER_ADDR:$MASTER_PORT"',
+           '-m', 'gptkit_cli.main', 'train', *map(shlex.quote, _with_resume(argv))]
+    return '\n'.join([
+        '#!/bin/bash',
+        f'#SBATCH --job-name={name}',
+        f'#SBATCH --nodes={launch.nnodes}',
+        '#SBATCH --ntasks-per-node=1',
+        f'#SBATCH --gpus-per-node={launch.nproc}',
+        '#SBATCH --signal=TERM@120',
+        '#SBATCH --requeue',
+        '#SBATCH --output=%x-%j.out',
+        'set -euo pipefail',
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f'export MASTER_PORT={port}',
+        'srun ' + ' '.join(cmd),
+        ''])
+
+
+def k8s_manifest(launch: Launch, argv: list[str], name: str, image: str) -> str:
+    """A Kubeflow PyTorchJob: a Master and `nnodes - 1` Workers, one pod per node, each running torchrun with
+    `nproc` processes (the training operator sets the PET_* variables torchrun reads: nodes, node rank, master)"""
+    import yaml
+    def replica(n: int) -> dict:
+        container = {'name': 'pytorch', 'image': image,
+                     'command': ['torchrun', '-m', 'gptkit_cli.main', 'train', *_with_resume(argv)],
+                     'resources': {'limits': {'nvidia.com/gpu': launch.nproc}}}
+        return {'replicas': n, 'restartPolicy': 'OnFailure', 'template': {'spec': {'containers': [container]}}}
+    specs = {'Master': replica(1)}
+    if launch.nnodes > 1: specs['Worker'] = replica(launch.nnodes - 1)
+    job = {'apiVersion': 'kubeflow.org/v1', 'kind': 'PyTorchJob', 'metadata': {'name': name},
+           'spec': {'nprocPerNode': str(launch.nproc), 'pytorchReplicaSpecs': specs}}
+    return yaml.safe_dump(job, sort_keys=False)
+
+
+def job_name(out: str | None) -> str:
+    "A job name from the run folder: lower case letters, digits and dashes, as Kubernetes requires"
+    import re
+    base = re.sub(r'[^a-z0-9-]+', '-', Path(out or 'run').name.lower()).strip('-') or 'run'
+    return f'gptkit-{base}'[:63].rstrip('-')
+
+
+def emit(kind: str, launch: Launch, argv: list[str], out: str | None, image: str | None) -> str:
+    "The job file `--emit kind` prints"
+    if kind not in EMITS: raise ConfigError([('emit', f'{{key}} must be slurm or k8s, not {kind!r}')])
+    if kind == 'slurm': return slurm_script(launch, argv, job_name(out))
+    if not image: raise ConfigError([('image', '{key} is needed with --emit k8s: the container image with gptkit '
+                                               'installed that every pod runs')])
+    return k8s_manifest(launch, argv, job_name(out), image)
