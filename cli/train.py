@@ -19,7 +19,7 @@ from gptkit_cli.launch import Launch, emit as emit_job, train_argv
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
          'data.test_prefix': '--test-data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters',
-         'train.tokens': '--tokens',
+         'train.tokens': '--tokens', 'train.save_interval_minutes': '--save-interval-minutes',
          'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp',
          'parallel.pp': '--pp'}
 
@@ -30,12 +30,13 @@ def key_name(key: str) -> str:
 
 
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
-                splits=(None, None, None)) -> RunConfig:
+                splits=(None, None, None), save_minutes=None) -> RunConfig:
     "The RunConfig the command line describes, as `gptkit.train.run_config` completes it (machine defaults, vocabulary)"
     from gptkit.train import run_config
     pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
     over = {'data': {k: v for k, v in pairs if v is not None},
-            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens)) if v is not None},
+            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens), ('save_interval_minutes', save_minutes))
+                      if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
     return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, **top)
@@ -108,6 +109,8 @@ def train(
         help='Tensor-parallel degree (parallel.tp): each layer split over this many processes.')] = None,
     pp: Annotated[Optional[int], typer.Option(
         help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')] = None,
+    save_interval_minutes: Annotated[Optional[float], typer.Option(
+        help='Also save when this many minutes passed since the last save (train.save_interval: steps).')] = None,
     resume: Annotated[bool, typer.Option(
         '--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
     dry_run: Annotated[bool, typer.Option(
@@ -139,7 +142,7 @@ def train(
     checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it."""
     try:
         cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                          (train_data, valid_data, test_data))
+                          (train_data, valid_data, test_data), save_interval_minutes)
         override = _ds_override(deepspeed_config)
         launched = 'RANK' in os.environ or local_rank is not None
         from gptkit.engine import world_size

@@ -828,6 +828,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.train._check_same_data': ('train.html#_check_same_data', 'gptkit/train.py'),
                               'gptkit.train._evaluate': ('train.html#_evaluate', 'gptkit/train.py'),
                               'gptkit.train._micro_batches': ('train.html#_micro_batches', 'gptkit/train.py'),
+                              'gptkit.train._minutes_due': ('train.html#_minutes_due', 'gptkit/train.py'),
                               'gptkit.train._newest': ('train.html#_newest', 'gptkit/train.py'),
                               'gptkit.train._nonfinite_weights': ('train.html#_nonfinite_weights', 'gptkit/train.py'),
                               'gptkit.train._reports_loss': ('train.html#_reports_loss', 'gptkit/train.py'),

@@ -211,6 +211,7 @@ class TrainConfig:
     eval_iters: int = 10           # validation batches (of the global batch) per evaluation
     log_interval: int = 10         # report metrics every this many steps
     save_interval: int | None = None  # checkpoint every this many steps (and always at the end)
+    save_interval_minutes: float | None = None  # also checkpoint when this many minutes passed since the last
     keep: int = 3                  # complete checkpoints kept; older ones are deleted
     seed: int = 1234               # model initialization, dropout and the data order
     max_bad_steps: int = 10        # stop after this many steps in a row with a NaN or infinite loss
@@ -225,6 +226,9 @@ class TrainConfig:
             out.append(('seed', f'{{key}} must be a whole number >= 0, not {self.seed!r}'))
         if self.precision not in PRECISIONS:
             out.append(('precision', f"{{key}} must be one of {', '.join(PRECISIONS)}, not {self.precision!r}"))
+        m = self.save_interval_minutes
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float('inf')):
+            out.append(('save_interval_minutes', f'{{key}} must be a positive number of minutes, not {m!r}'))
         if self.recompute not in RECOMPUTE:
             out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {self.recompute!r}"))
         return out

@@ -520,6 +520,7 @@ class Loop:
     stopping: bool = False         # a rank received a stop signal (SIGINT, SIGTERM, SIGUSR1)
     signal: int | None = None      # the highest-numbered one any rank received, once stopping
     last_saved: Path | None = None
+    saved_at: float = field(default_factory=time.monotonic)   # when the last save (or the run) began
     info: RunInfo | None = None
     window: Window | None = None
     result: TrainResult | None = None
@@ -698,12 +699,20 @@ def save(loop: Loop) -> Path:
     client = {'iteration': it, 'consumed_samples': loop.consumed, 'tokens': loop.tokens}
     path = ckpt.save(loop.engine, loop.root, it, client, cfg, loop.ds_config, loop.out / 'tokenizer', loop.rank,
                      cfg.train.keep, loop.parallel.layout, loop.shapes)
+    loop.saved_at = time.monotonic()
     for c in loop.callbacks: c.on_checkpoint(path, it)
     return path
 
+def _minutes_due(loop: Loop) -> bool:
+    "Whether `save_interval_minutes` have passed since the last save (or the start); rank 0's clock decides for all"
+    minutes = loop.cfg.train.save_interval_minutes
+    if not minutes or loop.iteration >= loop.plan.iters: return False   # the end saves anyway
+    due = loop.rank == 0 and time.monotonic() - loop.saved_at >= 60 * minutes
+    return bool(_all_max(int(due), loop.engine.device))
+
 def save_if_due(loop: Loop) -> Path | None:
-    "A checkpoint after every `save_interval` steps (None when not due)"
-    if not is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters): return None
+    "A checkpoint after every `save_interval` steps, and when `save_interval_minutes` passed (None when not due)"
+    if not (is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters) or _minutes_due(loop)): return None
     if not loop.finite_loss:                     # a model whose loss is NaN is not worth resuming from
         log.warning('step %d: checkpoint skipped: every micro-batch of this step had a NaN or infinite loss',
                     loop.iteration)

@@ -216,3 +216,14 @@ def test_a_sample_index_too_big_is_refused_and_many_epochs_are_warned_of(tiny_da
     assert not caplog.text
     with caplog.at_level(logging.WARNING): _warn_repeats(plan(200_000))
     assert 'the train split passes over' in caplog.text and 'will memorize it' in caplog.text
+
+
+def test_save_interval_minutes_saves_by_the_clock(tiny_data, tmp_path):
+    "A job that may be killed at any time saves by wall clock too; a bad value names the flag"
+    out = tmp_path / 'run'
+    train(config(tiny_data, out, 'train.eval_iters=0', 'train.save_interval_minutes=1e-9'))   # due after every step
+    rows = [strict_json(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
+    assert [r['iteration'] for r in rows if r['kind'] == 'checkpoint'] == [1, 2, 3, 4, 5, 6]
+    assert [i for i, _ in store.checkpoints(out / 'checkpoints')] == [4, 5, 6]                   # train.keep=3
+    r = runner.invoke(app, ['train', '--preset', 'tiny', '--dry-run', '--save-interval-minutes', '0'])
+    assert r.exit_code == 2 and '--save-interval-minutes must be a positive number of minutes, not 0' in r.output
