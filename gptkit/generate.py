@@ -195,7 +195,9 @@ class Generator:
         "Refuse a batch whose KV cache alone would not fit in the memory this device has free"
         need, p = self.kv_cache_bytes(batch), next(self.model.parameters())
         if p.device.type == 'cuda': free = torch.cuda.mem_get_info(p.device)[0]
-        else: free = os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') if hasattr(os, 'sysconf') else None
+        elif 'SC_AVPHYS_PAGES' in getattr(os, 'sysconf_names', {}):   # Linux; macOS has no such count
+            free = os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+        else: free = None
         if free is not None and need > free:
             fits = max(1, int(batch * free / need))
             raise ConfigError([(key, f'{{key}} {batch:,}: the KV cache of {batch:,} sequences of {self.context:,} '
