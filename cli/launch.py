@@ -15,7 +15,7 @@ EMITS = ('slurm', 'k8s')
 DEFAULT_PORT = 29500          # torchrun's and DeepSpeed's own default
 # Options that say where to run, not what: dropped from the command a launcher or a job file runs on each node
 LAUNCH_OPTIONS = ('--nproc', '--launcher', '--nnodes', '--node-rank', '--master-addr', '--master-port', '--hostfile',
-                  '--emit', '--image')
+                  '--emit', '--image', '--max-restarts')
 LAUNCH_FLAGS = ('--dry-run',)
 
 
@@ -29,6 +29,7 @@ class Launch:
     master_addr: str | None = None # the node that node rank 0 runs on (default 127.0.0.1 for one node)
     master_port: int | None = None
     hostfile: Path | None = None   # DeepSpeed's: one line 'host slots=N' per node; deepspeed starts them all by ssh
+    max_restarts: int = 0          # torchrun restarts every process this often when one fails (they resume)
 
     @property
     def world(self) -> int: return self.nproc * self.nnodes
@@ -48,6 +49,11 @@ class Launch:
         if launching and self.nnodes > 1 and not self.master_addr and self.hostfile is None:
             out.append(('master_addr', '{key} is needed with --nnodes above 1: the address of the node with '
                                        '--node-rank 0, the same on every node'))
+        if self.max_restarts < 0:
+            out.append(('max_restarts', f'{{key}} must be 0 or more, not {self.max_restarts}'))
+        elif self.max_restarts and self.launcher != 'torchrun':
+            out.append(('max_restarts', "{key} is torchrun's (its elastic agent restarts the processes); use "
+                                        '--launcher torchrun'))
         if self.hostfile is not None:
             if self.launcher != 'deepspeed':
                 out.append(('hostfile', "{key} is DeepSpeed's (it starts every node by ssh); add --launcher deepspeed"))
@@ -59,7 +65,7 @@ class Launch:
         "The launcher command that runs `gptkit train argv` on this node (all nodes, with a DeepSpeed hostfile)"
         if self.launcher == 'torchrun':
             head = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(self.nproc),
-                    '--master_port', str(port)]
+                    '--master_port', str(port)] + _restarts(self.max_restarts)
             if self.nnodes > 1:
                 head += ['--nnodes', str(self.nnodes), '--node_rank', str(self.node_rank),
                          '--master_addr', self.master_addr]
@@ -75,6 +81,10 @@ class Launch:
                          '--master_addr', self.master_addr]
             head.append('--module')
         return head + ['gptkit_cli.main', 'train'] + argv
+
+
+def _restarts(k: int) -> list[str]:
+    return ['--max_restarts', str(k)] if k else []
 
 
 def train_argv(ctx) -> list[str]:
@@ -104,6 +114,7 @@ def slurm_script(launch: Launch, argv: list[str], name: str) -> str:
     continue it in a new job"""
     port = launch.master_port or DEFAULT_PORT
     cmd = ['torchrun', '--nnodes', '"$SLURM_NNODES"', '--nproc_per_node', str(launch.nproc),
+           *_restarts(launch.max_restarts),
            '--rdzv_id', '"$SLURM_JOB_ID"', '--rdzv_backend', 'c10d', '--rdzv_endpoint', '"$MASTER_ADDR:$MASTER_PORT"',
            '-m', 'gptkit_cli.main', 'train', *map(shlex.quote, _with_resume(argv))]
     return '\n'.join([
@@ -128,7 +139,8 @@ def k8s_manifest(launch: Launch, argv: list[str], name: str, image: str) -> str:
     import yaml
     def replica(n: int) -> dict:
         container = {'name': 'pytorch', 'image': image,
-                     'command': ['torchrun', '-m', 'gptkit_cli.main', 'train', *_with_resume(argv)],
+                     'command': ['torchrun', *_restarts(launch.max_restarts), '-m', 'gptkit_cli.main', 'train',
+                                 *_with_resume(argv)],
                      'resources': {'limits': {'nvidia.com/gpu': launch.nproc}}}
         return {'replicas': n, 'restartPolicy': 'OnFailure', 'template': {'spec': {'containers': [container]}}}
     specs = {'Master': replica(1)}

@@ -20,6 +20,7 @@ from gptkit_cli.launch import Launch, emit as emit_job, train_argv
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
          'data.test_prefix': '--test-data', 'data.tokenizer': '--tokenizer', 'train.iters': '--iters',
          'train.tokens': '--tokens', 'train.save_interval_minutes': '--save-interval-minutes',
+         'train.watchdog_minutes': '--watchdog-minutes',
          'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp',
          'parallel.pp': '--pp'}
 
@@ -30,13 +31,13 @@ def key_name(key: str) -> str:
 
 
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
-                splits=(None, None, None), save_minutes=None) -> RunConfig:
+                splits=(None, None, None), save_minutes=None, watchdog_minutes=None) -> RunConfig:
     "The RunConfig the command line describes, as `gptkit.train.run_config` completes it (machine defaults, vocabulary)"
     from gptkit.train import run_config
     pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
     over = {'data': {k: v for k, v in pairs if v is not None},
-            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens), ('save_interval_minutes', save_minutes))
-                      if v is not None},
+            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens), ('save_interval_minutes', save_minutes),
+                                        ('watchdog_minutes', watchdog_minutes)) if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
     return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, **top)
@@ -111,6 +112,12 @@ def train(
         help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')] = None,
     save_interval_minutes: Annotated[Optional[float], typer.Option(
         help='Also save when this many minutes passed since the last save (train.save_interval: steps).')] = None,
+    watchdog_minutes: Annotated[Optional[float], typer.Option(
+        help='A step, evaluation or save that takes longer is a hang: print every stack and exit 124 '
+             '(train.watchdog_minutes, default 30).')] = None,
+    max_restarts: Annotated[int, typer.Option(
+        help="Restart all processes up to this many times when one dies or hangs (torchrun's elastic agent); "
+             'each restart resumes from the newest intact checkpoint.')] = 0,
     resume: Annotated[bool, typer.Option(
         '--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
     dry_run: Annotated[bool, typer.Option(
@@ -139,15 +146,16 @@ def train(
     """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed.
 
     SIGINT, SIGTERM or SIGUSR1 (a scheduler's preemption, SLURM's --signal=USR1@120) finish the step, save a
-    checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it."""
+    checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it. A hang
+    exits 124 after --watchdog-minutes; --max-restarts K restarts a run whose process died or hung."""
     try:
         cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                          (train_data, valid_data, test_data), save_interval_minutes)
+                          (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes)
         override = _ds_override(deepspeed_config)
         launched = 'RANK' in os.environ or local_rank is not None
         from gptkit.engine import world_size
         per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
-        launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile)
+        launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
         problems = launch.problems(launching=emit is None)
         if problems: raise ConfigError(problems)
         world = world_size(cfg, launch.world)
@@ -157,14 +165,18 @@ def train(
         if emit is not None:
             print(emit_job(emit, launch, argv, cfg.out, image), end=''); return
         if dry_run: return _dry_run(cfg, override, world, launch, argv)
-        if world > 1 and not launched:
+        if (world > 1 or max_restarts) and not launched:
             from gptkit.engine import _free_port
             port = master_port or int(os.environ.get('MASTER_PORT') or (29500 if nnodes > 1 else _free_port()))
             cmd = launch.command(argv, port)
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
             raise typer.Exit(subprocess.call(cmd))
-        if rank == 0: _summary(cfg); _data_summary(cfg)
-        _run(cfg, override, resume, force, rank)
+        restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
+        if rank == 0 and restart:
+            out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '
+                      'checkpoint')
+        elif rank == 0: _summary(cfg); _data_summary(cfg)
+        _run(cfg, override, resume or restart > 0, force, rank)
     except GptkitError as e:
         if os.environ.get('GPTKIT_DEBUG'): raise
         raise typer.Exit(report(e, key_name)) from None
@@ -177,7 +189,8 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
     out.print_json(json.dumps(ds_config(cfg, override=override)))
-    cmd = launch.command(argv, launch.master_port or 29500) if world > 1 else ['gptkit', 'train'] + argv
+    cmd = (launch.command(argv, launch.master_port or 29500) if world > 1 or launch.max_restarts
+           else ['gptkit', 'train'] + argv)
     out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True)
 
 

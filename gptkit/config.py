@@ -215,6 +215,8 @@ class TrainConfig:
     keep: int = 3                  # complete checkpoints kept; older ones are deleted
     seed: int = 1234               # model initialization, dropout and the data order
     max_bad_steps: int = 10        # stop after this many steps in a row with a NaN or infinite loss
+    watchdog_minutes: float | None = 30.0  # a step, evaluation or save taking longer is a hang: print every
+                                   # thread's stack and exit 124 (None: wait forever)
 
     def problems(self) -> list[tuple[str, str]]:
         out = _positive({k: getattr(self, k) for k in ('micro_batch', 'global_batch', 'iters', 'tokens',
@@ -226,9 +228,10 @@ class TrainConfig:
             out.append(('seed', f'{{key}} must be a whole number >= 0, not {self.seed!r}'))
         if self.precision not in PRECISIONS:
             out.append(('precision', f"{{key}} must be one of {', '.join(PRECISIONS)}, not {self.precision!r}"))
-        m = self.save_interval_minutes
-        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float('inf')):
-            out.append(('save_interval_minutes', f'{{key}} must be a positive number of minutes, not {m!r}'))
+        for k in ('save_interval_minutes', 'watchdog_minutes'):
+            m = getattr(self, k)
+            if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float('inf')):
+                out.append((k, f'{{key}} must be a positive number of minutes, not {m!r}'))
         if self.recompute not in RECOMPUTE:
             out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {self.recompute!r}"))
         return out

@@ -122,6 +122,18 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
+def _restart_store():
+    """The store of a process group that torchrun restarted (`--max-restarts`), under keys of its own: the launcher's
+    store outlives the processes, and the new ones would otherwise read the dead ones' addresses. None otherwise"""
+    attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)
+    if not attempt: return None
+    import torch.distributed as dist
+    rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    host = rank == 0 and os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True'
+    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), world, is_master=host,
+                          multi_tenant=True)
+    return dist.PrefixStore(f'gptkit/restart_{attempt}', store)
+
 def init_distributed() -> tuple[int, int, int]:
     "Start torch.distributed through DeepSpeed, alone or under a launcher; returns (rank, world_size, local_rank)"
     import torch
@@ -137,6 +149,10 @@ def init_distributed() -> tuple[int, int, int]:
     logging.getLogger('DeepSpeed').setLevel(logging.WARNING)
     if cpu: deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False   # gloo instead of a compiled op
     try:
+        store = None if torch.distributed.is_initialized() else _restart_store()
+        if store is not None:
+            torch.distributed.init_process_group('gloo' if cpu else 'nccl', store=store, rank=int(os.environ['RANK']),
+                                                 world_size=int(os.environ['WORLD_SIZE']))
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend='gloo' if cpu else 'nccl', verbose=False)
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import logging
 import math
@@ -15,6 +16,7 @@ import os
 import random
 import resource
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,11 +31,11 @@ from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'STOP_SIGNALS', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo', 'StepMetrics',
-           'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops', 'memory_gib',
-           'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'tokenizer_vocab', 'run_config', 'Window', 'Loop',
-           'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish',
-           'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
+__all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo',
+           'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops',
+           'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'tokenizer_vocab', 'run_config',
+           'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save',
+           'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -235,6 +237,52 @@ def _all_sum(values: list[float], device) -> list[float]:
 def _reports_loss(parallel) -> bool:
     "One rank per model replica counts the loss: the last stage's first TP rank (its TP peers hold the same value)"
     return parallel.is_last_stage and parallel.tp_rank == 0
+
+# %% ../nbs/11_train.ipynb #7a1d0c02
+WATCHDOG_EXIT = 124   # a hung run's exit code, as GNU timeout's
+
+def _real_stderr():
+    "A stderr that faulthandler can write to (it needs a file descriptor; a notebook's or CliRunner's has none)"
+    for f in (sys.stderr, sys.__stderr__):
+        try:
+            f.fileno(); return f
+        except (AttributeError, ValueError, OSError): pass   # io.UnsupportedOperation is an OSError and a ValueError
+    return None
+
+class _Watchdog:
+    "Exits 124 with every thread's stack when `beat` was not called for `minutes` (None: never)"
+    def __init__(self, minutes: float | None, rank: int = 0):
+        self.seconds = None if minutes is None else minutes * 60
+        self.rank, self.err = rank, _real_stderr()
+        self.what, self.since, self.done = 'start-up', time.monotonic(), threading.Event()
+
+    def beat(self, what: str):
+        "`what` starts now: a step, an evaluation, a save"
+        self.what, self.since = what, time.monotonic()
+        if self.seconds is not None and self.err is not None:
+            faulthandler.dump_traceback_later(self.seconds + 60, exit=True, file=self.err)
+
+    def __enter__(self):
+        if self.seconds is not None:
+            threading.Thread(target=self._watch, name='gptkit-watchdog', daemon=True).start()
+            self.beat(self.what)
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.seconds is not None and self.err is not None: faulthandler.cancel_dump_traceback_later()
+
+    def _watch(self):
+        while not self.done.wait(min(1.0, self.seconds / 10)):
+            if time.monotonic() - self.since > self.seconds: self._fire()
+
+    def _fire(self):
+        print(f'rank {self.rank}: {self.what} has not finished in {self.seconds / 60:g} minutes '
+              f'(train.watchdog_minutes), so the run is taken to be hung: the stack of every thread follows, '
+              f'then exit {WATCHDOG_EXIT}', file=sys.stderr, flush=True)
+        if self.err is not None: faulthandler.dump_traceback(file=self.err, all_threads=True)
+        if self.err is not None: self.err.flush()
+        os._exit(WATCHDOG_EXIT)
 
 # %% ../nbs/11_train.ipynb #6649ee2c
 def _micro_batches(samples, start: int, ga: int, dp: int, dp_rank: int, mb: int, vocab: int, where: str,
@@ -744,16 +792,19 @@ def train(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
           force: bool = False, stop_after: int | None = None) -> TrainResult:
     "Train `cfg` in this process (alone or as one rank of a launcher): set up, restore, then step until the run is done"
     loop = restore(setup(cfg, callbacks, resume, ds_override, force))
-    with _Stop() as stop:
+    with _Stop() as stop, _Watchdog(cfg.train.watchdog_minutes, loop.rank) as dog:
         while loop.iteration < loop.plan.iters:
+            dog.beat(f'step {loop.iteration + 1}')
             train_step(loop, stop.signal is not None)
             report(loop)
+            dog.beat(f'the evaluation or checkpoint after step {loop.iteration}')
             with loop.window.paused():           # evaluation and saving do not count against the step rate
                 evaluate_if_due(loop)
                 save_if_due(loop)
             if loop.stopping or (stop_after is not None and loop.iteration >= stop_after): break
         if loop.stopping: loop.signal = _all_max(stop.signal or 0, loop.engine.device)   # the same on every rank
-    return finish(loop)
+        dog.beat('the final evaluation and checkpoint')
+        return finish(loop)
 
 # %% ../nbs/11_train.ipynb #3a9459fe
 class LivePlot(Callback):

@@ -161,7 +161,7 @@ def test_emit_slurm_prints_an_sbatch_script_that_bash_reads(tiny_data, tmp_path)
     import subprocess
     prefix, tok = tiny_data
     r = run('train', '--preset', 'tiny', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'My Run'),
-            '--nnodes', '2', '--nproc', '2', '--emit', 'slurm')
+            '--nnodes', '2', '--nproc', '2', '--emit', 'slurm', '--max-restarts', '2')
     assert r.exit_code == 0, r.output
     script = tmp_path / 'job.sh'; script.write_text(r.stdout)
     assert subprocess.run(['bash', '-n', str(script)], capture_output=True).returncode == 0
@@ -169,9 +169,9 @@ def test_emit_slurm_prints_an_sbatch_script_that_bash_reads(tiny_data, tmp_path)
     assert lines[0] == '#!/bin/bash' and '#SBATCH --nodes=2' in lines and '#SBATCH --gpus-per-node=2' in lines
     assert '#SBATCH --job-name=gptkit-my-run' in lines and '#SBATCH --signal=TERM@120' in lines
     srun = next(line for line in lines if line.startswith('srun torchrun'))
-    assert '--nnodes "$SLURM_NNODES" --nproc_per_node 2' in srun and srun.endswith('--resume')
+    assert '--nnodes "$SLURM_NNODES" --nproc_per_node 2 --max_restarts 2' in srun and srun.endswith('--resume')
     assert "--out '" + str(tmp_path / 'My Run') + "'" in srun               # quoted for the shell
-    assert not any(o in srun for o in ('--emit', '--nproc ', '--node-rank', '--nnodes 2'))
+    assert not any(o in srun for o in ('--emit', '--nproc ', '--node-rank', '--nnodes 2', '--max-restarts'))
 
 
 def test_emit_k8s_prints_a_pytorchjob_with_the_right_replicas(tiny_data):
@@ -201,6 +201,9 @@ def test_emit_k8s_prints_a_pytorchjob_with_the_right_replicas(tiny_data):
     (['--hostfile', 'no-such-hosts', '--launcher', 'deepspeed'], '--hostfile no-such-hosts: no such file'),
     (['--emit', 'pbs'], '--emit must be slurm or k8s'),
     (['--master-port', '70000'], '--master-port must be a TCP port'),
+    (['--max-restarts', '-1'], '--max-restarts must be 0 or more, not -1'),
+    (['--max-restarts', '2', '--launcher', 'deepspeed'], "--max-restarts is torchrun's"),
+    (['--watchdog-minutes', '0'], '--watchdog-minutes must be a positive number of minutes, not 0'),
 ])
 def test_bad_launch_options_name_the_flag(args, said):
     r = run('train', '--preset', 'tiny', '--dry-run', *args)
@@ -219,3 +222,6 @@ def test_multi_node_dry_run_hands_the_nodes_to_the_launcher(tmp_path):
             '--hostfile', str(hosts))
     assert r.exit_code == 0 and f'--num_gpus 2 --master_port 29500 --hostfile {hosts} --module' in ' '.join(
         r.output.split()), r.output
+    r = run('train', '--preset', 'tiny', '--dry-run', '--max-restarts', '3', '--master-port', '6000')
+    assert r.exit_code == 0 and ('-m torch.distributed.run --nproc_per_node 1 --master_port 6000 --max_restarts 3 -m '
+                                 'gptkit_cli.main train --preset tiny') in ' '.join(r.output.split()), r.output

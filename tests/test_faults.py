@@ -18,6 +18,7 @@ from gptkit.train import TrainingError, train
 from gptkit_cli.main import app
 
 runner = CliRunner()
+DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')   # set by in-process runs
 
 
 def config(tiny_data, out, *sets):
@@ -227,3 +228,70 @@ def test_save_interval_minutes_saves_by_the_clock(tiny_data, tmp_path):
     assert [i for i, _ in store.checkpoints(out / 'checkpoints')] == [4, 5, 6]                   # train.keep=3
     r = runner.invoke(app, ['train', '--preset', 'tiny', '--dry-run', '--save-interval-minutes', '0'])
     assert r.exit_code == 2 and '--save-interval-minutes must be a positive number of minutes, not 0' in r.output
+
+
+# Loaded by every Python process of a `gptkit train` the tests below start (through PYTHONPATH): the rank named
+# in GPTKIT_TEST_FAULT does the fault after that step, in the first attempt only (torchrun counts restarts)
+FAULT_SITE = '''
+import os
+if os.environ.get('GPTKIT_TEST_FAULT') and ('RANK' in os.environ or os.environ.get('GPTKIT_TEST_ALONE')):
+    import signal, time
+    import gptkit.train as t
+    what, rank, step = os.environ['GPTKIT_TEST_FAULT'].split(':')
+    real = t.train_step
+    def train_step(loop, *args, **kw):
+        loss = real(loop, *args, **kw)
+        first = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') == '0'
+        if loop.iteration == int(step) and os.environ.get('RANK', '0') == rank and first:
+            if what == 'kill': os.kill(os.getpid(), signal.SIGKILL)
+            if what == 'hang': time.sleep(3600)
+        return loss
+    t.train_step = train_step
+'''
+
+
+def _train_with_fault(tiny_data, tmp_path, fault, *args, alone=False, timeout=300):
+    import subprocess
+    import sys
+    prefix, tok = tiny_data
+    (tmp_path / 'site').mkdir()
+    (tmp_path / 'site' / 'sitecustomize.py').write_text(FAULT_SITE)
+    env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, 'PYTHONUNBUFFERED': '1',
+           'PYTHONPATH': str(tmp_path / 'site'), 'GPTKIT_TEST_FAULT': fault, 'GPTKIT_TEST_ALONE': '1' if alone else ''}
+    cmd = [sys.executable, '-m', 'gptkit_cli.main', 'train', '--data', prefix, '--tokenizer', tok,
+           '--out', str(tmp_path / 'run'), *[a for s in TINY_SETS for a in ('--set', s)], *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _metrics(run):
+    return [strict_json(line) for line in (run / 'metrics.jsonl').read_text().splitlines()]
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_uninterrupted(tiny_data, tmp_path):
+    "--max-restarts: rank 1 of 2 is SIGKILLed after step 5; torchrun restarts both, they resume from step 3's checkpoint"
+    sets = ['train.iters=8', 'train.save_interval=3', 'train.eval_iters=0']
+    want = _metrics(train(config(tiny_data, tmp_path / 'one', *sets)).checkpoint.parents[1])
+    r = _train_with_fault(tiny_data, tmp_path, 'kill:1:5', '--nproc', '2', '--max-restarts', '1',
+                          *[a for s in sets for a in ('--set', s)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    said = r.stdout.replace('\n', '')                             # rich wraps long paths
+    assert '--max_restarts 1' in said and 'restart 1: a process died or hung' in said
+    assert 'resumed from' in said and 'iter_0000003 (step 3)' in said  # steps 4 and 5 were lost with the killed rank
+    got = _metrics(tmp_path / 'run')
+    steps = lambda rows: [(x['iteration'], x['loss']) for x in rows if x['kind'] == 'train']
+    assert [i for i, _ in steps(got)] == list(range(1, 9))          # one row per step, the replayed ones once
+    assert [l for _, l in steps(got)] == pytest.approx([l for _, l in steps(want)], rel=1e-5)
+    assert [i for i, _ in store.checkpoints(tmp_path / 'run' / 'checkpoints')] == [3, 6, 8]
+
+
+def test_a_hang_becomes_a_stack_dump_and_exit_124(tiny_data, tmp_path):
+    "The watchdog: a step that does not finish within --watchdog-minutes prints where every thread is, exits 124"
+    import time
+    t = time.monotonic()
+    r = _train_with_fault(tiny_data, tmp_path, 'hang:0:2', '--watchdog-minutes', '0.05', alone=True, timeout=120)
+    assert r.returncode == 124, r.stdout[-3000:] + r.stderr[-3000:]
+    assert ('rank 0: step 2 has not finished in 0.05 minutes (train.watchdog_minutes), so the run is taken to be '
+            'hung: the stack of every thread follows, then exit 124') in r.stderr
+    assert 'in train_step' in r.stderr and 'gptkit-watchdog' not in r.stdout   # the hung frame is named
+    assert time.monotonic() - t < 60
+    assert [i for i, _ in store.checkpoints(tmp_path / 'run' / 'checkpoints')] == []
