@@ -39,6 +39,7 @@ def serve(
     from gptkit.serve import Limits, serve as run
     with out.status(f'loading {checkpoint}'):
         gen = Generator.from_checkpoint(checkpoint, device=device)
+    gen.check_batch(max_prompts, 'max_prompts')      # the biggest batch the server runs: its KV cache must fit
     folder = gen.loaded.folder
     name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)
     out.print(f'[bold]{name}[/]: {folder} (step {gen.loaded.state.get("iteration", "?")}), context {gen.context}, '

@@ -12,13 +12,14 @@ import math
 import os
 import random
 import shutil
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, Layout, RunConfig, save_config, write_atomic
+from .config import ConfigError, Layout, RunConfig, _full_disk, _size, free_space, save_config, write_atomic
 from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newest, read_state, tag
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,10 @@ def _space_short(root: Path) -> str | None:
     return (f'it needs about {need / 2**30:.2f} GiB (the size of {before.name}) but {root} has {free / 2**30:.2f} GiB '
             f'free; free some space (train.keep prunes old checkpoints); the previous checkpoint {before} is intact')
 
+def _state_bytes(engine) -> int:
+    "What a checkpoint of `engine` holds at least: the weights, and Adam's two fp32 moments and fp32 master weights"
+    return sum(p.numel() * (p.element_size() + 12) for p in engine.module.parameters())
+
 def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
          layout: Layout | None = None, shapes: dict | None = None) -> Path:
@@ -101,13 +106,20 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
             os.replace(tmp, final)
             write_atomic(root / 'latest', name)
             if keep: prune(root, keep)
-    except (OSError, RuntimeError) as e:
-        # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...')
-        if isinstance(e, RuntimeError) and 'writ' not in str(e): raise
+    except BaseException as e:
+        for x in (e, e.__context__, e.__cause__):   # closes the files the failed writers held, freeing their space
+            if x is not None: traceback.clear_frames(x.__traceback__)
         if rank == 0: shutil.rmtree(tmp, ignore_errors=True)
+        # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...', 'unexpected
+        # pos ...'), without errno
+        if not isinstance(e, OSError) and not (isinstance(e, RuntimeError) and ('writ' in str(e) or
+                                                                                _full_disk(e, root, None))): raise
         before = newest(root)
         kept = f'the previous checkpoint {before} is intact' if before else 'no earlier checkpoint exists'
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+        why = (e.strerror if isinstance(e, OSError) and e.strerror and not _full_disk(e, root, None) else
+               f'the disk is full (at least {_size(_state_bytes(engine))} needed, {_size(free_space(root))} free)'
+               if _full_disk(e, root, None) else
+               str(e).strip().splitlines()[-1])
         raise CheckpointError(f'could not write checkpoint {final}: {why}; {kept}') from None
     barrier()
     return final

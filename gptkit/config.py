@@ -7,25 +7,32 @@ errors that name the key."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import math
 import os
 import re
+import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 # %% auto #0
-__all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'GptkitError',
-           'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
-           'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig',
-           'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'write_atomic',
-           'check_folder', 'finite_or_none', 'json_text', 'save_config']
+__all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'FULL_DISK',
+           'GptkitError', 'DiskFullError', 'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset',
+           'get_preset', 'ParallelConfig', 'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig',
+           'parse_blend', 'DataConfig', 'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve',
+           'free_space', 'written', 'write_atomic', 'check_folder', 'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
     "An expected failure, described in one sentence that names the file, line, flag or key"
     exit_code = 1
+
+class DiskFullError(GptkitError):
+    "A write that found its disk full: names the output, the space it needs and what is free; leaves no partial file"
+
 
 # %% ../nbs/00_config.ipynb #aa35d1c5
 class DataError(GptkitError):
@@ -604,12 +611,49 @@ def resolve(preset: str | None = None, file: str | Path | None = None, sets: Ite
     d.update({k: v for k, v in top.items() if v is not None})
     return from_dict(d)
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)   # no space left; over the user's quota
+
+def _size(n: float) -> str:
+    for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB': return f'{n:,.0f} {unit}' if unit == 'bytes' else f'{n:,.1f} {unit}'
+        n /= 1024
+
+def free_space(path: str | Path) -> int:
+    "Bytes free to this user where `path` is (or would be)"
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent: p = p.parent
+    return shutil.disk_usage(p).free
+
+def _full_disk(e: Exception, path, needed: int | None) -> bool:
+    "Whether `e` says the disk is full: an OSError does; torch.save's RuntimeError and safetensors' error lose errno"
+    if isinstance(e, OSError): return e.errno in FULL_DISK
+    if 'No space left on device' in str(e) or 'os error 28' in str(e): return True
+    return isinstance(e, RuntimeError) and free_space(path) < max(needed or 0, 16 * 2**20)
+
+@contextmanager
+def written(path: str | Path, needed: int | Callable[[], int | None] | None = None, kept: str = ''):
+    """Writes to `path` inside the block: a full disk (ENOSPC, EDQUOT) becomes one `DiskFullError` naming `path`, the
+    bytes `needed` (or a function that estimates them when it happens) and the space free; `kept` says what is intact.
+    The block removes its own partial output"""
+    try: yield
+    except Exception as e:
+        need = needed() if callable(needed) else needed
+        if not _full_disk(e, path, need): raise
+        need = f'at least {_size(need)} needed, ' if need else ''
+        raise DiskFullError(f'{path}: the disk is full ({need}{_size(free_space(path))} free), so it was not written'
+                            f'{"; " + kept if kept else ""}; free some space and run again') from None
+
 def write_atomic(path: str | Path, text: str):
     "Write `text` to `path` through a temporary file in the same folder, on disk before the rename"
     path = Path(path)
     tmp = path.with_name(f'.{path.name}.tmp')
-    with open(tmp, 'w', encoding='utf-8') as f: f.write(text); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
+    data = text.encode('utf-8')
+    with written(path, len(data), f'{path.name} is as it was' if path.exists() else ''):
+        try:
+            with open(tmp, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True); raise
 
 def check_folder(path: str | Path, key: str) -> Path:
     "`path` for an output folder (made later if missing), refused with `key` named when it or a parent is a file"

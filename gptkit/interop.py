@@ -109,7 +109,7 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     if tok is None: log.warning('%s has no tokenizer/; the export holds the model only', folder)
     tensors = to_hf(weights, cfg.model)
     dtype = str(tensors['transformer.wte.weight'].dtype).removeprefix('torch.')
-    with staged_dir(out_dir) as tmp:
+    with staged_dir(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
         config = config_to_hf(cfg.model, tok.eod if tok else None, dtype)
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))
         save_file(tensors, tmp / 'model.safetensors', metadata={'format': 'pt'})
@@ -284,7 +284,7 @@ def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
     files = tuple(str(out.resolve() / 'tokenizer' / f) if tok else None for f in ('vocab.json', 'merges.txt'))
     ckpt = {'args': megatron_args(cfg.model, it, state.get('consumed_samples', 0), *files), 'checkpoint_version': 3.0,
             'iteration': it, 'model': to_megatron(weights, cfg.model)}
-    with staged_dir(out) as tmp:
+    with staged_dir(out, sum(t.nbytes for t in weights.values())) as tmp:
         shard = tmp / f'iter_{it:07d}' / 'mp_rank_00'
         shard.mkdir(parents=True)
         torch.save(ckpt, shard / 'model_optim_rng.pt')

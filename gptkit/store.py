@@ -14,7 +14,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import GptkitError
+from .config import GptkitError, written
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ def find(path: str | Path) -> Path:
 
 # %% ../nbs/12a_store.ipynb #66947c02
 @contextmanager
-def staged_dir(out_dir: str | Path):
-    "Yield a temporary folder beside `out_dir` that becomes `out_dir` only if the block succeeds"
+def staged_dir(out_dir: str | Path, needed: int | None = None):
+    "Yield a temporary folder beside `out_dir` that becomes `out_dir` only if the block succeeds (`needed`: its bytes)"
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f'{out} already exists and is not empty; choose a new output folder')
@@ -124,8 +124,9 @@ def staged_dir(out_dir: str | Path):
     tmp = out.parent / f'.{out.name}.tmp-{os.getpid()}'
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     try:
-        yield tmp
-        fsync_dir(tmp)
+        with written(out, needed):
+            yield tmp
+            fsync_dir(tmp)
         if out.exists(): out.rmdir()
         os.replace(tmp, out)
     except BaseException:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib.resources import files
@@ -19,7 +21,7 @@ import regex
 import tiktoken
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-from .config import ConfigError, DataError, check_folder, write_atomic
+from .config import ConfigError, DataError, check_folder, written
 
 # %% auto #0
 __all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'MAX_VOCAB', 'asset', 'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2',
@@ -162,13 +164,25 @@ def gpt2() -> Tokenizer:
 def save(tok: Tokenizer, directory: str | Path) -> Path:
     "Write vocab.json, merges.txt and tokenizer.json to `directory`"
     d = check_folder(directory, 'output')
+    made = not d.exists()
     d.mkdir(parents=True, exist_ok=True)
     model = json.loads(tok.hf.to_str())['model']
     vocab = dict(sorted(model['vocab'].items(), key=lambda kv: kv[1]))
     merges = [m if isinstance(m, str) else ' '.join(m) for m in model['merges']]
-    write_atomic(d / 'vocab.json', json.dumps(vocab, ensure_ascii=False))
-    write_atomic(d / 'merges.txt', '#version: 0.2\n' + '\n'.join(merges) + '\n')
-    write_atomic(d / 'tokenizer.json', tok.hf.to_str())
+    files = {'vocab.json': json.dumps(vocab, ensure_ascii=False),
+             'merges.txt': '#version: 0.2\n' + '\n'.join(merges) + '\n', 'tokenizer.json': tok.hf.to_str()}
+    # all three are written beside the old ones first, so a full disk leaves a tokenizer already there whole
+    staged = {name: d / f'.{name}.new' for name in files}
+    kept = '' if made else 'the files already there are as they were'
+    with written(d, sum(len(t.encode('utf-8')) for t in files.values()), kept):
+        try:
+            for name, text in files.items():
+                with open(staged[name], 'w', encoding='utf-8') as f: f.write(text); f.flush(); os.fsync(f.fileno())
+        except BaseException:
+            for p in staged.values(): p.unlink(missing_ok=True)
+            if made: shutil.rmtree(d, ignore_errors=True)
+            raise
+    for name, p in staged.items(): os.replace(p, d / name)
     return d
 
 def from_bpe_files(vocab_file: str | Path, merges_file: str | Path) -> Tokenizer:

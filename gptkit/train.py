@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt, store
-from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, json_text, resolve, save_config
+from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, json_text, resolve, save_config, written
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,11 @@ class MetricsFile(Callback):
     "Appends one JSON object per report, evaluation and checkpoint to OUT/metrics.jsonl: one row per step, also resumed"
     def on_start(self, info):
         if info.resumed_from is not None: _rows_up_to(info.out / 'metrics.jsonl', info.start)
-        self.f = open(info.out / 'metrics.jsonl', 'a')
-    def _write(self, d): self.f.write(json_text(d) + '\n'); self.f.flush()   # NaN as null
+        self.path = info.out / 'metrics.jsonl'
+        self.f = open(self.path, 'a')
+    def _write(self, d):
+        with written(self.path, kept='its earlier rows are intact (a cut last row is dropped on --resume)'):
+            self.f.write(json_text(d) + '\n'); self.f.flush()   # NaN as null
     def on_step(self, m): self._write({'kind': 'train', 'time': time.time(), **m.to_dict()})
     def on_eval(self, split, iteration, loss):
         self._write({'kind': split, 'iteration': iteration, 'loss': loss, 'ppl': math.exp(min(loss, 50))})

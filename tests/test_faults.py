@@ -172,6 +172,7 @@ def test_hostile_paths_devices_and_sizes_get_one_sentence(tiny_data, tiny_checkp
         (['generate', '--checkpoint', tiny_checkpoint, '--prompt', 'a', '--num-samples', 10**9],
          '--num-samples 1,000,000,000 is more than 100,000'),
         (['eval', '--checkpoint', tiny_checkpoint, '--device', 'cuda'], '--device cuda: this torch'),
+        (['serve', '--checkpoint', tiny_checkpoint, '--max-prompts', 10**9], '--max-prompts 1,000,000,000: the KV cache of'),
     ]
     if torch.cuda.is_available(): cases = [c for c in cases if 'cuda' not in c[0]]
     for args, sentence in cases:
@@ -295,3 +296,62 @@ def test_a_hang_becomes_a_stack_dump_and_exit_124(tiny_data, tmp_path):
     assert 'in train_step' in r.stderr and 'gptkit-watchdog' not in r.stdout   # the hung frame is named
     assert time.monotonic() - t < 60
     assert [i for i, _ in store.checkpoints(tmp_path / 'run' / 'checkpoints')] == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    "A real full disk: a 1 MiB tmpfs (mounting needs root, as CI has; elsewhere the test is skipped, saying why)"
+    import subprocess
+    mnt = tmp_path / 'disk'; mnt.mkdir()
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', 'tmpfs', str(mnt)], capture_output=True, text=True)
+    if r.returncode: pytest.skip(f'cannot mount a tmpfs here: {r.stderr.strip()}')
+    yield mnt
+    subprocess.run(['umount', '-l', str(mnt)], capture_output=True)
+
+
+def _fill(disk, leave: int):
+    "Take all but `leave` bytes of `disk`"
+    import shutil
+    (disk / 'filler').unlink(missing_ok=True)
+    (disk / 'filler').write_bytes(b'\0' * max(0, shutil.disk_usage(disk).free - leave))
+
+
+def _one_sentence(r, *said):
+    flat = ' '.join(r.output.split())
+    assert r.exit_code == 1 and 'Traceback' not in r.output and all(s in flat for s in said), r.output
+
+
+def test_a_full_disk_on_every_write_path_is_one_sentence_and_keeps_what_was_there(tiny_data, tiny_checkpoint,
+                                                                                   small_disk, tmp_path):
+    prefix, tok = tiny_data
+    disk, run = small_disk, lambda *a: runner.invoke(app, [str(x) for x in a])
+    listing = lambda: sorted(p.name for p in disk.rglob('*'))
+    # data prepare: an earlier dataset under the same prefix stays as it was; no temporary is left
+    (tmp_path / 'small.txt').write_text('In the beginning was the word.\n')
+    assert run('data', 'prepare', '-i', tmp_path / 'small.txt', '--output-prefix', disk / 'kjv', '--tokenizer', tok,
+               '--format', 'txt').exit_code == 0
+    before = {p.name: p.read_bytes() for p in disk.iterdir()}
+    r = run('data', 'prepare', '-i', 'builtin:kjv', '--output-prefix', disk / 'kjv', '--tokenizer', tok)
+    _one_sentence(r, f'{disk}/kjv_text_document.bin: the disk is full (at least', 'needed,', 'free), so it was not '
+                  'written; the existing kjv_text_document.bin/.idx are as they were; free some space and run again')
+    assert {p.name: p.read_bytes() for p in disk.iterdir()} == before
+    # tokenizer train: no half-written tokenizer folder
+    _fill(disk, 16 * 1024)
+    r = run('tokenizer', 'train', '-i', 'builtin:kjv', '--vocab-size', '2000', '--output', disk / 'tok')
+    _one_sentence(r, f'{disk}/tok: the disk is full (at least', 'so it was not written')
+    assert listing() == sorted(['filler', *before])
+    # checkpoint export: no half-written export folder
+    r = run('checkpoint', 'export', tiny_checkpoint, disk / 'hf', '--to', 'hf')
+    _one_sentence(r, f'{disk}/hf: the disk is full (at least', 'so it was not written')
+    assert listing() == sorted(['filler', *before])
+    # train: its config cannot be written (a run folder with no room at all), then its first checkpoint cannot
+    _fill(disk, 0)
+    sets = [a for s in TINY_SETS for a in ('--set', s)]
+    r = run('train', '--data', prefix, '--tokenizer', tok, '--out', disk / 'run', *sets)
+    _one_sentence(r, f"{disk}/run/config.json: the disk is full (at least", "so it was not written")
+    _fill(disk, 64 * 1024)
+    (disk / 'run2').mkdir()
+    r = run('train', '--data', prefix, '--tokenizer', tok, '--out', disk / 'run2', *sets, '--set', 'train.save_interval=2')
+    _one_sentence(r, f'could not write checkpoint {disk}/run2/checkpoints/iter_0000002: the disk is full (at least',
+                  'no earlier checkpoint exists')
+    assert not [p for p in (disk / 'run2' / 'checkpoints').iterdir()]

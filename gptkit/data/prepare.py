@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import DataError, check, check_folder
+from ..config import DataError, check, check_folder, written
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
 from .indexed import IndexedWriter, token_dtype
 
@@ -185,7 +185,13 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
     docs = read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers)
     docs = _filtered(docs, cfg, result.dropped)
-    with IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size)) as writer:
+    writer = IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size))
+    tried = [0]     # tokens handed to the writer, the batch that failed included
+    def needed():   # those tokens, scaled to the whole input where its size is known (more if compressed)
+        done = min(1, max(tally.input_bytes, tally.bytes) / total) if total else 1
+        return int(tried[0] * writer.dtype.itemsize / max(done, 1e-9)) or None
+    kept = f'the existing {Path(cfg.prefix).name}.bin/.idx are as they were' if writer.bin_path.exists() else ''
+    with written(writer.bin_path, needed, kept), writer:
         for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
             kept = []
             for ids in tok.encode_arrays(batch, cfg.workers):
@@ -193,6 +199,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
                     result.dropped['too_short' if len(ids) else 'empty'] += 1; continue
                 kept.append(ids)
             tokens = writer.tokens
+            tried[0] = tokens + sum(len(ids) for ids in kept) + len(kept) * cfg.append_eod
             writer.add_documents(kept, tok.eod if cfg.append_eod else None)
             result.documents += len(kept); result.tokens += writer.tokens - tokens
             now = time.perf_counter()
