@@ -137,14 +137,17 @@ class TensorBoard(Callback):
         from torch.utils.tensorboard import SummaryWriter
         # a resumed run hides the events its previous run wrote after the step it resumes from
         purge = info.start + 1 if info.resumed_from is not None else None
-        self.w = SummaryWriter(str(info.out / 'tensorboard'), purge_step=purge)
+        self.path = info.out / 'tensorboard'
+        with written(self.path): self.w = SummaryWriter(str(self.path), purge_step=purge)
     def on_step(self, m):
-        for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib'):
-            v = getattr(m, k)
-            if v is not None: self.w.add_scalar(f'train/{k}', v, m.iteration)
+        with written(self.path):
+            for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib'):
+                v = getattr(m, k)
+                if v is not None: self.w.add_scalar(f'train/{k}', v, m.iteration)
     def on_eval(self, split, iteration, loss):
-        self.w.add_scalar(f'{split}/loss', loss, iteration)
-        self.w.add_scalar(f'{split}/ppl', math.exp(min(loss, 50)), iteration)
+        with written(self.path):
+            self.w.add_scalar(f'{split}/loss', loss, iteration)
+            self.w.add_scalar(f'{split}/ppl', math.exp(min(loss, 50)), iteration)
     def on_end(self, result): self.w.close()
 
 # %% ../nbs/11_train.ipynb #8ad9606a

@@ -56,3 +56,13 @@ def torch_threads(n: int):
     torch.set_num_threads(n)
     try: yield
     finally: torch.set_num_threads(old)
+
+
+def run_here(*args):
+    """`gptkit ARGS` in this process, as a CompletedProcess: the same command as a subprocess, without an interpreter's
+    start-up (for one process: a launcher starts its own)"""
+    import subprocess
+    from typer.testing import CliRunner
+    from gptkit_cli.main import app
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr + (repr(r.exception) if r.exception else ''))

@@ -4,6 +4,7 @@ output."""
 import json
 import logging
 import os
+import shutil
 import signal
 
 import pytest
@@ -12,7 +13,7 @@ from conftest import TINY_SETS
 from typer.testing import CliRunner
 
 from gptkit import store
-from gptkit.config import ConfigError, resolve
+from gptkit.config import ConfigError, DiskFullError, resolve
 from gptkit.store import CheckpointError
 from gptkit.train import TrainingError, train
 from gptkit_cli.main import app
@@ -89,6 +90,8 @@ def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
         r = runner.invoke(app, [str(a) for a in args])
         assert r.exit_code == 1, r.output
         assert 'weights are NaN or infinite' in r.output and 'Traceback' not in r.output
+    from gptkit.generate import Generator            # what gptkit serve loads its model with, before it listens
+    with pytest.raises(CheckpointError, match='weights are NaN or infinite'): Generator.from_checkpoint(nan_checkpoint)
 
 
 @pytest.mark.parametrize('signum', [signal.SIGUSR1, signal.SIGINT])
@@ -355,3 +358,18 @@ def test_a_full_disk_on_every_write_path_is_one_sentence_and_keeps_what_was_ther
     _one_sentence(r, f'could not write checkpoint {disk}/run2/checkpoints/iter_0000002: the disk is full (at least',
                   'no earlier checkpoint exists')
     assert not [p for p in (disk / 'run2' / 'checkpoints').iterdir()]
+    # metrics.jsonl: the disk fills up during a run
+    from gptkit.train import Callback
+    (disk / 'filler').unlink(); shutil.rmtree(disk / 'run2')
+    class Fill(Callback):          # after the run folder is made (TensorBoard starts after it), or after step 1
+        def __init__(self, at_start): self.at_start = at_start
+        def on_start(self, info):
+            if self.at_start: _fill(disk, 0)
+        def on_train_step(self, iteration):
+            if iteration == 1: _fill(disk, 0)
+    with pytest.raises(DiskFullError, match=r'run3/tensorboard: the disk is full \(0 bytes free\), so it was not written'):
+        train(config(tiny_data, disk / 'run3', 'train.eval_iters=0'), callbacks=[Fill(True)])
+    (disk / 'filler').unlink()
+    with pytest.raises(DiskFullError, match=r'run4/metrics\.jsonl: the disk is full \(0 bytes free\), so it was not '
+                                            r'written; its earlier rows are intact'):
+        train(config(tiny_data, disk / 'run4', 'train.eval_iters=0'), callbacks=[Fill(False)])

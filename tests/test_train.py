@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_SETS
+from conftest import TINY_SETS, run_here
 from gptkit import store
 from gptkit.config import ConfigError, DataError, resolve
 from gptkit.train import TrainingError, data_plan, train
@@ -198,20 +198,12 @@ def _two_nodes(common: list[str], out: Path, nproc: int = 1) -> list[subprocess.
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), p.stdout.read(), '') for p in procs]
 
 
-def _here(*args):
-    "`gptkit train` in this process, for one process: the same command as `_cli`, without an interpreter's start-up"
-    from typer.testing import CliRunner
-    from gptkit_cli.main import app
-    r = CliRunner().invoke(app, list(args))
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr + (repr(r.exception) if r.exception else ''))
-
-
 @pytest.fixture(scope='module')
 def one_process_zero2(tiny_data, tmp_path_factory):
     "The reference run of the data-parallel tests: one process, ZeRO-2, 6 steps (made once)"
     prefix, tok = tiny_data
     out = tmp_path_factory.mktemp('one_zero2') / 'one'
-    one = _here('train', '--data', prefix, '--tokenizer', tok, *_sets('parallel.zero=2', 'train.eval_iters=0'),
+    one = run_here('train', '--data', prefix, '--tokenizer', tok, *_sets('parallel.zero=2', 'train.eval_iters=0'),
                 '--out', str(out))
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     return out
@@ -240,7 +232,7 @@ def test_tokens_without_a_global_batch_train_the_same_tokens_on_one_and_two_proc
     sets += ['train.global_batch=null', 'train.eval_iters=0', 'train.log_interval=100']
     common = ['train', '--data', prefix, '--tokenizer', tok, '--tokens', '512',
               *[a for s in sets for a in ('--set', s)]]
-    runs = {n: (_here if n == 1 else _cli)(*common, '--out', str(tmp_path / f'dp{n}'), '--nproc', str(n)) for n in (1, 2)}
+    runs = {n: (run_here if n == 1 else _cli)(*common, '--out', str(tmp_path / f'dp{n}'), '--nproc', str(n)) for n in (1, 2)}
     for n, r in runs.items(): assert r.returncode == 0, f'dp{n}: ' + r.stdout[-3000:] + r.stderr[-3000:]
     rows = {n: (tmp_path / f'dp{n}' / 'metrics.jsonl').read_text().splitlines() for n in (1, 2)}
     last = {n: [json.loads(l) for l in rows[n] if '"train"' in l][-1] for n in (1, 2)}

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import TINY_SETS
+from conftest import TINY_SETS, run_here
 
 DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 
@@ -15,14 +15,6 @@ DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 def _cli(*args):
     env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, 'PYTHONUNBUFFERED': '1'}
     return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env, timeout=600)
-
-
-def _here(*args):
-    "A tool's command in this process: the same command as `_cli`, without an interpreter's start-up"
-    from typer.testing import CliRunner
-    from gptkit_cli.main import app
-    r = CliRunner().invoke(app, list(args))
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr + (repr(r.exception) if r.exception else ''))
 
 
 def _sets(*extra):
@@ -43,7 +35,7 @@ def runs(tiny_data, tmp_path_factory):
                'dp2pp2': ['--pp', '2', '--nproc', '4', '--set', 'parallel.zero=1', '--set', 'train.recompute=full'],
                'dp2tp2sp': ['--tp', '2', '--nproc', '4', '--set', 'parallel.sequence_parallel=true', '--set', 'parallel.zero=1']}
     for name, extra in layouts.items():
-        run = _cli if extra else _here              # one process needs no launcher
+        run = _cli if extra else run_here              # one process needs no launcher
         r = run('train', '--data', prefix, '--tokenizer', tok, '--out', str(root / name), *_sets(), *extra)
         assert r.returncode == 0, name + r.stdout[-3000:] + r.stderr[-3000:]
     return root
@@ -109,9 +101,9 @@ def test_reshard_round_trip_gives_identical_logits(runs, tmp_path):
     from gptkit.checkpoint import load_model, load_weights
     from gptkit.store import find
     trained = find(runs / 'tp2pp2')
-    r = _here('checkpoint', 'reshard', str(trained), str(tmp_path / 'one'))
+    r = run_here('checkpoint', 'reshard', str(trained), str(tmp_path / 'one'))
     assert r.returncode == 0 and 'resharded' in r.stdout, r.stdout + r.stderr
-    r = _here('checkpoint', 'reshard', str(tmp_path / 'one'), str(tmp_path / 'tp2'), '--tp', '2')
+    r = run_here('checkpoint', 'reshard', str(tmp_path / 'one'), str(tmp_path / 'tp2'), '--tp', '2')
     assert r.returncode == 0, r.stdout + r.stderr
     ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
     a = _parallel_logits(trained, 4, ids, tmp_path / 'a')
@@ -125,14 +117,14 @@ def test_reshard_round_trip_gives_identical_logits(runs, tmp_path):
 
 def test_tools_read_any_layout(runs, tmp_path):
     "generate, inspect and export take the TP 2 x PP 2 checkpoint as it is"
-    r = _here('checkpoint', 'inspect', str(runs / 'tp2pp2'), '--json')
+    r = run_here('checkpoint', 'inspect', str(runs / 'tp2pp2'), '--json')
     assert r.returncode == 0 and json.loads(r.stdout)['layout']['tp'] == 2 and json.loads(r.stdout)['layout']['pp'] == 2
     args = ['generate', '--prompt', 'And God said', '--greedy', '--max-new-tokens', '8']
-    a = _here(*args, '--checkpoint', str(runs / 'tp2pp2'))
-    assert _here('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'one')).returncode == 0
-    b = _here(*args, '--checkpoint', str(tmp_path / 'one'))
+    a = run_here(*args, '--checkpoint', str(runs / 'tp2pp2'))
+    assert run_here('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'one')).returncode == 0
+    b = run_here(*args, '--checkpoint', str(tmp_path / 'one'))
     assert a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and 'And God said' in a.stdout, a.stderr[-2000:]
-    e = _here('checkpoint', 'export', str(runs / 'tp2pp2'), str(tmp_path / 'hf'), '--to', 'hf')
+    e = run_here('checkpoint', 'export', str(runs / 'tp2pp2'), str(tmp_path / 'hf'), '--to', 'hf')
     assert e.returncode == 0 and (tmp_path / 'hf' / 'model.safetensors').is_file(), e.stderr[-2000:]
 
 
@@ -147,7 +139,7 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, tiny_d
 def test_training_continues_in_another_layout_after_reshard(runs, tiny_data, tmp_path):
     "TP 2 x PP 2 -> reshard -> TP 2 x PP 1: the run goes on from step 6 with the weights it had (the optimizer restarts)"
     prefix, tok = tiny_data
-    assert _here('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'tp2'), '--tp', '2').returncode == 0
+    assert run_here('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'tp2'), '--tp', '2').returncode == 0
     r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'tp2'), *_sets('train.iters=8', 'train.eval_iters=0'),
              '--tp', '2', '--resume')
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
