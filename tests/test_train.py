@@ -138,7 +138,8 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_data, tmp_path, monkeypatc
         return real_save(obj, f, *a, **k)
     monkeypatch.setattr(torch, 'save', full_disk)
     with pytest.raises(store.CheckpointError,
-                       match='No space left on device; the previous checkpoint .*iter_0000002 is intact'):
+                       match=r'iter_0000003: the disk is full \(at least [\d.]+ KiB needed, [\d.,]+ \w+ free\); the '
+                             r'previous checkpoint .*iter_0000002 is intact'):
         train(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=3)), resume=True)
     root = tmp_path / 'run' / 'checkpoints'
     assert [p.name for _, p in store.checkpoints(root)] == ['iter_0000002']
