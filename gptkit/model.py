@@ -19,7 +19,7 @@ from .params import param_table
 
 # %% auto #0
 __all__ = ['core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'Dropout', 'Block', 'OutputLayer', 'GPT',
-           'num_params', 'KVCache']
+           'num_params', 'KVCache', 'RMSNorm', 'rotary_tables', 'apply_rotary', 'SwiGLU', 'repeat_kv']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -259,3 +259,37 @@ class KVCache:
         "Keep only the batch rows `rows` (a tensor of indices), in that order"
         for i in self.k: self.k[i], self.v[i] = self.k[i][rows], self.v[i][rows]
         self.valid = self.valid[rows]
+
+# %% ../nbs/07b_model.ipynb #5e11a002
+class RMSNorm(nn.Module):
+    "x / sqrt(mean(x^2) + eps) * weight, in fp32: LayerNorm without the mean and the bias"
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+    def forward(self, x):
+        y = x.float()
+        return self.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32):
+    "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout)"
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angles = positions.float()[..., None] * inv
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+def apply_rotary(x, cos, sin):
+    "Rotate the pairs (i, i + d/2) of x [batch, heads, len, d] by the angles whose cos and sin are [.., len, d]"
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+class SwiGLU(nn.Module):
+    "h -> down(silu(gate(x)) * up(x)) -> h: the gated MLP, `ffn` wide"
+    def __init__(self, hidden: int, ffn: int, bias: bool = False):
+        super().__init__()
+        self.gate, self.up = nn.Linear(hidden, ffn, bias=bias), nn.Linear(hidden, ffn, bias=bias)
+        self.down = nn.Linear(ffn, hidden, bias=bias)
+    def forward(self, x): return self.down(F.silu(self.gate(x)) * self.up(x))
+
+def repeat_kv(x, groups: int):
+    "Keys or values [batch, kv_heads, len, d] for every query head: each of the kv_heads serves `groups` of them"
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
