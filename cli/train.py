@@ -14,7 +14,7 @@ import typer
 from gptkit.config import ConfigError, GptkitError, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, out, report
-from gptkit_cli.launch import Launch, emit as emit_job, train_argv
+from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -167,7 +167,7 @@ def train(
         if dry_run: return _dry_run(cfg, override, world, launch, argv)
         if (world > 1 or max_restarts) and not launched:
             from gptkit.engine import _free_port
-            port = master_port or int(os.environ.get('MASTER_PORT') or (29500 if nnodes > 1 else _free_port()))
+            port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else _free_port()))
             cmd = launch.command(argv, port)
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
             raise typer.Exit(subprocess.call(cmd))
@@ -189,7 +189,7 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
     out.print_json(json.dumps(ds_config(cfg, override=override)))
-    cmd = (launch.command(argv, launch.master_port or 29500) if world > 1 or launch.max_restarts
+    cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)
     out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True)
 
