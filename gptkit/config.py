@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 # %% auto #0
-__all__ = ['ACTIVATIONS', 'KERNELS', 'PRESETS', 'GPT3_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'FULL_DISK',
-           'GptkitError', 'DiskFullError', 'DataError', 'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset',
-           'get_preset', 'ParallelConfig', 'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig',
-           'parse_blend', 'DataConfig', 'RunConfig', 'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve',
-           'free_space', 'written', 'write_atomic', 'check_folder', 'finite_or_none', 'json_text', 'save_config']
+__all__ = ['ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE',
+           'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError',
+           'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig',
+           'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig',
+           'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'free_space', 'written', 'write_atomic',
+           'check_folder', 'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -82,48 +83,83 @@ def _positive(values: dict) -> list[tuple[str, str]]:
     return out
 
 # %% ../nbs/00_config.ipynb #e873145a
-ACTIVATIONS = ('gelu', 'gelu_tanh')
+ACTIVATIONS = ('gelu', 'gelu_tanh', 'swiglu')
 KERNELS = ('auto', 'triton', 'torch')
+POSITIONS = ('learned', 'rotary')
+NORMS = ('layernorm', 'rmsnorm')
+
+def _swiglu_ffn(hidden: int) -> int:
+    "Llama's SwiGLU width: 2/3 of 4h (the same MLP parameters as a 4h GELU MLP), rounded up to a multiple of 64"
+    return -(-(8 * hidden // 3) // 64) * 64
 
 @dataclass(frozen=True)
 class ModelConfig:
-    "A GPT-2/3 style decoder: learned positions, pre-LN, biases, tied embeddings"
+    "A decoder: GPT-2/3 by default (learned positions, LayerNorm, GELU, biases, tied embeddings), Llama by its choices"
     layers: int = 12        # transformer blocks (l)
     hidden: int = 768       # model width (h)
     heads: int = 12         # attention heads (a); must divide `hidden`
     seq_len: int = 2048     # context length (s), also the number of learned positions
     vocab: int = 50257      # tokenizer vocabulary (V) before Megatron's padding
-    ffn_hidden: int | None = None  # MLP width; None means the usual 4h
+    ffn_hidden: int | None = None  # MLP width; None: 4h for GELU, Llama's 8h/3 (rounded up to 64) for SwiGLU
     make_vocab_size_divisible_by: int = 128  # pad V to a multiple of this x TP: even TP shards, fast matmuls
     dropout: float = 0.1    # on the embeddings, the attention probabilities and each residual branch
     init_std: float = 0.02  # weights ~ N(0, init_std); output projections of each block use init_std / sqrt(2 layers)
-    activation: str = 'gelu'  # MLP nonlinearity: 'gelu' (exact, Megatron's) or 'gelu_tanh' (GPT-2's approximation)
+    # MLP: 'gelu' (exact, Megatron's), 'gelu_tanh' (GPT-2's approximation) or 'swiglu' (Llama's gated MLP)
+    activation: str = 'gelu'
     # fused Triton kernels (gptkit.kernels): 'auto' on CUDA when Triton is installed, 'triton' always, 'torch' never
     kernels: str = 'auto'
+    position: str = 'learned'    # 'learned' position embeddings (GPT) or 'rotary' (RoPE, applied to queries and keys)
+    rope_theta: float = 10000.0  # rotary base: the angle of pair i turns by position / theta^(2i / head_dim)
+    norm: str = 'layernorm'      # 'layernorm' (weight and bias) or 'rmsnorm' (weight only, no mean)
+    norm_eps: float = 1e-5       # added to the variance in every norm
+    kv_heads: int | None = None  # key/value heads: None (= heads) multi-head, fewer grouped-query, 1 multi-query
+    bias: bool = True            # biases on the linear layers (the norms keep theirs)
+    tie_embeddings: bool = True  # the output layer reuses the word embedding matrix
 
     def __post_init__(self): check(self.problems())
 
     def problems(self) -> list[tuple[str, str]]:
         "Everything wrong with these values"
         out = _positive({n: getattr(self, n) for n in ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden',
-                                                        'make_vocab_size_divisible_by')})
-        if not {k for k, _ in out} & {'hidden', 'heads'} and self.hidden % self.heads:
+                                                        'make_vocab_size_divisible_by', 'kv_heads')})
+        bad = {k for k, _ in out}
+        if not bad & {'hidden', 'heads'} and self.hidden % self.heads:
             out.append(('heads', f'{{key}} = {self.heads} must divide the hidden size {self.hidden}'))
+        if not bad & {'heads', 'kv_heads'} and self.kv_heads and self.heads % self.kv_heads:
+            out.append(('kv_heads', f'{{key}} = {self.kv_heads} must divide the {self.heads} attention heads'))
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
             out.append(('dropout', f'{{key}} must be a probability in [0, 1), not {self.dropout!r}'))
-        if not isinstance(self.init_std, (int, float)) or isinstance(self.init_std, bool) or not self.init_std > 0:
-            out.append(('init_std', f'{{key}} must be positive, not {self.init_std!r}'))
-        if self.activation not in ACTIVATIONS:
-            out.append(('activation', f"{{key}} must be one of {', '.join(ACTIVATIONS)}, not {self.activation!r}"))
-        if self.kernels not in KERNELS:
-            out.append(('kernels', f"{{key}} must be one of {', '.join(KERNELS)}, not {self.kernels!r}"))
+        for k in ('init_std', 'rope_theta', 'norm_eps'):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+                out.append((k, f'{{key}} must be a positive number, not {v!r}'))
+        for k, choices in (('activation', ACTIVATIONS), ('kernels', KERNELS), ('position', POSITIONS), ('norm', NORMS)):
+            if getattr(self, k) not in choices:
+                out.append((k, f"{{key}} must be one of {', '.join(choices)}, not {getattr(self, k)!r}"))
+        for k in ('bias', 'tie_embeddings'):
+            if not isinstance(getattr(self, k), bool):
+                out.append((k, f'{{key}} must be true or false, not {getattr(self, k)!r}'))
+        if self.position == 'rotary' and not bad & {'hidden', 'heads'} and self.head_dim % 2:
+            out.append(('position', f'{{key}} rotary needs an even head size, not {self.hidden} / {self.heads}'))
         return out
 
     @property
-    def ffn(self) -> int: return self.ffn_hidden or 4 * self.hidden
+    def ffn(self) -> int:
+        if self.ffn_hidden: return self.ffn_hidden
+        return _swiglu_ffn(self.hidden) if self.activation == 'swiglu' else 4 * self.hidden
 
     @property
     def head_dim(self) -> int: return self.hidden // self.heads
+
+    @property
+    def kv(self) -> int:
+        "Key/value heads"
+        return self.kv_heads or self.heads
+
+    @property
+    def gated(self) -> bool:
+        "The MLP's first layer holds two matrices (gate and up), each `ffn` wide"
+        return self.activation == 'swiglu'
 
     def padded_vocab(self, tp: int = 1) -> int:
         "Megatron's padded vocabulary size for tensor-parallel degree `tp`"
@@ -143,6 +179,12 @@ class Preset:
 def _gpt3(layers, hidden, heads, lr, batch):
     return Preset(ModelConfig(layers=layers, hidden=hidden, heads=heads, seq_len=2048), lr, batch)
 
+LLAMA = dict(position='rotary', norm='rmsnorm', activation='swiglu', bias=False, dropout=0.0)   # the family's choices
+
+def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr, batch):
+    return Preset(ModelConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
+                              seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA), lr, batch)
+
 PRESETS: dict[str, Preset] = {
     'tiny':  Preset(ModelConfig(layers=2, hidden=128, heads=4, seq_len=256, dropout=0.0), 2e-3, 16),
     'small': Preset(ModelConfig(layers=6, hidden=384, heads=6, seq_len=256, dropout=0.0), 1e-3, 32),
@@ -154,8 +196,14 @@ PRESETS: dict[str, Preset] = {
     '6.7b': _gpt3(32,  4096, 32, 1.2e-4, 1024),
     '13b':  _gpt3(40,  5120, 40, 1.0e-4, 1024),
     '175b': _gpt3(96, 12288, 96, 0.6e-4, 1536),
+    'llama-tiny': Preset(ModelConfig(layers=2, hidden=128, heads=4, kv_heads=2, seq_len=256, tie_embeddings=False,
+                                     **LLAMA), 2e-3, 16),
+    #                        layers hidden heads kv  ffn   context vocab  theta    tied   lr     batch
+    'llama-3.2-1b':   _llama(16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512),
+    'tinyllama-1.1b': _llama(22,    2048,  32,   4,  5632, 2048,  32000,  10000., False, 4e-4, 1024),
 }
 GPT3_PRESETS = ('125m', '350m', '760m', '1.3b', '2.7b', '6.7b', '13b', '175b')
+LLAMA_PRESETS = ('llama-3.2-1b', 'tinyllama-1.1b')
 
 # %% ../nbs/00_config.ipynb #18621086
 def get_preset(name: str, key: str = 'preset') -> Preset:
@@ -282,6 +330,8 @@ class Layout:
         if model is not None:
             if model.heads % self.tp: out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
             elif model.ffn % self.tp: out.append(('tp', f'{{key}} {self.tp} must divide the MLP width {model.ffn}'))
+            elif model.kv % self.tp and self.tp % model.kv:       # fewer KV heads than ranks: each is replicated
+                out.append(('tp', f'{{key}} {self.tp} must divide model.kv_heads {model.kv} or be a multiple of it'))
             if model.layers % self.pp: out.append(('pp', f'{{key}} {self.pp} must divide the {model.layers} layers'))
             if self.sequence_parallel and model.seq_len % self.tp:
                 out.append(('sequence_parallel',

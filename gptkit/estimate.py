@@ -30,12 +30,12 @@ from .params import layer_numel, param_table, stage_extras, stage_layers
 
 # %% auto #0
 __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
-           'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'state_bytes', 'model_states',
-           'activation_element_bytes', 'LayerActivations', 'layer_activations', 'stage_moments', 'stage_activations',
-           'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'overhead_bytes', 'stage_activation_bytes',
-           'Memory', 'memory_per_gpu', 'flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time', 'train_flags',
-           'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel', 'candidate_layouts', 'search',
-           'memory_breakdown']
+           'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'closed_form_params', 'state_bytes',
+           'model_states', 'activation_element_bytes', 'LayerActivations', 'layer_activations', 'stage_moments',
+           'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'overhead_bytes',
+           'stage_activation_bytes', 'Memory', 'memory_per_gpu', 'flops_per_iteration', 'StepTime', 'dp_bytes',
+           'step_time', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel',
+           'candidate_layouts', 'search', 'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -97,7 +97,7 @@ class ParamCount:
     "Parameter counts for a model under tensor degree `tp` and pipeline degree `pp`"
     total: int          # the model's parameters, vocabulary padded as Megatron pads it for this tp
     unpadded: int       # the same with the tokenizer's vocabulary, unpadded
-    embedding: int      # word (padded) and position embeddings
+    embedding: int      # word (padded) and position embeddings, and an untied output layer
     transformer: int    # the layers and the final LayerNorm
     vocab_padded: int
     tp: int
@@ -113,16 +113,17 @@ def count_params(model: ModelConfig, tp: int = 1, pp: int = 1, balance: str = 'l
     split, rep = layer_numel(model, tp)
     stages = []
     for (lo, hi), extras in zip(stage_layers(model, pp, balance), stage_extras(model, pp)):
-        own = [p for p in extras if p.name != 'head.weight']
+        own = [p for p in extras if p.name != 'head.weight' or not model.tie_embeddings]   # an untied head is its own
         stages.append(StageParams(
             split=(hi - lo) * split + sum(p.shard_numel(tp, V) for p in own if p.tp != 'replicated'),
             replicated=(hi - lo) * rep + sum(p.numel for p in own if p.tp == 'replicated'),
-            tied_copy=sum(p.shard_numel(tp, V) for p in extras if p.name == 'head.weight'),
+            tied_copy=sum(p.shard_numel(tp, V) for p in extras if p.name == 'head.weight' and p not in own),
             largest_layer=max([split + rep] + [p.shard_numel(tp, V) for p in extras])))
     table = param_table(model)
-    embedding = sum(p.shard_numel(1, V) for p in table if p.name in ('wte.weight', 'wpe.weight'))
+    embedding = sum(p.shard_numel(1, V) for p in table if p.name in ('wte.weight', 'wpe.weight', 'head.weight'))
     total = sum(p.shard_numel(1, V) for p in table)
-    return ParamCount(total=total, unpadded=total - (V - model.vocab) * model.hidden, embedding=embedding,
+    padding = (V - model.vocab) * model.hidden * (1 if model.tie_embeddings else 2)
+    return ParamCount(total=total, unpadded=total - padding, embedding=embedding,
                       transformer=total - embedding, vocab_padded=V, tp=tp, stages=tuple(stages))
 
 # %% ../nbs/01_estimate.ipynb #be5f1ee8
@@ -130,6 +131,15 @@ def narayanan_params(model: ModelConfig, tp: int = 1) -> float:
     "Narayanan et al. (2021) closed form: 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))"
     l, h, V, s = model.layers, model.hidden, model.padded_vocab(tp), model.seq_len
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+def closed_form_params(model: ModelConfig, tp: int = 1) -> int:
+    "Parameters by formula, either family: per layer QKV h(h + 2 kv d), h^2, MLP 2hf or 3hf, biases, norms; embeddings"
+    l, h, V, f, kvd = model.layers, model.hidden, model.padded_vocab(tp), model.ffn, model.kv * model.head_dim
+    mats = h * (h + 2 * kvd) + h * h + (3 if model.gated else 2) * h * f
+    biases = (h + 2 * kvd) + h + (2 if model.gated else 1) * f + h if model.bias else 0
+    norm = h if model.norm == 'rmsnorm' else 2 * h
+    embeddings = V * h * (1 if model.tie_embeddings else 2) + (model.seq_len * h if model.position == 'learned' else 0)
+    return l * (mats + biases + 2 * norm) + norm + embeddings
 
 # %% ../nbs/01_estimate.ipynb #6f177931
 def state_bytes(precision: str) -> tuple[int, int, int]:

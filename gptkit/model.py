@@ -18,8 +18,9 @@ from .config import RECOMPUTE, ConfigError, ModelConfig
 from .params import param_table
 
 # %% auto #0
-__all__ = ['core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'Dropout', 'Block', 'OutputLayer', 'GPT',
-           'num_params', 'KVCache', 'RMSNorm', 'rotary_tables', 'apply_rotary', 'SwiGLU', 'repeat_kv']
+__all__ = ['RMSNorm', 'rms_norm', 'rotary_tables', 'apply_rotary', 'repeat_kv', 'core_attention', 'reference_attention',
+           'Attention', 'MLP', 'swiglu', 'LayerNorm', 'make_norm', 'Dropout', 'Block', 'OutputLayer', 'GPT',
+           'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -27,6 +28,37 @@ def _kernels(mode: str, x):
     if mode == 'torch' or (mode == 'auto' and not x.is_cuda): return None    # decided without importing Triton
     from gptkit import kernels
     return kernels if kernels.use_triton(mode, x) else None
+
+# %% ../nbs/07b_model.ipynb #5e11a002
+class RMSNorm(nn.Module):
+    "x / sqrt(mean(x^2) + eps) * weight, in fp32: LayerNorm without the mean and the bias"
+    def __init__(self, dim: int, eps: float = 1e-5, kernels: str = 'auto'):
+        super().__init__()
+        self.eps, self.weight, self.kernels = eps, nn.Parameter(torch.ones(dim)), kernels
+    def forward(self, x):
+        k = _kernels(self.kernels, x)
+        return rms_norm(x, self.weight, self.eps) if k is None else k.rms_norm(x, self.weight, self.eps)
+
+def rms_norm(x, weight, eps: float):
+    "The formula, in fp32, cast back to x's dtype before the scale (as Llama does)"
+    y = x.float()
+    return weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32):
+    "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout)"
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angles = positions.float()[..., None] * inv
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+def apply_rotary(x, cos, sin):
+    "Rotate the pairs (i, i + d/2) of x [batch, heads, len, d] by the angles whose cos and sin are [.., len, d]"
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+def repeat_kv(x, groups: int):
+    "Keys or values [batch, kv_heads, len, d] for every query head: each of the kv_heads serves `groups` of them"
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 # %% ../nbs/07b_model.ipynb #5a720c6f
 def core_attention(q, k, v, dropout: float = 0.0):
@@ -42,72 +74,93 @@ def reference_attention(q, k, v):
 
 # %% ../nbs/07b_model.ipynb #034b8ffc
 class Attention(nn.Module):
-    "Causal multi-head self-attention with a fused QKV projection; with a `KVCache`, over the cached positions too"
+    "Causal self-attention: fused QKV, rotary positions, grouped KV heads; with a `KVCache`, over the cached ones too"
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.heads, self.dropout, self.recompute = cfg.heads, cfg.dropout, False
+        self.heads, self.kv_heads, self.dropout, self.recompute = cfg.heads, cfg.kv, cfg.dropout, False
         self.layer = layer                  # its number in the model: which of a KV cache's layers it uses
-        self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.qkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * cfg.head_dim, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
 
-    def forward(self, x, cache: KVCache | None = None):
+    def forward(self, x, cache: KVCache | None = None, rope=None):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]
-        q, k, v = qkv.view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)   # 3 x [b, heads, s, d]
+        d, groups = qkv.shape[-1] // (self.heads + 2 * self.kv_heads), self.heads // self.kv_heads
+        q, k, v = (t.view(b, s, -1, d).transpose(1, 2)                      # [b, heads, s, d], 2 x [b, kv_heads, s, d]
+                   for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
+        if rope is not None: q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         p = self.dropout if self.training else 0.0
         with self.rng():
             if cache is not None:                                             # these s positions after the cached ones
-                k, v = cache.update(self.layer, k, v)                         # 2 x [b, heads, cache.len, d]
+                k, v = cache.update(self.layer, k, v)                         # 2 x [b, kv_heads, cache.len, d]
+                k, v = repeat_kv(k, groups), repeat_kv(v, groups)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, dropout_p=p, is_causal=cache.causal)
-            elif self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
-            else: y = core_attention(q, k, v, p)
+            else:
+                k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+                if self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
+                else: y = core_attention(q, k, v, p)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 # %% ../nbs/07b_model.ipynb #d54813e5
 class MLP(nn.Module):
-    "h -> ffn -> GELU -> h"
+    "h -> ffn -> GELU -> h, or the gated h -> fc2(silu(gate) * up) -> h, where fc1 makes [gate; up] (SwiGLU)"
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(cfg.hidden, cfg.ffn), nn.Linear(cfg.ffn, cfg.hidden)
-        self.approximate = 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn * (2 if cfg.gated else 1), bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.ffn, cfg.hidden, bias=cfg.bias)
+        self.gated, self.approximate = cfg.gated, 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
         self.kernels = cfg.kernels
     def forward(self, x):
         k = _kernels(self.kernels, x)
-        if k is not None and type(self.fc1) is nn.Linear:   # fused bias + GELU (a tensor-parallel fc1 has its own)
+        if self.gated:
+            y = self.fc1(x)        # [..., 2 x ffn]: this rank's gate columns, then its up columns
+            return self.fc2(swiglu(y) if k is None else k.swiglu(y))
+        if k is not None and type(self.fc1) is nn.Linear and self.fc1.bias is not None:   # fused bias + GELU
             return self.fc2(k.bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate))
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
+def swiglu(y):
+    "silu(gate) * up of y = [gate; up] along the last dimension"
+    gate, up = y.chunk(2, -1)
+    return F.silu(gate) * up
+
 class LayerNorm(nn.LayerNorm):
     "nn.LayerNorm (same parameters and names) that runs the fused kernel when the `kernels` switch picks Triton"
-    def __init__(self, hidden: int, kernels: str = 'auto'):
-        super().__init__(hidden)
+    def __init__(self, hidden: int, kernels: str = 'auto', eps: float = 1e-5):
+        super().__init__(hidden, eps=eps)
         self.kernels = kernels
     def forward(self, x):
         k = _kernels(self.kernels, x)
         return super().forward(x) if k is None else k.layer_norm(x, self.weight, self.bias, self.eps)
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    "The norm `cfg` asks for: LayerNorm or RMSNorm, `hidden` wide"
+    if cfg.norm == 'rmsnorm': return RMSNorm(cfg.hidden, cfg.norm_eps, cfg.kernels)
+    return LayerNorm(cfg.hidden, cfg.kernels, cfg.norm_eps)
 
 class Dropout(nn.Dropout):
     "nn.Dropout that hands its input back at once when it drops nothing (eval, or p = 0): decoding calls it per layer"
     def forward(self, x): return F.dropout(x, self.p, True, self.inplace) if self.training and self.p else x
 
 class Block(nn.Module):
-    "Pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))"
+    "Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))"
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.ln1, self.attn = LayerNorm(cfg.hidden, cfg.kernels), Attention(cfg, layer)
-        self.ln2, self.mlp = LayerNorm(cfg.hidden, cfg.kernels), MLP(cfg)
+        self.ln1, self.attn = make_norm(cfg), Attention(cfg, layer)
+        self.ln2, self.mlp = make_norm(cfg), MLP(cfg)
         self.drop = Dropout(cfg.dropout)
-    def forward(self, x, cache: KVCache | None = None):
-        x = x + self.drop(self.attn(self.ln1(x), cache))
+    def forward(self, x, cache: KVCache | None = None, rope=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rope))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 # %% ../nbs/07b_model.ipynb #4bc486ab
 class OutputLayer(nn.Module):
-    "Logits from the tied embedding matrix over the real vocabulary (padded rows left out), and their fp32 loss"
-    def __init__(self, vocab: int):
+    "Logits from the tied embedding matrix (or its own, `rows` x `hidden`) over the real vocabulary; their fp32 loss"
+    def __init__(self, vocab: int, rows: int = 0, hidden: int = 0):
         super().__init__()
         self.vocab = vocab
+        if rows: self.weight = nn.Parameter(torch.empty(rows, hidden))   # untied: padded rows, like the embedding
     def forward(self, x, weight): return F.linear(x, weight[:self.vocab])
     def loss(self, logits, targets):
         "Mean next-token cross entropy, in fp32"
@@ -118,17 +171,18 @@ class OutputLayer(nn.Module):
         return chunked_cross_entropy(x, weight[:self.vocab], targets, use_triton=use_triton)
 
 class GPT(nn.Module):
-    "GPT-2/3: token and learned position embeddings, pre-LN blocks, final LayerNorm, tied output layer"
+    "The decoder: token embeddings (and learned positions), pre-norm blocks, final norm, tied or own output layer"
     def __init__(self, cfg: ModelConfig, recompute: str = 'none', tp: int = 1):
         super().__init__()
         self.cfg, self.vocab = cfg, cfg.vocab
         self.wte = nn.Embedding(cfg.padded_vocab(tp), cfg.hidden)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden)
+        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position == 'learned' else None
         self.drop = Dropout(cfg.dropout)
         # keyed by layer number: a pipeline stage keeps its names (and its attention layers their cache layers)
         self.blocks = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
-        self.ln_f = LayerNorm(cfg.hidden, cfg.kernels)
-        self.head = OutputLayer(cfg.vocab)
+        self.ln_f = make_norm(cfg)
+        self.head = OutputLayer(cfg.vocab, *(() if cfg.tie_embeddings else (cfg.padded_vocab(tp), cfg.hidden)))
+        self.seq_split = 1           # set by sequence parallelism: the ranks a stage's hidden states are split over
         self.rng_tracker = None      # set by tensor parallelism: dropout states to restore when a block is recomputed
         self.set_recompute(recompute)
         self.reset_parameters()
@@ -151,25 +205,34 @@ class GPT(nn.Module):
         for b in self.blocks.values(): b.attn.recompute = mode == 'selective'
         return self
 
-    def _recomputed(self, block, x):
+    def _recomputed(self, block, x, rope):
         extra = {'context_fn': self.rng_tracker.checkpoint_contexts} if self.rng_tracker is not None else {}
-        return checkpoint(block, x, use_reentrant=False, **extra)
+        return checkpoint(block, x, None, rope, use_reentrant=False, **extra)
 
     def hidden_states(self, x, cache: KVCache | None = None, positions=None, valid=None):
         "The final LayerNorm's output for token ids [batch, seq] (a pipeline stage: its blocks' output)"
         if cache is not None: self._extend(cache, x.shape[1], valid)
         elif valid is not None: raise ValueError('valid (which new tokens are left padding) needs a KVCache')
+        if self.wte is not None and cache is None and x.shape[1] > self.cfg.seq_len:
+            raise ValueError(f'{x.shape[1]} tokens do not fit the model context of {self.cfg.seq_len}')
+        if positions is None:      # a later pipeline stage's hidden states may be a slice of the sequence (SP)
+            s = x.shape[1] * (1 if self.wte is not None else self.seq_split)
+            positions = torch.arange(s, device=x.device) if cache is None else cache.positions()
         if self.wte is not None:
-            if cache is None and x.shape[1] > self.cfg.seq_len:
-                raise ValueError(f'{x.shape[1]} tokens do not fit the model context of {self.cfg.seq_len}')
-            if positions is None:
-                positions = torch.arange(x.shape[1], device=x.device) if cache is None else cache.positions()
-            x = self.drop(self.wte(x) + self.wpe(positions))
+            e = self.wte(x)
+            x = self.drop(e if self.wpe is None else e + self.wpe(positions))
+        rope = self._rope(positions, x.dtype) if self.cfg.position == 'rotary' else None
         for block in self.blocks.values():
-            if cache is not None: x = block(x, cache)
-            elif self.recompute == 'full' and self.training: x = self._recomputed(block, x)
-            else: x = block(x)
+            if cache is not None: x = block(x, cache, rope)
+            elif self.recompute == 'full' and self.training: x = self._recomputed(block, x, rope)
+            else: x = block(x, None, rope)
         return x if self.ln_f is None else self.ln_f(x)
+
+    def _rope(self, positions, dtype):
+        "The rotary cos and sin at `positions` [t] (or [batch, t]: then [batch, 1, t, d], one per row), in `dtype`"
+        cos, sin = rotary_tables(self.cfg.head_dim, positions, self.cfg.rope_theta)
+        if positions.dim() > 1: cos, sin = cos[:, None], sin[:, None]
+        return cos.to(dtype), sin.to(dtype)
 
     def _extend(self, cache: KVCache, t: int, valid):
         "Take the cache's next `t` columns for the new tokens, after checking that they fit the model"
@@ -181,8 +244,8 @@ class GPT(nn.Module):
         cache.extend(t, valid)
 
     def output_weight(self):
-        "The output layer's matrix: the tied embedding (on the last pipeline stage, its copy)"
-        return self.wte.weight if self.wte is not None else self.head.weight
+        "The output layer's matrix: its own, or the tied embedding (on the last pipeline stage, its copy)"
+        return self.wte.weight if self.wte is not None and self.cfg.tie_embeddings else self.head.weight
 
     def logits(self, x):
         "Logits over the real vocabulary (the padded rows of the tied embedding are left out)"
@@ -209,7 +272,7 @@ def num_params(model: nn.Module) -> int:
 
 # %% ../nbs/07b_model.ipynb #5e0b7c11
 class KVCache:
-    "Keys and values of each layer, [batch, heads, max_len, head_dim], and which cached columns are real tokens"
+    "Keys and values of each layer, [batch, kv_heads, max_len, head_dim], and which cached columns are real tokens"
     def __init__(self, layers: list[int], batch: int, heads: int, max_len: int, head_dim: int, dtype=None, device=None):
         shape = (batch, heads, max_len, head_dim)
         self.k = {i: torch.empty(shape, dtype=dtype, device=device) for i in layers}   # by layer number
@@ -224,7 +287,7 @@ class KVCache:
         "An empty cache for `model`'s layers (a pipeline stage: its own; tensor parallelism: this rank's heads)"
         attn = [b.attn for b in model.blocks.values()]
         p = next(model.parameters())
-        return cls([a.layer for a in attn], batch, attn[0].heads, max_len, model.cfg.head_dim, p.dtype, p.device)
+        return cls([a.layer for a in attn], batch, attn[0].kv_heads, max_len, model.cfg.head_dim, p.dtype, p.device)
 
     @property
     def max_len(self) -> int: return self.valid.shape[1]
@@ -250,7 +313,7 @@ class KVCache:
         return (self.valid[:, :self.len].cumsum(-1) - 1)[:, self.start:].clamp(min=0)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        "Store the step's keys and values [batch, heads, t, head_dim] of `layer`; return all of its columns so far"
+        "Store the step's keys and values [batch, kv_heads, t, head_dim] of `layer`; return all of its columns so far"
         self.k[layer][:, :, self.start:self.len] = k
         self.v[layer][:, :, self.start:self.len] = v
         return self.k[layer][:, :, :self.len], self.v[layer][:, :, :self.len]
@@ -259,37 +322,3 @@ class KVCache:
         "Keep only the batch rows `rows` (a tensor of indices), in that order"
         for i in self.k: self.k[i], self.v[i] = self.k[i][rows], self.v[i][rows]
         self.valid = self.valid[rows]
-
-# %% ../nbs/07b_model.ipynb #5e11a002
-class RMSNorm(nn.Module):
-    "x / sqrt(mean(x^2) + eps) * weight, in fp32: LayerNorm without the mean and the bias"
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
-    def forward(self, x):
-        y = x.float()
-        return self.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32):
-    "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout)"
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    angles = positions.float()[..., None] * inv
-    angles = torch.cat([angles, angles], -1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-def apply_rotary(x, cos, sin):
-    "Rotate the pairs (i, i + d/2) of x [batch, heads, len, d] by the angles whose cos and sin are [.., len, d]"
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
-
-class SwiGLU(nn.Module):
-    "h -> down(silu(gate(x)) * up(x)) -> h: the gated MLP, `ffn` wide"
-    def __init__(self, hidden: int, ffn: int, bias: bool = False):
-        super().__init__()
-        self.gate, self.up = nn.Linear(hidden, ffn, bias=bias), nn.Linear(hidden, ffn, bias=bias)
-        self.down = nn.Linear(ffn, hidden, bias=bias)
-    def forward(self, x): return self.down(F.silu(self.gate(x)) * self.up(x))
-
-def repeat_kv(x, groups: int):
-    "Keys or values [batch, kv_heads, len, d] for every query head: each of the kv_heads serves `groups` of them"
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)

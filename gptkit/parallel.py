@@ -15,15 +15,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ConfigError, Layout, check
+from .model import RMSNorm, rms_norm
 from .params import Param, layer_table, param_table, stage_extras, stage_layers
 
 # %% auto #0
 __all__ = ['ParallelState', 'copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear',
            'RowParallelLinear', 'scatter_to_sequence', 'gather_from_sequence', 'reduce_scatter_to_sequence',
            'VocabParallelEmbedding', 'vocab_parallel_cross_entropy', 'RNGTracker', 'seed_parallel', 'TrackedDropout',
-           'SequenceParallelLayerNorm', 'ScatterToSequence', 'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv',
-           'apply_tp', 'shard_weights', 'merge_weights', 'pipeline_stage', 'stage_input_shape', 'sync_tied_grads',
-           'one_f_one_b', 'DeepSpeedMPU', 'grad_norm', 'parallelize']
+           'SequenceParallelNorm', 'ScatterToSequence', 'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv',
+           'regroup_glu', 'ungroup_glu', 'QKVParallelLinear', 'apply_tp', 'shard_weights', 'merge_weights',
+           'pipeline_stage', 'stage_input_shape', 'sync_tied_grads', 'one_f_one_b', 'DeepSpeedMPU', 'grad_norm',
+           'parallelize']
 
 # %% ../nbs/08_parallel.ipynb #bbf723b2
 @dataclass
@@ -147,9 +149,12 @@ class ColumnParallelLinear(nn.Module):
         self.weight = _split_param(full.weight.detach().chunk(p, 0)[r])
         self.bias = _split_param(full.bias.detach().chunk(p, 0)[r]) if full.bias is not None else None
 
+    def _params(self): return self.weight, self.bias
+
     def forward(self, x):
-        if self.sequence_parallel: y = _SequenceGatheredLinear.apply(x, self.weight, self.bias, self.group)
-        else: y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
+        weight, bias = self._params()
+        if self.sequence_parallel: y = _SequenceGatheredLinear.apply(x, weight, bias, self.group)
+        else: y = F.linear(copy_to_tp(x, self.group), weight, bias)
         return gather_from_tp(y, self.group) if self.gather else y
 
 class RowParallelLinear(nn.Module):
@@ -320,15 +325,17 @@ class TrackedDropout(nn.Module):
         with self.tracker.fork(): return F.dropout(x, self.p, True)
 
 # %% ../nbs/08_parallel.ipynb #ed0c97b3
-class SequenceParallelLayerNorm(nn.Module):
-    "LayerNorm over a slice of the sequence; its weight and bias gradients are summed over the TP group"
-    def __init__(self, full: nn.LayerNorm, group=None):
+class SequenceParallelNorm(nn.Module):
+    "LayerNorm or RMSNorm over a slice of the sequence; its weight (and bias) gradients are summed over the TP group"
+    def __init__(self, full: nn.Module, group=None):
         super().__init__()
-        self.group, self.shape, self.eps = group, full.normalized_shape, full.eps
-        self.weight, self.bias = nn.Parameter(full.weight.detach().clone()), nn.Parameter(full.bias.detach().clone())
+        self.group, self.eps, self.rms = group, full.eps, isinstance(full, RMSNorm)
+        self.weight = nn.Parameter(full.weight.detach().clone())
+        self.bias = None if self.rms else nn.Parameter(full.bias.detach().clone())
     def forward(self, x):
-        return F.layer_norm(x, self.shape, copy_to_tp(self.weight, self.group), copy_to_tp(self.bias, self.group),
-                            self.eps)
+        w = copy_to_tp(self.weight, self.group)
+        if self.rms: return rms_norm(x, w, self.eps)
+        return F.layer_norm(x, w.shape, w, copy_to_tp(self.bias, self.group), self.eps)
 
 class ScatterToSequence(nn.Module):
     "The module form of `scatter_to_sequence` (the embedding's output, split along the sequence)"
@@ -339,10 +346,11 @@ class ScatterToSequence(nn.Module):
 
 class ParallelOutputLayer(nn.Module):
     "Logits over this rank's block of the vocabulary (padding columns at -inf) and the vocabulary-parallel loss"
-    def __init__(self, vocab: int, rows: int, group=None, sequence_parallel: bool = False):
+    def __init__(self, vocab: int, rows: int, group=None, sequence_parallel: bool = False, weight=None):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.real = max(0, min(rows, vocab - _rank(group) * rows))   # this block's columns that are real tokens
+        if weight is not None: self.weight = _split_param(weight)      # an untied output layer: this rank's rows
     def forward(self, x, weight):
         if self.sequence_parallel: z = _SequenceGatheredLinear.apply(x, weight, None, self.group)
         else: z = F.linear(copy_to_tp(x, self.group), weight)
@@ -359,13 +367,69 @@ class ParallelOutputLayer(nn.Module):
                                      use_triton=use_triton)
 
 # %% ../nbs/08_parallel.ipynb #ab79771c
-def regroup_qkv(t, heads: int, tp: int):
-    "QKV rows [3, heads, d] -> [tp, 3, heads/tp, d], so that a split in `tp` gives each rank whole heads"
-    return t.reshape(3, tp, heads // tp, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+def regroup_qkv(t, heads: int, tp: int, kv_heads: int | None = None):
+    "QKV rows [q; k; v] -> per rank [its q; its k; its v]: a split in `tp` gives whole heads (shared KV: a copy each)"
+    kv = kv_heads or heads
+    d, rest = t.shape[0] // (heads + 2 * kv), t.shape[1:]
+    q, k, v = t.split((heads * d, kv * d, kv * d))
+    per_rank = lambda x, n: (x.reshape(tp, n // tp * d, *rest) if n >= tp else
+                             x.reshape(n, d, *rest).repeat_interleave(tp // n, 0))
+    return torch.cat([per_rank(q, heads), per_rank(k, kv), per_rank(v, kv)], 1).reshape(-1, *rest)
 
-def ungroup_qkv(t, heads: int, tp: int):
-    "The inverse of `regroup_qkv`"
-    return t.reshape(tp, 3, heads // tp, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+def ungroup_qkv(t, heads: int, tp: int, kv_heads: int | None = None):
+    "The inverse of `regroup_qkv` (of repeated KV heads, the first copy)"
+    kv = kv_heads or heads
+    local_kv = max(kv // tp, 1)
+    d, rest = t.shape[0] // tp // (heads // tp + 2 * local_kv), t.shape[1:]
+    ranks = t.reshape(tp, -1, *rest)
+    q, k, v = ranks.split((heads // tp * d, local_kv * d, local_kv * d), 1)
+    if kv < tp: k, v = k[::tp // kv], v[::tp // kv]                   # one copy of each shared KV head
+    return torch.cat([x.reshape(-1, *rest) for x in (q, k, v)])
+
+def regroup_glu(t, tp: int):
+    "The gated MLP's rows [gate; up] -> per rank [its gate; its up]"
+    return t.reshape(2, tp, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+def ungroup_glu(t, tp: int):
+    "The inverse of `regroup_glu`"
+    return t.reshape(tp, 2, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+class _SumSharedKVGrads(torch.autograd.Function):
+    "Identity forward; backward sums the gradient of the K and V rows (from `start`) over the ranks sharing the KV head"
+    @staticmethod
+    def forward(ctx, w, start: int, slot: int, slots: int, group):
+        ctx.start, ctx.slot, ctx.slots, ctx.group = start, slot, slots, group
+        return w.view_as(w)
+    @staticmethod
+    def backward(ctx, g):
+        shared = torch.zeros(ctx.slots, *g[ctx.start:].shape, dtype=g.dtype, device=g.device)
+        shared[ctx.slot] = g[ctx.start:]
+        dist.all_reduce(shared, group=ctx.group)          # each slot: the sum over the ranks holding that KV head
+        g = g.clone()
+        g[ctx.start:] = shared[ctx.slot]
+        return g, None, None, None, None
+
+class QKVParallelLinear(ColumnParallelLinear):
+    "Fused QKV, column-parallel by whole heads; fewer KV heads than ranks: each copied to its ranks, gradients summed"
+    def __init__(self, full: nn.Linear, heads: int, kv_heads: int, group=None, sequence_parallel: bool = False):
+        tp = _size(group)
+        regrouped = nn.Linear(full.in_features, full.out_features // (heads + 2 * kv_heads) *
+                              tp * (heads // tp + 2 * max(kv_heads // tp, 1)), bias=full.bias is not None)
+        with torch.no_grad():
+            regrouped.weight.copy_(regroup_qkv(full.weight, heads, tp, kv_heads))
+            if full.bias is not None: regrouped.bias.copy_(regroup_qkv(full.bias, heads, tp, kv_heads))
+        super().__init__(regrouped, group, sequence_parallel=sequence_parallel)
+        d = full.out_features // (heads + 2 * kv_heads)
+        self.shared = None                    # (first K row, this rank's KV head, KV heads) when they are replicated
+        if kv_heads < tp: self.shared = (heads // tp * d, _rank(group) // (tp // kv_heads), kv_heads)
+        for p in (self.weight, self.bias):
+            if p is not None and self.shared:   # counted once in the gradient norm: on the first rank of each KV head
+                p.shared_rows, p.shared_owner = self.shared[0], _rank(group) % (tp // kv_heads) == 0
+
+    def _params(self):
+        if self.shared is None: return self.weight, self.bias
+        sync = lambda p: None if p is None else _SumSharedKVGrads.apply(p, *self.shared, self.group)
+        return sync(self.weight), sync(self.bias)
 
 def _resized_embedding(emb: nn.Embedding, rows: int) -> nn.Embedding:
     "`emb` with `rows` rows: padding rows added as zeros (they are never looked up nor predicted) or dropped"
@@ -377,20 +441,21 @@ def _resized_embedding(emb: nn.Embedding, rows: int) -> nn.Embedding:
         out.weight[:n] = emb.weight[:n]
     return out
 
-_PARALLEL_LINEAR = {'column': ColumnParallelLinear, 'row': RowParallelLinear}
+def _tp_linears(cfg) -> list[Param]:
+    "The table's rows of the weights, in one block, of the linear layers that tensor parallelism cuts"
+    return [p for p in layer_table(cfg, 0) if p.name.endswith('.weight') and p.tp in ('column', 'row')]
 
-def _tp_linears(cfg) -> list[tuple[str, str, bool]]:
-    "(path in a block, TP role, fused QKV) of each linear layer that tensor parallelism cuts, read from the table"
-    return [(p.name.split('.', 2)[2].removesuffix('.weight'), p.tp, p.qkv) for p in layer_table(cfg, 0)
-            if p.name.endswith('.weight') and p.tp in _PARALLEL_LINEAR]
-
-def _regrouped(linear: nn.Linear, heads: int, tp: int) -> nn.Linear:
-    "A copy of the fused QKV `linear` with its rows regrouped per head for `tp` ranks"
-    out = nn.Linear(linear.in_features, linear.out_features)
-    with torch.no_grad():
-        out.weight.copy_(regroup_qkv(linear.weight, heads, tp))
-        out.bias.copy_(regroup_qkv(linear.bias, heads, tp))
-    return out
+def _tp_linear(p: Param, linear: nn.Linear, g, sequence_parallel: bool) -> nn.Module:
+    "The parallel form of the block's `linear`, whose weight is the table's row `p`"
+    if p.qkv: return QKVParallelLinear(linear, *p.qkv, g, sequence_parallel)
+    if p.glu:
+        regrouped = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        with torch.no_grad():
+            regrouped.weight.copy_(regroup_glu(linear.weight, _size(g)))
+            if linear.bias is not None: regrouped.bias.copy_(regroup_glu(linear.bias, _size(g)))
+        linear = regrouped
+    cls = ColumnParallelLinear if p.tp == 'column' else RowParallelLinear
+    return cls(linear, g, sequence_parallel=sequence_parallel)
 
 def _tp_problems(cfg, tp: int, sequence_parallel: bool = False) -> list[tuple[str, str]]:
     "`Layout`'s problems with tensor parallelism `tp` for model `cfg`, under parallel.* keys"
@@ -405,20 +470,23 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
     tracker = seed_parallel(seed, parallel) if model.rng_tracker is None else model.rng_tracker
     rows = cfg.padded_vocab(tp)
     model.wte = VocabParallelEmbedding(_resized_embedding(model.wte, rows), g)
-    model.head = ParallelOutputLayer(cfg.vocab, rows // tp, g, sequence_parallel)
+    own = None if cfg.tie_embeddings else _pad_rows(model.head.weight.detach(), rows).chunk(tp)[parallel.tp_rank]
+    model.head = ParallelOutputLayer(cfg.vocab, rows // tp, g, sequence_parallel, own)
     linears = _tp_linears(cfg)
     for block in model.blocks.values():
-        for path, role, qkv in linears:
+        for p in linears:
+            path = p.name.split('.', 2)[2].removesuffix('.weight')
             parent, leaf = block.get_submodule(path.rsplit('.', 1)[0]), path.rsplit('.', 1)[1]
-            linear = _regrouped(getattr(parent, leaf), cfg.heads, tp) if qkv else getattr(parent, leaf)
-            setattr(parent, leaf, _PARALLEL_LINEAR[role](linear, g, sequence_parallel=sequence_parallel))
-        block.attn.heads, block.attn.rng = block.attn.heads // tp, tracker.fork
+            setattr(parent, leaf, _tp_linear(p, getattr(parent, leaf), g, sequence_parallel))
+        block.attn.heads, block.attn.kv_heads = block.attn.heads // tp, max(block.attn.kv_heads // tp, 1)
+        block.attn.rng = tracker.fork
         if sequence_parallel:
-            block.ln1, block.ln2 = SequenceParallelLayerNorm(block.ln1, g), SequenceParallelLayerNorm(block.ln2, g)
+            block.ln1, block.ln2 = SequenceParallelNorm(block.ln1, g), SequenceParallelNorm(block.ln2, g)
             block.drop = TrackedDropout(cfg.dropout, tracker)
     if sequence_parallel:
         model.drop = nn.Sequential(ScatterToSequence(g), TrackedDropout(cfg.dropout, tracker))
-        model.ln_f = SequenceParallelLayerNorm(model.ln_f, g)
+        model.ln_f = SequenceParallelNorm(model.ln_f, g)
+        model.seq_split = tp
     model.rng_tracker, model.sequence_parallel = tracker, sequence_parallel
     return model
 
@@ -431,7 +499,8 @@ def _tp_shard(p: Param, t, cfg, tp: int, r: int):
     "Rank `r`'s shard of the plain tensor `t`, cut as the table's row `p` says"
     if tp == 1: return t
     if p.tp == 'vocab': return _pad_rows(t, cfg.padded_vocab(tp)).chunk(tp, 0)[r].clone()
-    if p.qkv: t = regroup_qkv(t, cfg.heads, tp)
+    if p.qkv: t = regroup_qkv(t, p.qkv[0], tp, p.qkv[1])
+    if p.glu: t = regroup_glu(t, tp)
     if p.tp == 'column': return t.chunk(tp, 0)[r].clone()
     if p.tp == 'row': return t.chunk(tp, 1)[r].clone()
     return t
@@ -441,7 +510,9 @@ def _tp_merge(p: Param, parts: list, cfg):
     tp = len(parts)
     if p.tp == 'vocab': return _pad_rows(torch.cat(parts), cfg.padded_vocab())
     if tp == 1: return parts[0]
-    if p.tp == 'column': return ungroup_qkv(torch.cat(parts), cfg.heads, tp) if p.qkv else torch.cat(parts)
+    if p.tp == 'column':
+        if p.qkv: return ungroup_qkv(torch.cat(parts), p.qkv[0], tp, p.qkv[1])
+        return ungroup_glu(torch.cat(parts), tp) if p.glu else torch.cat(parts)
     if p.tp == 'row': return torch.cat(parts, 1)
     return parts[0]
 
@@ -451,7 +522,7 @@ def shard_weights(full: dict, cfg, layout: Layout, tp_rank: int, pp_rank: int, b
     extras = {p.name: p for p in stage_extras(cfg, layout.pp)[pp_rank]}
     out = {p.name: _tp_shard(p, full[p.name], cfg, layout.tp, tp_rank) for p in param_table(cfg)
            if p.name in extras or (p.layer is not None and lo <= p.layer < hi)}
-    if 'head.weight' in extras:       # the last stage's copy of the tied embedding
+    if 'head.weight' in extras and cfg.tie_embeddings:      # the last stage's copy of the tied embedding
         out['head.weight'] = _tp_shard(extras['head.weight'], full['wte.weight'], cfg, layout.tp, tp_rank)
     return out
 
@@ -460,7 +531,7 @@ def merge_weights(shards: dict, cfg, tp: int) -> dict:
     table, names = {p.name: p for p in param_table(cfg)}, {}
     for (r, s), sd in shards.items():
         for name in sd:
-            if name != 'head.weight': names.setdefault(name, s)   # the last stage's tied copy is the embedding again
+            if name != 'head.weight' or name in table: names.setdefault(name, s)   # a tied copy is the embedding
     whole = Param('', (), 'replicated', 'zeros', '', False, '')    # a tensor the table lacks: rank 0's, for the
     return {name: _tp_merge(table.get(name, whole), [shards[r, s][name] for r in range(tp)], cfg)   # loader to refuse
             for name, s in names.items()}
@@ -472,7 +543,7 @@ def pipeline_stage(model, parallel: ParallelState, balance: str = 'layers'):
     if pp == 1: return model
     lo, hi = stage_layers(model.cfg, pp, balance)[s]
     model.blocks = nn.ModuleDict({k: b for k, b in model.blocks.items() if lo <= int(k) < hi})
-    if s == pp - 1:
+    if s == pp - 1 and model.cfg.tie_embeddings:
         model.head.weight = nn.Parameter(model.wte.weight.detach().clone())
         model.head.weight.ds_pipe_replicated = True
         model.head.weight.tensor_model_parallel = getattr(model.wte.weight, 'tensor_model_parallel', False)
@@ -485,7 +556,7 @@ def stage_input_shape(cfg, micro_batch: int, tp: int = 1, sequence_parallel: boo
     return micro_batch, cfg.seq_len // (tp if sequence_parallel else 1), cfg.hidden
 
 def _tied_weight(model, parallel: ParallelState):
-    if parallel.layout.pp == 1: return None
+    if parallel.layout.pp == 1 or not model.cfg.tie_embeddings: return None
     if parallel.is_first_stage: return model.wte.weight
     return model.head.weight if parallel.is_last_stage else None
 
@@ -567,7 +638,8 @@ def grad_norm(model, parallel: ParallelState) -> float:
     for p in model.parameters():
         if p.grad is None or getattr(p, 'ds_pipe_replicated', False): continue
         if parallel.tp_rank > 0 and not getattr(p, 'tensor_model_parallel', False): continue
-        sq += p.grad.double().pow(2).sum()
+        g = p.grad if getattr(p, 'shared_owner', True) else p.grad[:p.shared_rows]   # a replicated KV head: once
+        sq += g.double().pow(2).sum()
     if parallel.mp_group is not None and dist.get_world_size(parallel.mp_group) > 1:
         dist.all_reduce(sq, group=parallel.mp_group)
     return float(sq.sqrt())

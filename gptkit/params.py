@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from .config import ConfigError, ModelConfig
 
 # %% auto #0
-__all__ = ['TP_ROLES', 'INIT_GROUPS', 'Param', 'layer_table', 'param_table', 'layer_numel', 'stage_layers', 'stage_extras']
+__all__ = ['TP_ROLES', 'INIT_GROUPS', 'Param', 'hf_family', 'layer_table', 'param_table', 'layer_numel', 'stage_layers',
+           'stage_extras']
 
 # %% ../nbs/07a_params.ipynb #f4b34356
 TP_ROLES = ('column', 'row', 'vocab', 'replicated')   # cut by output rows, by input columns, by vocabulary rows, whole
@@ -24,11 +25,14 @@ class Param:
     shape: tuple[int, ...]     # its shape, with the vocabulary padded for TP=1
     tp: str                    # how tensor parallelism cuts it: one of TP_ROLES
     init: str                  # its initialization group: one of INIT_GROUPS
-    hf: str                    # its name in Hugging Face's GPT2LMHeadModel
+    hf: str | tuple[str, ...]  # its name in Hugging Face's model (GPT2LMHeadModel or LlamaForCausalLM); '' if none;
+                               # several: it is their rows stacked, `hf_rows` each
     hf_transposed: bool        # GPT-2 stores it transposed (its Conv1D layers)
     megatron: str              # its path in Megatron's model['language_model'], '/'-separated
-    qkv: bool = False          # fused QKV rows [3, heads, head_dim]: regrouped per head by TP and by Megatron
-    layer: int | None = None   # its transformer layer; None for the embeddings and the final LayerNorm
+    qkv: tuple[int, ...] = ()  # fused QKV: (heads, kv_heads); rows [q of each head, k of each kv head, v of each]
+    layer: int | None = None   # its transformer layer; None for the embeddings and the final norm
+    glu: bool = False          # the gated MLP's first layer: rows [gate; up], each rank takes its part of both
+    hf_rows: tuple[int, ...] = ()   # the rows of each of several `hf` tensors
 
     @property
     def numel(self) -> int:
@@ -39,43 +43,78 @@ class Param:
     def shard_numel(self, tp: int, padded_rows: int | None = None) -> int:
         "Elements on one of `tp` ranks (`padded_rows`: the vocabulary as padded for that tp)"
         if self.tp == 'vocab': return (padded_rows or self.shape[0]) * self.shape[1] // tp
+        if self.qkv and tp > 1:        # fewer KV heads than ranks: each rank keeps a whole (replicated) KV head
+            heads, kv = self.qkv
+            return self.numel // (heads + 2 * kv) * (heads // tp + 2 * max(kv // tp, 1))
         return self.numel // tp if self.tp in ('column', 'row') else self.numel
 
 # %% ../nbs/07a_params.ipynb #1d7710b8
-# per module of a block: gptkit, Hugging Face and Megatron names, TP role of weight and of bias, init of the
-# weight, stored transposed by GPT-2 (Conv1D), fused QKV
-_LAYER = (('ln1', 'ln_1', 'input_layernorm', 'replicated', 'replicated', 'ones', False, False),
-          ('attn.qkv', 'attn.c_attn', 'self_attention.query_key_value', 'column', 'column', 'normal', True, True),
-          ('attn.proj', 'attn.c_proj', 'self_attention.dense', 'row', 'replicated', 'scaled', True, False),
-          ('ln2', 'ln_2', 'post_attention_layernorm', 'replicated', 'replicated', 'ones', False, False),
-          ('mlp.fc1', 'mlp.c_fc', 'mlp.dense_h_to_4h', 'column', 'column', 'normal', True, False),
-          ('mlp.fc2', 'mlp.c_proj', 'mlp.dense_4h_to_h', 'row', 'replicated', 'scaled', True, False))
+def hf_family(cfg: ModelConfig) -> str | None:
+    "The Hugging Face architecture that computes `cfg` exactly: 'gpt2', 'llama', or None (a mix of the two)"
+    if (cfg.position, cfg.norm, cfg.activation != 'swiglu', cfg.kv, cfg.bias, cfg.tie_embeddings) == \
+            ('learned', 'layernorm', True, cfg.heads, True, True): return 'gpt2'
+    if (cfg.position, cfg.norm, cfg.activation) == ('rotary', 'rmsnorm', 'swiglu'): return 'llama'
+    return None
 
-def _layer_shapes(cfg: ModelConfig) -> dict:
-    "(weight, bias) shapes of each module of a block"
-    h, f = cfg.hidden, cfg.ffn
-    return {'ln1': ((h,), (h,)), 'attn.qkv': ((3 * h, h), (3 * h,)), 'attn.proj': ((h, h), (h,)),
-            'ln2': ((h,), (h,)), 'mlp.fc1': ((f, h), (f,)), 'mlp.fc2': ((h, f), (h,))}
+# per module of a block: gptkit, GPT-2, Llama and Megatron names, TP role of weight and of bias, init of the weight
+_LAYER = (('ln1', 'ln_1', 'input_layernorm', 'input_layernorm', 'replicated', 'replicated', 'ones'),
+          ('attn.qkv', 'attn.c_attn', 'self_attn.{q,k,v}_proj', 'self_attention.query_key_value', 'column', 'column',
+           'normal'),
+          ('attn.proj', 'attn.c_proj', 'self_attn.o_proj', 'self_attention.dense', 'row', 'replicated', 'scaled'),
+          ('ln2', 'ln_2', 'post_attention_layernorm', 'post_attention_layernorm', 'replicated', 'replicated', 'ones'),
+          ('mlp.fc1', 'mlp.c_fc', 'mlp.{gate,up}_proj', 'mlp.dense_h_to_4h', 'column', 'column', 'normal'),
+          ('mlp.fc2', 'mlp.c_proj', 'mlp.down_proj', 'mlp.dense_4h_to_h', 'row', 'replicated', 'scaled'))
+
+def _layer_rows(cfg: ModelConfig) -> dict:
+    "Output rows (and HF parts' rows) of each module of a block"
+    h, f, d = cfg.hidden, cfg.ffn, cfg.head_dim
+    qkv = (cfg.heads * d, cfg.kv * d, cfg.kv * d)
+    return {'ln1': (h,), 'attn.qkv': qkv, 'attn.proj': (h,), 'ln2': (h,), 'mlp.fc1': (f, f) if cfg.gated else (f,),
+            'mlp.fc2': (h,)}
+
+def _hf_names(pattern: str, prefix: str, suffix: str) -> str | tuple[str, ...]:
+    "'self_attn.{q,k,v}_proj' -> its three full names; a plain pattern -> its one name"
+    if '{' not in pattern: return f'{prefix}.{pattern}.{suffix}'
+    head, rest = pattern.split('{'); options, tail = rest.split('}')
+    return tuple(f'{prefix}.{head}{o}{tail}.{suffix}' for o in options.split(','))
 
 def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
     "The tensors of transformer layer `i`, in the model's order"
-    shapes, out = _layer_shapes(cfg), []
-    for g, hf, meg, w_tp, b_tp, w_init, conv, qkv in _LAYER:
-        (w, b), hf, meg = shapes[g], f'transformer.h.{i}.{hf}', f'encoder/layers.{i}.{meg}'
-        out += [Param(f'blocks.{i}.{g}.weight', w, w_tp, w_init, f'{hf}.weight', conv, f'{meg}.weight', qkv, i),
-                Param(f'blocks.{i}.{g}.bias', b, b_tp, 'zeros', f'{hf}.bias', False, f'{meg}.bias', qkv, i)]
+    rows, fam, out = _layer_rows(cfg), hf_family(cfg), []
+    ins = {'ln1': None, 'ln2': None, 'mlp.fc2': cfg.ffn}        # input width: the hidden size unless given
+    for g, gpt2, llama, meg, w_tp, b_tp, w_init in _LAYER:
+        r, norm = rows[g], g.startswith('ln')
+        shape = (sum(r),) if norm else (sum(r), ins.get(g) or cfg.hidden)
+        qkv = (cfg.heads, cfg.kv) if g == 'attn.qkv' else ()
+        glu = g == 'mlp.fc1' and cfg.gated
+        for kind in ('weight', 'bias'):
+            if kind == 'bias' and (cfg.norm == 'rmsnorm' if norm else not cfg.bias): continue
+            hf = (_hf_names(gpt2, f'transformer.h.{i}', kind) if fam == 'gpt2' else
+                  _hf_names(llama, f'model.layers.{i}', kind) if fam == 'llama' else '')
+            out.append(Param(f'blocks.{i}.{g}.{kind}', shape if kind == 'weight' else shape[:1],
+                             w_tp if kind == 'weight' else b_tp, w_init if kind == 'weight' else 'zeros', hf,
+                             fam == 'gpt2' and not norm and kind == 'weight', f'encoder/layers.{i}.{meg}.{kind}',
+                             qkv, i, glu, r if isinstance(hf, tuple) else ()))
     return out
 
 def param_table(cfg: ModelConfig) -> list[Param]:
-    "Every tensor of the plain model, in its state dict's order (the output layer reuses `wte.weight`)"
-    h = cfg.hidden
-    out = [Param('wte.weight', (cfg.padded_vocab(), h), 'vocab', 'normal', 'transformer.wte.weight', False,
-                 'embedding/word_embeddings/weight'),
-           Param('wpe.weight', (cfg.seq_len, h), 'replicated', 'normal', 'transformer.wpe.weight', False,
-                 'embedding/position_embeddings/weight')]
+    "Every tensor of the plain model, in its state dict's order (a tied output layer reuses `wte.weight`)"
+    h, fam = cfg.hidden, hf_family(cfg)
+    name = {'gpt2': ('transformer.wte.weight', 'transformer.wpe.weight', 'transformer.ln_f', 'lm_head.weight'),
+            'llama': ('model.embed_tokens.weight', '', 'model.norm', 'lm_head.weight')}.get(fam, ('', '', '', ''))
+    out = [Param('wte.weight', (cfg.padded_vocab(), h), 'vocab', 'normal', name[0], False,
+                 'embedding/word_embeddings/weight')]
+    if cfg.position == 'learned':
+        out.append(Param('wpe.weight', (cfg.seq_len, h), 'replicated', 'normal', name[1], False,
+                         'embedding/position_embeddings/weight'))
     for i in range(cfg.layers): out += layer_table(cfg, i)
-    return out + [Param(f'ln_f.{p}', (h,), 'replicated', 'ones' if p == 'weight' else 'zeros',
-                        f'transformer.ln_f.{p}', False, f'encoder/final_layernorm.{p}') for p in ('weight', 'bias')]
+    for p in ('weight',) if cfg.norm == 'rmsnorm' else ('weight', 'bias'):
+        out.append(Param(f'ln_f.{p}', (h,), 'replicated', 'ones' if p == 'weight' else 'zeros',
+                         f'{name[2]}.{p}' if fam else '', False, f'encoder/final_layernorm.{p}'))
+    if not cfg.tie_embeddings:
+        out.append(Param('head.weight', (cfg.padded_vocab(), h), 'vocab', 'normal', name[3], False,
+                         'output_layer/weight'))
+    return out
 
 def layer_numel(cfg: ModelConfig, tp: int = 1) -> tuple[int, int]:
     "(split, replicated) elements of one transformer layer on one of `tp` ranks"
@@ -96,11 +135,11 @@ def stage_layers(cfg: ModelConfig, pp: int, balance: str = 'layers') -> list[tup
     return [(edges[i], edges[i + 1]) for i in range(pp)]
 
 def stage_extras(cfg: ModelConfig, pp: int) -> list[list[Param]]:
-    "Per stage, its tensors outside the layers: the embeddings first; the final LayerNorm (and copy of wte) last"
+    "Per stage, its tensors outside the layers: the embeddings first; the final norm and output layer (or copy) last"
     table, out = param_table(cfg), [[] for _ in range(pp)]
     out[0] += [p for p in table if p.layer is None and p.name.startswith(('wte.', 'wpe.'))]
-    out[-1] += [p for p in table if p.name.startswith('ln_f.')]
-    if pp > 1: out[-1].append(replace(table[0], name='head.weight'))
+    out[-1] += [p for p in table if p.name.startswith(('ln_f.', 'head.'))]
+    if pp > 1 and cfg.tie_embeddings: out[-1].append(replace(table[0], name='head.weight'))
     return out
 
 def _balanced_sizes(cfg: ModelConfig, pp: int) -> list[int]:

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from gptkit.config import GPT3_PRESETS, PRESETS, ModelConfig, ParallelConfig, TrainConfig
-from gptkit.estimate import GPUS, count_params, embedding_activations, memory_per_gpu, model_states, narayanan_params, search
+from gptkit.estimate import (GPUS, closed_form_params, count_params, embedding_activations, memory_per_gpu, model_states,
+                             narayanan_params, search)
 
 
 def _divisors(n): return [k for k in range(1, n + 1) if n % k == 0]
@@ -83,7 +84,10 @@ def test_memory_never_grows_with_recompute(case):
 @pytest.mark.parametrize('name', list(PRESETS))
 def test_every_preset_matches_the_closed_form(name):
     model = PRESETS[name].model
-    assert count_params(model).total == pytest.approx(narayanan_params(model) + 2 * model.hidden, rel=1e-12)
+    for tp in (1, 2):
+        assert count_params(model, tp).total == closed_form_params(model, tp)
+    if name in GPT3_PRESETS or name in ('tiny', 'small'):      # Narayanan's formula describes the GPT family
+        assert count_params(model).total == pytest.approx(narayanan_params(model) + 2 * model.hidden, rel=1e-12)
 
 
 @pytest.mark.parametrize('name', GPT3_PRESETS)

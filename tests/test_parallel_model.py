@@ -7,13 +7,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gptkit.config import ModelConfig
+from gptkit.config import LLAMA, ModelConfig
 from gptkit.estimate import count_params
 from gptkit.model import GPT
 from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, shard_weights,
                              stage_input_shape, sync_tied_grads)
 
 CFG = ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=200, dropout=0.0)
+# the Llama family: rotary, RMSNorm, SwiGLU, 2 KV heads for 4 query heads (split at tp 2, replicated at tp 4), untied
+LLAMA_CFG = ModelConfig(layers=4, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=200, tie_embeddings=False, **LLAMA)
+CFGS = {'gpt': CFG, 'llama': LLAMA_CFG}
 DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 
 
@@ -23,8 +26,9 @@ def spawn(fn, world, *args):
     finally: os.environ.update(env)
 
 
-def _train_worker(rank, world, tp, pp, sp, micro, init_file, out):
+def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
     torch.set_num_threads(1)
+    CFG = CFGS[family]
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
         ps = ParallelState.build(Layout.for_world(world, tp=tp, pp=pp))
@@ -68,16 +72,19 @@ def _train_worker(rank, world, tp, pp, sp, micro, init_file, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('world,tp,pp,sp,micro', [
-    (2, 2, 1, False, 2),      # TP 2
-    (2, 2, 1, True, 2),       # TP 2 + sequence parallel
-    (2, 1, 2, False, 4),      # PP 2, 4 micro-batches in 1F1B
-    (4, 2, 2, False, 2),      # TP 2 x PP 2
-    (4, 2, 1, True, 1),       # DP 2 x TP 2 (+ SP)
-    (4, 1, 4, False, 4),      # PP 4: middle stages
+@pytest.mark.parametrize('world,tp,pp,sp,micro,family', [
+    (2, 2, 1, False, 2, 'gpt'),      # TP 2
+    (2, 2, 1, True, 2, 'gpt'),       # TP 2 + sequence parallel
+    (2, 1, 2, False, 4, 'gpt'),      # PP 2, 4 micro-batches in 1F1B
+    (4, 2, 2, False, 2, 'gpt'),      # TP 2 x PP 2
+    (4, 2, 1, True, 1, 'gpt'),       # DP 2 x TP 2 (+ SP)
+    (4, 1, 4, False, 4, 'gpt'),      # PP 4: middle stages
+    (2, 2, 1, True, 2, 'llama'),     # TP 2 + SP: one KV head per rank, RMSNorm over a slice of the sequence
+    (4, 4, 1, False, 1, 'llama'),    # TP 4: 2 KV heads, each replicated on 2 ranks (their gradients summed)
+    (4, 2, 2, False, 2, 'llama'),    # TP 2 x PP 2: rotary on the second stage, the untied output layer on the last
 ])
-def test_parallel_gpt_equals_the_single_process_model(tmp_path, world, tp, pp, sp, micro):
-    spawn(_train_worker, world, tp, pp, sp, micro, str(tmp_path / 'init'), str(tmp_path))
+def test_parallel_gpt_equals_the_single_process_model(tmp_path, world, tp, pp, sp, micro, family):
+    spawn(_train_worker, world, tp, pp, sp, micro, family, str(tmp_path / 'init'), str(tmp_path))
     for rank in range(world):
         errs = torch.load(tmp_path / f'{rank}.pt')
         assert errs['loss'] < 1e-5 and errs['grad'] < 1e-5 and errs['weights'] < 1e-5, (rank, errs)
