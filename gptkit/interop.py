@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .checkpoint import check_shapes, checkpoint_parts, save
 from .config import ConfigError, ModelConfig, RunConfig, save_config, write_atomic
-from .params import param_table, stage_layers
+from .params import hf_family, param_table, stage_layers
 from .store import CheckpointError, manifest, staged_dir, state_text, tag
 
 log = logging.getLogger(__name__)
@@ -24,12 +24,21 @@ __all__ = ['log', 'HF_ACTIVATIONS', 'to_hf', 'from_hf', 'config_from_hf', 'confi
            'megatron_args', 'config_from_megatron', 'export_megatron', 'import_megatron', 'reshard']
 
 # %% ../nbs/12c_interop.ipynb #20dc3903
+def _hf_names(cfg: ModelConfig, where: str = 'the model') -> list:
+    "The parameter table, with a refusal when no Hugging Face architecture computes `cfg`"
+    if hf_family(cfg) is None:
+        raise CheckpointError(f'{where} mixes the GPT-2 and Llama families (position {cfg.position}, norm {cfg.norm}, '
+                              f'activation {cfg.activation}); no Hugging Face architecture computes it')
+    return param_table(cfg)
+
 def to_hf(weights: dict, cfg: ModelConfig) -> dict:
-    "gptkit state dict -> GPT-2 state dict: Conv1D matrices transposed, padding rows dropped, lm_head left to the tie"
+    "gptkit state dict -> GPT-2 or Llama state dict: Conv1D matrices transposed, fused rows split, padding rows dropped"
     out = {}
-    for p in param_table(cfg):
-        w = weights[p.name][:cfg.vocab] if p.name == 'wte.weight' else weights[p.name]
-        out[p.hf] = (w.t() if p.hf_transposed else w).contiguous()
+    for p in _hf_names(cfg):
+        w = weights[p.name][:cfg.vocab] if p.tp == 'vocab' else weights[p.name]
+        w = w.t() if p.hf_transposed else w
+        parts = w.split(list(p.hf_rows)) if p.hf_rows else [w]
+        for name, part in zip(p.hf if p.hf_rows else [p.hf], parts): out[name] = part.contiguous()
     return out
 
 def _pad_rows(w, rows: int):
@@ -45,14 +54,16 @@ def _unexpected(have: set, want: set, where: str):
     if extra := sorted(have - want):
         raise CheckpointError(f'{where} holds {len(extra)} tensors gptkit has no place for, first {extra[0]}')
 
-def from_hf(sd: dict, cfg: ModelConfig, where: str = 'the GPT-2 weights') -> dict:
-    "GPT-2 state dict -> gptkit state dict (the embedding padded with zero rows to the padded vocabulary)"
-    table = param_table(cfg)
-    _unexpected(set(sd), {p.hf for p in table}, where)
+def from_hf(sd: dict, cfg: ModelConfig, where: str = 'the Hugging Face weights') -> dict:
+    "GPT-2 or Llama state dict -> gptkit state dict (embeddings padded with zero rows to the padded vocabulary)"
+    import torch
+    table = _hf_names(cfg, where)
+    _unexpected(set(sd), {n for p in table for n in (p.hf if p.hf_rows else [p.hf])}, where)
     out = {}
     for p in table:
-        w = sd[p.hf].t() if p.hf_transposed else sd[p.hf]
-        out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.name == 'wte.weight' else w.contiguous()
+        w = torch.cat([sd[n] for n in p.hf]) if p.hf_rows else sd[p.hf]
+        w = w.t() if p.hf_transposed else w
+        out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.tp == 'vocab' else w.contiguous()
     return out
 
 # %% ../nbs/12c_interop.ipynb #d2a68774
@@ -60,13 +71,16 @@ HF_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'ge
 _HF_FIXED = {'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False, 'reorder_and_upcast_attn': False,
              'tie_word_embeddings': True, 'add_cross_attention': False, 'layer_norm_epsilon': 1e-5}
 
-def _ffn(width, hidden): return None if width in (None, 4 * hidden) else width   # None: the usual 4h
+def _ffn(width, hidden, activation='gelu'):
+    "The ffn_hidden to store: None when `width` is the default for `activation`"
+    return None if width in (None, ModelConfig(hidden=hidden, heads=1, activation=activation).ffn) else width
 
 def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
     "The `ModelConfig` for a GPT-2 config dict, or a `CheckpointError` naming the key gptkit cannot represent"
+    if c.get('model_type', 'gpt2') == 'llama': return _llama_config(c, where)
     if c.get('model_type', 'gpt2') != 'gpt2':
         raise CheckpointError(f"{where}: model_type {c.get('model_type')!r} is not supported; "
-                              "only GPT-2 (model_type 'gpt2') can be imported")
+                              "only GPT-2 (model_type 'gpt2') and Llama ('llama') can be imported")
     act = c.get('activation_function', 'gelu_new')
     if act not in HF_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function {act!r} is not supported; "
@@ -84,12 +98,52 @@ def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
     except ConfigError as e: raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 def config_to_hf(m: ModelConfig, eod: int | None, dtype: str = 'float32') -> dict:
-    "The GPT-2 config.json for a gptkit model"
+    "The GPT-2 or Llama config.json for a gptkit model"
+    if hf_family(m) == 'llama': return _llama_config_to_hf(m, eod, dtype)
     return {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2', 'vocab_size': m.vocab, 'n_positions': m.seq_len,
             'n_embd': m.hidden, 'n_layer': m.layers, 'n_head': m.heads, 'n_inner': m.ffn_hidden,
             'activation_function': 'gelu_new' if m.activation == 'gelu_tanh' else 'gelu',
             'resid_pdrop': m.dropout, 'embd_pdrop': m.dropout, 'attn_pdrop': m.dropout, 'initializer_range': m.init_std,
             **_HF_FIXED, 'bos_token_id': eod, 'eos_token_id': eod, 'use_cache': True, 'dtype': dtype}
+
+
+def _llama_config(c: dict, where: str) -> ModelConfig:
+    "The `ModelConfig` for a Llama config dict, or a `CheckpointError` naming the key gptkit cannot represent"
+    for key in ('num_hidden_layers', 'hidden_size', 'num_attention_heads', 'intermediate_size', 'vocab_size'):
+        if key not in c: raise CheckpointError(f'{where} has no {key}')
+    h, heads = c['hidden_size'], c['num_attention_heads']
+    fixed = {'hidden_act': 'silu', 'pretraining_tp': 1, 'head_dim': h // heads if heads else None,
+             'mlp_bias': c.get('attention_bias', False)}
+    for key, want in fixed.items():
+        if c.get(key) not in (None, want):
+            raise CheckpointError(f'{where}: {key} = {c[key]!r} is not supported; gptkit needs {want!r}')
+    rope = c.get('rope_parameters') or {'rope_theta': c.get('rope_theta', 10000.0), **(c.get('rope_scaling') or {})}
+    kind = rope.get('rope_type', rope.get('type', 'default'))
+    if kind != 'default':
+        raise CheckpointError(f'{where}: rope_type {kind!r} (rescaled rotary angles) is not supported; '
+                              "gptkit computes the 'default' rotary embedding")
+    kv = c.get('num_key_value_heads') or heads
+    try:
+        return ModelConfig(layers=c['num_hidden_layers'], hidden=h, heads=heads, kv_heads=None if kv == heads else kv,
+                           seq_len=c.get('max_position_embeddings') or 2048, vocab=c['vocab_size'],
+                           ffn_hidden=_ffn(c['intermediate_size'], h, 'swiglu'),
+                           dropout=c.get('attention_dropout', 0.0),
+                           init_std=c.get('initializer_range', 0.02), norm_eps=c.get('rms_norm_eps', 1e-6),
+                           rope_theta=float(rope.get('rope_theta', 10000.0)), bias=bool(c.get('attention_bias', False)),
+                           tie_embeddings=bool(c.get('tie_word_embeddings', False)), position='rotary', norm='rmsnorm',
+                           activation='swiglu')
+    except ConfigError as e: raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
+
+def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
+    "The Llama config.json for a gptkit model of the Llama family"
+    return {'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'vocab_size': m.vocab,
+            'hidden_size': m.hidden, 'intermediate_size': m.ffn, 'num_hidden_layers': m.layers,
+            'num_attention_heads': m.heads, 'num_key_value_heads': m.kv, 'head_dim': m.head_dim, 'hidden_act': 'silu',
+            'max_position_embeddings': m.seq_len, 'initializer_range': m.init_std, 'rms_norm_eps': m.norm_eps,
+            'rope_parameters': {'rope_type': 'default', 'rope_theta': m.rope_theta}, 'rope_theta': m.rope_theta,
+            'attention_bias': m.bias, 'mlp_bias': m.bias, 'attention_dropout': m.dropout,
+            'tie_word_embeddings': m.tie_embeddings, 'pretraining_tp': 1, 'bos_token_id': eod, 'eos_token_id': eod,
+            'use_cache': True, 'dtype': dtype}
 
 # %% ../nbs/12c_interop.ipynb #b3dcac65
 def write_hf_tokenizer(tok, directory: Path, max_length: int):
@@ -103,12 +157,12 @@ def write_hf_tokenizer(tok, directory: Path, max_length: int):
     write_atomic(directory / 'special_tokens_map.json', json.dumps(special, indent=2))
 
 def export_hf(path: str | Path, out_dir: str | Path) -> Path:
-    "Write a checkpoint as a Hugging Face GPT-2 folder that `GPT2LMHeadModel`/`AutoTokenizer.from_pretrained` load"
+    "Write a checkpoint as a Hugging Face folder that `AutoModelForCausalLM` (GPT-2 or Llama) and `AutoTokenizer` load"
     from safetensors.torch import save_file
     folder, cfg, _, weights, tok = checkpoint_parts(path)
     if tok is None: log.warning('%s has no tokenizer/; the export holds the model only', folder)
     tensors = to_hf(weights, cfg.model)
-    dtype = str(tensors['transformer.wte.weight'].dtype).removeprefix('torch.')
+    dtype = str(next(iter(tensors.values())).dtype).removeprefix('torch.')
     with staged_dir(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
         config = config_to_hf(cfg.model, tok.eod if tok else None, dtype)
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))
@@ -143,8 +197,8 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
     log.info('imported %s into %s', where, out)
     return out
 
-def _read_hf_weights(hf: Path) -> dict:
-    "The GPT-2 tensors of a folder (safetensors, sharded or not, or pytorch_model.bin), named transformer.*"
+def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
+    "The tensors of a folder (safetensors, sharded or not, or pytorch_model.bin); GPT-2's named transformer.*"
     import torch
     if (hf / 'model.safetensors').is_file(): files = [hf / 'model.safetensors']
     elif (hf / 'model.safetensors.index.json').is_file():
@@ -160,16 +214,20 @@ def _read_hf_weights(hf: Path) -> dict:
                 sd.update(load_file(f))
             else: sd.update(torch.load(f, map_location='cpu', weights_only=True))
         except Exception as e: raise CheckpointError(f'{f} cannot be read as weights: {e}') from None
-    sd = {k if k.startswith(('transformer.', 'lm_head.')) else f'transformer.{k}': v for k, v in sd.items()
-          if not k.endswith(('.attn.bias', '.attn.masked_bias'))}            # causal-mask buffers of old exports
+    embedding = 'model.embed_tokens.weight'
+    if hf_family(m) == 'gpt2':
+        sd = {k if k.startswith(('transformer.', 'lm_head.')) else f'transformer.{k}': v for k, v in sd.items()
+              if not k.endswith(('.attn.bias', '.attn.masked_bias'))}        # causal-mask buffers of old exports
+        embedding = 'transformer.wte.weight'
+    if not m.tie_embeddings: return sd
     head = sd.pop('lm_head.weight', None)
-    if head is not None and 'transformer.wte.weight' in sd and not torch.equal(head, sd['transformer.wte.weight']):
-        raise CheckpointError(f'{hf}: lm_head.weight differs from transformer.wte.weight; '
-                              'gptkit ties its output layer to the embedding')
+    if head is not None and embedding in sd and not torch.equal(head, sd[embedding]):
+        raise CheckpointError(f'{hf}: lm_head.weight differs from {embedding}, but config.json ties them '
+                              '(tie_word_embeddings)')
     return sd
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
-    "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Hugging Face GPT2LMHeadModel folder"
+    "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Hugging Face GPT-2 or Llama folder"
     from gptkit.config import DataError
     from gptkit.tokenizer import load as load_tokenizer
     hf = Path(hf_dir)
@@ -183,17 +241,25 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     if tok.vocab_size != m.vocab:
         raise CheckpointError(f'{hf / "config.json"}: vocab_size {m.vocab} does not match '
                               f'the tokenizer\'s {tok.vocab_size} entries')
-    weights = from_hf(_read_hf_weights(hf), m, str(hf))
+    weights = from_hf(_read_hf_weights(hf, m), m, str(hf))
     return write_run(weights, m, tok, out_dir, str(hf))
 
 # %% ../nbs/12c_interop.ipynb #f719f182
-def qkv_to_megatron(t, heads: int):
-    "gptkit's fused QKV rows [3, heads, head_dim] -> Megatron's [heads, 3, head_dim] (weight or bias)"
-    return t.reshape(3, heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+def qkv_to_megatron(t, heads: int, kv_heads: int | None = None):
+    "gptkit's fused QKV rows [q heads; k kv_heads; v kv_heads] -> Megatron's, per KV group [its q heads, k, v]"
+    import torch
+    kv = kv_heads or heads
+    d, rest = t.shape[0] // (heads + 2 * kv), t.shape[1:]
+    q, k, v = t.split((heads * d, kv * d, kv * d))
+    return torch.cat([q.reshape(kv, -1, *rest), k.reshape(kv, d, *rest), v.reshape(kv, d, *rest)], 1).reshape(t.shape)
 
-def qkv_from_megatron(t, heads: int):
-    "Megatron's fused QKV rows [heads, 3, head_dim] -> gptkit's [3, heads, head_dim]"
-    return t.reshape(heads, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+def qkv_from_megatron(t, heads: int, kv_heads: int | None = None):
+    "Megatron's fused QKV rows, per KV group [its q heads, k, v] -> gptkit's [q heads; k kv_heads; v kv_heads]"
+    import torch
+    kv = kv_heads or heads
+    d, rest = t.shape[0] // (heads + 2 * kv), t.shape[1:]
+    q, k, v = t.reshape(kv, -1, *rest).split((heads // kv * d, d, d), 1)
+    return torch.cat([x.reshape(-1, *rest) for x in (q, k, v)])
 
 # %% ../nbs/12c_interop.ipynb #055ada7a
 _MEGATRON_RENAMES = ((r'\.input_norm\.', '.input_layernorm.'),
@@ -204,7 +270,7 @@ def to_megatron(weights: dict, cfg: ModelConfig) -> dict:
     "gptkit state dict -> Megatron's nested `model` dict"
     lm = {}
     for p in param_table(cfg):
-        w = qkv_to_megatron(weights[p.name], cfg.heads) if p.qkv else weights[p.name]
+        w = qkv_to_megatron(weights[p.name], *p.qkv) if p.qkv else weights[p.name]
         *parents, leaf = p.megatron.split('/')
         d = lm
         for k in parents: d = d.setdefault(k, {})
@@ -219,6 +285,8 @@ def from_megatron(model: dict, cfg: ModelConfig, where: str = 'the Megatron chec
     if not isinstance(enc, dict):
         raise CheckpointError(f"{where}: model['language_model'] has no 'encoder' (or older 'transformer') weights")
     flat = {('embedding', k, p): v for k, sub in emb.items() if isinstance(sub, dict) for p, v in sub.items()}
+    if isinstance(lm.get('output_layer'), dict):                  # untied embeddings: the output layer's own matrix
+        flat.update({('output_layer', p): v for p, v in lm['output_layer'].items()})
     for k, v in enc.items():
         if k.endswith('._extra_state'): continue
         for pattern, new in _MEGATRON_RENAMES: k = re.sub(pattern, new, k)
@@ -228,32 +296,36 @@ def from_megatron(model: dict, cfg: ModelConfig, where: str = 'the Megatron chec
     out = {}
     for p in table:
         w = flat[tuple(p.megatron.split('/'))]
-        if p.qkv: w = qkv_from_megatron(w, cfg.heads)
-        out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.name == 'wte.weight' else w.contiguous()
+        if p.qkv: w = qkv_from_megatron(w, *p.qkv)
+        out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.tp == 'vocab' else w.contiguous()
     return out
 
 # %% ../nbs/12c_interop.ipynb #d4af7d05
 def megatron_args(m: ModelConfig, iteration: int = 0, consumed: int = 0, vocab_file: str | None = None,
                   merge_file: str | None = None) -> argparse.Namespace:
     "The Megatron `args` describing a gptkit model (the ones Megatron checks on load, and those that change the math)"
+    rotary = m.position == 'rotary'
     return argparse.Namespace(
         num_layers=m.layers, hidden_size=m.hidden, ffn_hidden_size=m.ffn, num_attention_heads=m.heads,
         kv_channels=m.head_dim, max_position_embeddings=m.seq_len, seq_length=m.seq_len, vocab_size=m.vocab,
         padded_vocab_size=m.padded_vocab(), make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
         tokenizer_type='GPT2BPETokenizer', vocab_file=vocab_file, merge_file=merge_file, tensor_model_parallel_size=1,
-        pipeline_model_parallel_size=1, position_embedding_type='learned_absolute', add_position_embedding=True,
-        normalization='LayerNorm', layernorm_epsilon=1e-5, openai_gelu=m.activation == 'gelu_tanh',
-        bias_gelu_fusion=False, onnx_safe=False, swiglu=False, squared_relu=False, add_bias_linear=True,
-        untie_embeddings_and_output_weights=False, apply_residual_connection_post_layernorm=False,
-        group_query_attention=False, num_experts=None, hidden_dropout=m.dropout, attention_dropout=m.dropout,
+        pipeline_model_parallel_size=1, position_embedding_type='rope' if rotary else 'learned_absolute',
+        add_position_embedding=not rotary, rotary_base=m.rope_theta, rotary_percent=1.0, rotary_interleaved=False,
+        use_rope_scaling=False, normalization='RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm',
+        layernorm_epsilon=m.norm_eps, norm_epsilon=m.norm_eps, openai_gelu=m.activation == 'gelu_tanh',
+        bias_gelu_fusion=False, onnx_safe=False, swiglu=m.gated, squared_relu=False, add_bias_linear=m.bias,
+        add_qkv_bias=m.bias, untie_embeddings_and_output_weights=not m.tie_embeddings,
+        apply_residual_connection_post_layernorm=False, group_query_attention=m.kv != m.heads,
+        num_query_groups=m.kv, num_experts=None, hidden_dropout=m.dropout, attention_dropout=m.dropout,
         init_method_std=m.init_std,
         iteration=iteration, consumed_train_samples=consumed)
 
-_MEGATRON_FIXED = {'position_embedding_type': 'learned_absolute', 'add_position_embedding': True,
-                   'normalization': 'LayerNorm', 'swiglu': False, 'squared_relu': False, 'add_bias_linear': True,
-                   'untie_embeddings_and_output_weights': False, 'apply_residual_connection_post_layernorm': False,
-                   'group_query_attention': False, 'num_experts': None,
-                   'layernorm_epsilon': 1e-5, 'tensor_model_parallel_size': 1, 'pipeline_model_parallel_size': 1}
+_MEGATRON_FIXED = {'squared_relu': False, 'apply_residual_connection_post_layernorm': False, 'num_experts': None,
+                   'rotary_percent': 1.0, 'rotary_interleaved': False, 'use_rope_scaling': False,
+                   'tensor_model_parallel_size': 1, 'pipeline_model_parallel_size': 1}
+_MEGATRON_CHOICES = {'position_embedding_type': {'learned_absolute': 'learned', 'rope': 'rotary'},
+                     'normalization': {'LayerNorm': 'layernorm', 'RMSNorm': 'rmsnorm'}}
 
 def config_from_megatron(args, vocab: int, seq_len: int, where: str = 'args') -> ModelConfig:
     "The `ModelConfig` for Megatron `args` and a tokenizer of `vocab` entries, or a `CheckpointError` naming the arg"
@@ -263,16 +335,34 @@ def config_from_megatron(args, vocab: int, seq_len: int, where: str = 'args') ->
     for key, want in _MEGATRON_FIXED.items():
         if a.get(key) is not None and a[key] != want:
             raise CheckpointError(f'{where}: args.{key} = {a[key]!r} is not supported; gptkit needs {want!r}')
+    chosen = {}
+    for key, choices in _MEGATRON_CHOICES.items():
+        value = a.get(key) or next(iter(choices))
+        if value not in choices:
+            raise CheckpointError(f"{where}: args.{key} = {value!r} is not supported; "
+                                  f"gptkit reads {', '.join(choices)}")
+        chosen[key] = choices[value]
     if a.get('kv_channels') not in (None, a['hidden_size'] // a['num_attention_heads']):
         raise CheckpointError(f"{where}: args.kv_channels = {a['kv_channels']} is not supported; "
                               'gptkit needs hidden_size / num_attention_heads')
+    bias = a.get('add_bias_linear', True)
+    if a.get('add_qkv_bias') and not bias:
+        raise CheckpointError(f"{where}: args.add_qkv_bias = {a['add_qkv_bias']!r} with add_bias_linear = {bias!r} "
+                              'is not supported; gptkit has one switch for every linear bias')
     tanh = bool(a.get('openai_gelu')) or (bool(a.get('bias_gelu_fusion')) and not a.get('onnx_safe'))
+    activation = 'swiglu' if a.get('swiglu') else 'gelu_tanh' if tanh else 'gelu'
+    groups = a.get('num_query_groups') if a.get('group_query_attention') else None
     try:
         return ModelConfig(layers=a['num_layers'], hidden=a['hidden_size'], heads=a['num_attention_heads'],
-                           seq_len=seq_len, vocab=vocab, ffn_hidden=_ffn(a.get('ffn_hidden_size'), a['hidden_size']),
+                           seq_len=seq_len, vocab=vocab,
+                           ffn_hidden=_ffn(a.get('ffn_hidden_size'), a['hidden_size'], activation),
                            dropout=a.get('hidden_dropout') or 0.0, init_std=a.get('init_method_std') or 0.02,
                            make_vocab_size_divisible_by=a.get('make_vocab_size_divisible_by') or 128,
-                           activation='gelu_tanh' if tanh else 'gelu')
+                           activation=activation, position=chosen['position_embedding_type'],
+                           norm=chosen['normalization'], rope_theta=float(a.get('rotary_base') or 10000),
+                           norm_eps=a.get('norm_epsilon') or a.get('layernorm_epsilon') or 1e-5,
+                           kv_heads=None if groups in (None, a['num_attention_heads']) else groups, bias=bool(bias),
+                           tie_embeddings=not a.get('untie_embeddings_and_output_weights', False))
     except ConfigError as e: raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 # %% ../nbs/12c_interop.ipynb #8c57deb8
@@ -356,14 +446,20 @@ def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path 
         raise CheckpointError(f"{shard}: args.vocab_size {args['vocab_size']} does not match "
                               f"the tokenizer's {tok.vocab_size} entries")
     lm = ckpt['model'].get('language_model', ckpt['model'])
-    try: pos = lm['embedding']['position_embeddings']['weight']
-    except (KeyError, TypeError):
-        raise CheckpointError(f'{shard} has no learned position embeddings; gptkit needs them') from None
-    rows = lm['embedding']['word_embeddings']['weight'].shape[0]
+    if args.get('position_embedding_type') == 'rope':
+        seq_len = args.get('max_position_embeddings') or args.get('seq_length')
+        if not seq_len: raise CheckpointError(f'{shard} has rotary positions but its args name no context length')
+    else:
+        try: seq_len = lm['embedding']['position_embeddings']['weight'].shape[0]
+        except (KeyError, TypeError):
+            raise CheckpointError(f'{shard} has no learned position embeddings, and its args do not ask '
+                                  "for rotary ones (position_embedding_type 'rope')") from None
+    try: rows = lm['embedding']['word_embeddings']['weight'].shape[0]
+    except (KeyError, TypeError): raise CheckpointError(f'{shard} has no word embeddings') from None
     if rows < tok.vocab_size:
         raise CheckpointError(f'{shard}: the embedding has {rows} rows, '
                               f'fewer than the tokenizer\'s {tok.vocab_size} entries')
-    m = config_from_megatron(args, tok.vocab_size, pos.shape[0], str(shard))
+    m = config_from_megatron(args, tok.vocab_size, seq_len, str(shard))
     return write_run(from_megatron(ckpt['model'], m, str(shard)), m, tok, out_dir, str(shard))
 
 # %% ../nbs/12c_interop.ipynb #87034d5a
