@@ -14,6 +14,7 @@ from gptkit.estimate import (
     data_parallel,
     estimate as run_estimate,
     get_gpu,
+    kv_cache_bytes,
     resolve_model,
     search as run_search,
     train_flags,
@@ -99,6 +100,15 @@ def estimate(
     else: _print_estimate(est, note)
 
 
+def family(m) -> str:
+    "The model's architecture in a few words: its position embedding, norm, MLP, attention heads and output layer"
+    pos = 'learned positions' if m.position == 'learned' else f'rotary positions (base {m.rope_theta:g})'
+    mlp = f'SwiGLU MLP {m.ffn}' if m.gated else f'{m.activation.replace("_", " ").upper()} MLP {m.ffn}'
+    att = 'multi-head' if m.kv == m.heads else 'multi-query' if m.kv == 1 else f'grouped-query ({m.kv} KV heads)'
+    return (f"{pos}, {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}, {mlp}, {att} attention, "
+            f"{'biases' if m.bias else 'no biases'}, {'tied' if m.tie_embeddings else 'untied'} embeddings")
+
+
 def _table(title: str) -> Table:
     t = Table(title=title, title_justify='left', title_style='bold', show_header=False, box=None, padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right'); t.add_column(style='dim')
@@ -108,8 +118,10 @@ def _table(title: str) -> Table:
 def _print_estimate(e: Estimate, note: str):
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
-    out.print(f'[bold]{note}[/]: {e.model.layers} layers, hidden {e.model.hidden}, {e.model.heads} heads, '
-              f'sequence {e.model.seq_len}, vocabulary {e.model.vocab}')
+    mo = e.model
+    out.print(f'[bold]{note}[/]: {mo.layers} layers, hidden {mo.hidden}, {mo.heads} heads, '
+              f'sequence {mo.seq_len}, vocabulary {mo.vocab}')
+    out.print(f'[bold]architecture[/]: {family(mo)}')
     stages = ' (stages by parameters)' if par.pp > 1 and par.balance == 'parameters' else ''
     out.print(f'[bold]layout[/]: {gpus} x {e.gpu.name}, tp {par.tp} pp {par.pp}{stages} dp {par.dp}, ZeRO {par.zero}'
               f'{", sequence parallel" if par.sequence_parallel else ""}, recompute {tr.recompute}, '
@@ -119,7 +131,7 @@ def _print_estimate(e: Estimate, note: str):
     p.add_row('total', f'{e.params.total:,}', fmt.count(e.params.total))
     p.add_row('  embeddings', f'{e.params.embedding:,}',
               f'vocabulary {e.model.vocab} padded to {e.params.vocab_padded}')
-    p.add_row('  transformer', f'{e.params.transformer:,}', f'{e.model.layers} layers + final LayerNorm')
+    p.add_row('  transformer', f'{e.params.transformer:,}', f'{e.model.layers} layers + final norm')
     p.add_row('total, vocabulary unpadded', f'{e.params.unpadded:,}', '')
     p.add_row('most loaded rank', f'{e.params.per_rank_max:,}',
               f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
@@ -136,6 +148,11 @@ def _print_estimate(e: Estimate, note: str):
                                                                                 f'{fmt.gib(-m.headroom)} over')
     t.add_row('[bold]total[/]', f'[bold]{fmt.gib(m.total)}[/]', f'of {fmt.gib(m.capacity)}: {verdict}')
     out.print(t); out.print()
+    kv = kv_cache_bytes(mo, 1, precision=tr.precision, tp=par.tp)
+    g = _table('Generation')
+    g.add_row('KV cache per sequence', fmt.gib(kv), f'{mo.seq_len} tokens, {mo.kv} KV heads of {mo.head_dim}, '
+              f'{tr.precision}' + (f', on each of {par.tp} TP ranks' if par.tp > 1 else ''))
+    out.print(g); out.print()
     c = _table('Compute and time')
     c.add_row('FLOPs per iteration', fmt.flops(e.flops_per_iteration),
               f'with recompute {tr.recompute} (model: {fmt.flops(e.model_flops_per_iteration)})')

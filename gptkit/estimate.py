@@ -31,11 +31,11 @@ from .params import layer_numel, param_table, stage_extras, stage_layers
 # %% auto #0
 __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
            'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'closed_form_params', 'state_bytes',
-           'model_states', 'activation_element_bytes', 'LayerActivations', 'layer_activations', 'stage_moments',
-           'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'overhead_bytes',
-           'stage_activation_bytes', 'Memory', 'memory_per_gpu', 'flops_per_iteration', 'StepTime', 'dp_bytes',
-           'step_time', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel',
-           'candidate_layouts', 'search', 'memory_breakdown']
+           'model_states', 'activation_element_bytes', 'LayerActivations', 'norm_bytes', 'layer_activations',
+           'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes',
+           'kv_cache_bytes', 'overhead_bytes', 'stage_activation_bytes', 'Memory', 'memory_per_gpu',
+           'flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time', 'train_flags', 'Estimate', 'estimate',
+           'nearest_preset', 'resolve_model', 'data_parallel', 'candidate_layouts', 'search', 'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -172,6 +172,10 @@ class LayerActivations(NamedTuple):
     core: float      # what rebuilding the attention core holds during its backward (selective recomputation)
     released: float  # what the layer's backward has freed by the time it rebuilds its attention core
 
+def norm_bytes(model: ModelConfig, element: int) -> tuple[int, int]:
+    "(bytes per element, fp32 bytes per token) a norm keeps: LayerNorm input, mean, 1/std; RMSNorm fp32 input, x/rms"
+    return (element, 8) if model.norm == 'layernorm' else (4 + element, 4)
+
 def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                       flash: bool = True, element: int = 2, mask: float = 1) -> LayerActivations:
     "Bytes one layer of gptkit's model keeps for backward on one rank (Korthikanti et al. 2022, item by item)"
@@ -179,16 +183,18 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     ts = t if sequence_parallel else 1                         # what sequence parallelism splits
     masks = 2 * mask if model.dropout > 0 else 0              # after attention and after the MLP
     sbh = s * b * h
-    replicated = 2 * element + masks                          # LayerNorm inputs, two dropout masks: split only by SP
+    norm, stats = norm_bytes(model, element)
+    replicated = 2 * norm + masks                             # the two norms' inputs, two dropout masks: split by SP
     # QKV and fc1 inputs (SP keeps its slice, gathers again in backward)
     gathered = 2 * element
-    split = (4 + 2 * f / h) * element                         # q, k, v and attention output; GELU and fc2 inputs
-    # + LayerNorm mean, 1/std (fp32, two LNs)
-    base = sbh * ((replicated + gathered) / ts + split / t) + 16 * s * b / ts
+    kv = 2 * model.kv / a                                     # K and V, against the queries: grouped-query keeps fewer
+    mlp = (4 if model.gated else 2) * f / h                   # GELU, fc2 in; SwiGLU's [gate; up], silu(gate), product
+    split = (2 + kv + mlp) * element                          # q, k, v and attention output; the MLP's
+    base = sbh * ((replicated + gathered) / ts + split / t) + 2 * stats * s * b / ts   # + two norms' fp32 statistics
     per_score = element + (mask + element if model.dropout > 0 else 0)   # softmax output; its dropout mask and output
     scores = 4 * a * s * b / t if flash else a * s * s * b * per_score / t
     core = sbh * element / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v copies
-    released = sbh * ((2 * element + masks) / ts + (1 + 2 * f / h) * element / t) + 8 * s * b / ts  # MLP, LN2, proj in
+    released = sbh * ((norm + element + masks) / ts + (1 + mlp) * element / t) + stats * s * b / ts  # MLP, LN2, proj in
     return LayerActivations(base, scores, sbh * element / ts, core, released)
 
 def stage_moments(layer: LayerActivations, layers: int, in_flight: int, recompute: str) -> tuple[float, float]:
@@ -228,16 +234,24 @@ def logits_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, precision: s
     "Bytes of the final LayerNorm, output layer and fp32 loss on the last stage: kept for backward or at the loss peak"
     s, b, h, ts = model.seq_len, micro_batch, model.hidden, tp if sequence_parallel else 1
     e = activation_element_bytes(precision)
+    norm, stats = norm_bytes(model, e)
     columns = model.vocab if tp == 1 else model.padded_vocab(tp) / tp
     logits = s * b * columns
     targets = 8 * s * b + (s * b if tp > 1 else 0)            # int64 targets (+ which of them are this rank's, TP)
     # chunked: LN in, stats, whole head in, lse; one chunk at the peak
     if model.kernels == 'triton':
         chunk = ce_chunk_tokens(s * b, int(columns)) * columns
-        kept = s * b * h * e / ts + 8 * s * b / ts + s * b * h * e + targets + 4 * s * b
+        kept = s * b * h * norm / ts + stats * s * b / ts + s * b * h * e + targets + 4 * s * b
         return kept + ((12 * chunk + (4 * columns * h if e < 4 else 0)) if peak else 0)
-    kept = 2 * s * b * h * e / ts + 8 * s * b / ts + targets + 4 * logits  # LN in, stats, head in, softmax
+    kept = s * b * h * (norm + e) / ts + stats * s * b / ts + targets + 4 * logits  # norm, stats, head in, softmax
     return kept + (8 * logits if peak else 0)
+
+def kv_cache_bytes(model: ModelConfig, batch: int, tokens: int | None = None, precision: str = 'bf16',
+                   tp: int = 1) -> float:
+    "Bytes of the KV cache generation keeps on one TP rank: keys and values of every layer for `tokens` positions"
+    kv = max(model.kv // tp, 1)                                  # a KV head shared by several ranks: one copy each
+    e = activation_element_bytes(precision)
+    return 2 * model.layers * batch * (tokens or model.seq_len) * kv * model.head_dim * e
 
 def overhead_bytes(rest: float) -> float:
     "The framework allowance on top of `rest` bytes"
@@ -302,7 +316,8 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
 def flops_per_iteration(model: ModelConfig, batch: int, recompute: str = 'none', tp: int = 1) -> float:
     "FLOPs of one training step on `batch` sequences, counting the forward passes `recompute` repeats"
     s, h, f, l, V = model.seq_len, model.hidden, model.ffn, model.layers, model.padded_vocab(tp)
-    layer = batch * (8 * s * h * h + 4 * s * h * f + 4 * s * s * h)
+    qkv = h * (h + 2 * model.kv * model.head_dim)             # grouped-query: narrower K and V projections
+    layer = batch * (2 * s * (qkv + h * h + (3 if model.gated else 2) * h * f) + 4 * s * s * h)
     passes = {'none': 3, 'selective': 3, 'full': 4}[recompute]
     extra = batch * 4 * s * s * h * l if recompute == 'selective' else 0
     return passes * l * layer + extra + 3 * 2 * batch * s * h * V

@@ -32,12 +32,10 @@ def _kernels(mode: str, x):
 # %% ../nbs/07b_model.ipynb #5e11a002
 class RMSNorm(nn.Module):
     "x / sqrt(mean(x^2) + eps) * weight, in fp32: LayerNorm without the mean and the bias"
-    def __init__(self, dim: int, eps: float = 1e-5, kernels: str = 'auto'):
+    def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
-        self.eps, self.weight, self.kernels = eps, nn.Parameter(torch.ones(dim)), kernels
-    def forward(self, x):
-        k = _kernels(self.kernels, x)
-        return rms_norm(x, self.weight, self.eps) if k is None else k.rms_norm(x, self.weight, self.eps)
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+    def forward(self, x): return rms_norm(x, self.weight, self.eps)
 
 def rms_norm(x, weight, eps: float):
     "The formula, in fp32, cast back to x's dtype before the scale (as Llama does)"
@@ -62,11 +60,13 @@ def repeat_kv(x, groups: int):
 
 # %% ../nbs/07b_model.ipynb #5a720c6f
 def core_attention(q, k, v, dropout: float = 0.0):
-    "Causal attention of q, k, v shaped [batch, heads, seq, head_dim] (flash kernels where available)"
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    "Causal attention of q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, ...] (flash kernels if available)"
+    gqa = k.shape[1] != q.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
 
 def reference_attention(q, k, v):
-    "The plain formula, for tests: softmax(q k^T / sqrt(d) + causal mask) v"
+    "The plain formula, for tests: softmax(q k^T / sqrt(d) + causal mask) v, each K/V head repeated for its query heads"
+    k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
     s = q.shape[-2]
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
@@ -89,17 +89,16 @@ class Attention(nn.Module):
         d, groups = qkv.shape[-1] // (self.heads + 2 * self.kv_heads), self.heads // self.kv_heads
         q, k, v = (t.view(b, s, -1, d).transpose(1, 2)                      # [b, heads, s, d], 2 x [b, kv_heads, s, d]
                    for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
-        if rope is not None: q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if rope is not None:       # q and k become new tensors: v too, so that the fused QKV output is not kept
+            q, k, v = apply_rotary(q, *rope), apply_rotary(k, *rope), v.contiguous()
         p = self.dropout if self.training else 0.0
-        with self.rng():
+        with self.rng():           # grouped K/V heads go in as they are (enable_gqa), never repeated in memory
             if cache is not None:                                             # these s positions after the cached ones
                 k, v = cache.update(self.layer, k, v)                         # 2 x [b, kv_heads, cache.len, d]
-                k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, dropout_p=p, is_causal=cache.causal)
-            else:
-                k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-                if self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
-                else: y = core_attention(q, k, v, p)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, dropout_p=p, is_causal=cache.causal,
+                                                   enable_gqa=groups > 1)
+            elif self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
+            else: y = core_attention(q, k, v, p)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 # %% ../nbs/07b_model.ipynb #d54813e5
@@ -112,10 +111,8 @@ class MLP(nn.Module):
         self.gated, self.approximate = cfg.gated, 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
         self.kernels = cfg.kernels
     def forward(self, x):
+        if self.gated: return self.fc2(swiglu(self.fc1(x)))     # fc1: this rank's gate columns, then its up columns
         k = _kernels(self.kernels, x)
-        if self.gated:
-            y = self.fc1(x)        # [..., 2 x ffn]: this rank's gate columns, then its up columns
-            return self.fc2(swiglu(y) if k is None else k.swiglu(y))
         if k is not None and type(self.fc1) is nn.Linear and self.fc1.bias is not None:   # fused bias + GELU
             return self.fc2(k.bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate))
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
@@ -136,7 +133,7 @@ class LayerNorm(nn.LayerNorm):
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     "The norm `cfg` asks for: LayerNorm or RMSNorm, `hidden` wide"
-    if cfg.norm == 'rmsnorm': return RMSNorm(cfg.hidden, cfg.norm_eps, cfg.kernels)
+    if cfg.norm == 'rmsnorm': return RMSNorm(cfg.hidden, cfg.norm_eps)
     return LayerNorm(cfg.hidden, cfg.kernels, cfg.norm_eps)
 
 class Dropout(nn.Dropout):
