@@ -11,12 +11,12 @@ from rich.table import Table
 from gptkit.config import ConfigError
 from gptkit_cli.app import app, err, handles_errors, out
 
-checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face GPT-2 and Megatron-LM, '
+checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face (GPT-2, Llama) and Megatron-LM, '
                                   'and between parallel layouts.',
                              no_args_is_help=True, context_settings={'help_option_names': ['-h', '--help']})
 app.add_typer(checkpoint_app, name='checkpoint')
 Arg, Opt = typer.Argument, typer.Option
-FORMATS = {'hf': 'Hugging Face GPT-2', 'megatron': 'Megatron-LM legacy'}
+FORMATS = {'hf': 'Hugging Face', 'megatron': 'Megatron-LM legacy'}
 CheckpointPath = Annotated[Path, Arg(metavar='PATH',
                                      help='A run folder, its checkpoints/ folder, or one iter_XXXXXXX folder.')]
 
@@ -70,14 +70,14 @@ def inspect(path: CheckpointPath,
 @handles_errors
 def export(path: CheckpointPath,
            out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
-           to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel folder) "
+           to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel or LlamaForCausalLM folder) "
                                                 "or megatron (Megatron-LM's legacy layout).")]):
-    """Write a gptkit checkpoint as a Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint."""
+    """Write a gptkit checkpoint as a Hugging Face folder (GPT-2 or Llama) or a Megatron-LM legacy checkpoint."""
     fmt = _format(to, 'to')
     from gptkit.interop import export_hf, export_megatron
     with err.status(f'exporting {path} to {FORMATS[fmt]} ...'):
         done = (export_hf if fmt == 'hf' else export_megatron)(path, out_dir)
-    hint = (f"load it with GPT2LMHeadModel.from_pretrained('{done}') and AutoTokenizer" if fmt == 'hf'
+    hint = (f"load it with AutoModelForCausalLM.from_pretrained('{done}') and AutoTokenizer" if fmt == 'hf'
             else f'load it in Megatron-LM with --load {done} --no-load-optim --no-load-rng')
     out.print(f'[bold green]exported[/] {path} to {done} ({FORMATS[fmt]}); {hint}', soft_wrap=True)
 
@@ -85,12 +85,12 @@ def export(path: CheckpointPath,
 @checkpoint_app.command('import')
 @handles_errors
 def import_(src: Annotated[Path, Arg(metavar='SRC',
-                                      help='A Hugging Face GPT-2 folder or a Megatron-LM legacy checkpoint folder.')],
+                                      help='A Hugging Face GPT-2 or Llama folder or a Megatron-LM legacy checkpoint folder.')],
             out_dir: Annotated[Path, Arg(metavar='OUT', help='The gptkit run folder to write (new or empty).')],
             from_: Annotated[str, Opt('--from', help='hf or megatron.')],
             tokenizer: Annotated[Optional[str], Opt(help="megatron: the tokenizer folder (or 'gpt2') "
                                                          "when none is saved beside the checkpoint.")] = None):
-    """Turn a Hugging Face GPT-2 or Megatron-LM checkpoint into a gptkit run folder that trains and generates."""
+    """Turn a Hugging Face (GPT-2, Llama) or Megatron-LM checkpoint into a gptkit run folder that trains and generates."""
     fmt = _format(from_, 'from')
     if tokenizer is not None and fmt != 'megatron':
         raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])

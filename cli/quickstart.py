@@ -9,12 +9,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gptkit.config import GPT3_PRESETS, PRESETS, ParallelConfig, TrainConfig
+from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ConfigError, ParallelConfig, TrainConfig
 from gptkit.estimate import GPUS, count_params, estimate, search
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 
 HELD_OUT_ARTICLES = 24   # of the built-in held-out text's 96: the step-4 loss to two decimals in seconds
+QUICK_PRESETS = ('tiny', 'llama-tiny')   # the CPU-sized models of each family
 
 
 @app.command()
@@ -24,15 +25,20 @@ def quickstart(
         '--out', help='Where the tokenizer and the dataset go.')] = Path('gptkit-quickstart'),
     vocab_size: Annotated[int, typer.Option(help='Entries in the tokenizer trained on the built-in corpus.')] = 4096,
     iters: Annotated[int, typer.Option(help='Training steps of the tiny model (16 x 256 tokens each).')] = 600,
+    preset: Annotated[str, typer.Option(help="The model trained: 'tiny' (GPT) or 'llama-tiny' (rotary, RMSNorm, "
+                                             'SwiGLU, grouped-query attention).')] = 'tiny',
 ):
     ("""The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, """
      """evaluation, sizing real runs, and a sample of text from the model.""")
+    if preset.lower() not in QUICK_PRESETS:
+        raise ConfigError([('preset', f"{{key}} must be one of {', '.join(QUICK_PRESETS)} (CPU-sized), not {preset!r}")])
+    preset = preset.lower()
     start = time.perf_counter()
     _data_stage(out_dir, vocab_size)
-    _train_stage(out_dir, iters)
+    _train_stage(out_dir, iters, preset)
     _estimate_stage()
     run = out_dir / 'run'
-    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset tiny --data '
+    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset {preset} --data '
               f'{out_dir}/data/corpus_text_document '
               f'--tokenizer {out_dir}/tokenizer --out {run} --resume --iters {2 * iters}[/] to train on, '
               f'[bold]gptkit generate --checkpoint {run}[/] (an interactive prompt), [bold]gptkit serve --checkpoint '
@@ -64,7 +70,7 @@ def _data_stage(out_dir: Path, vocab_size: int):
               f'({res.mb_per_s:.1f} MB/s) -> {res.prefix}.bin/.idx\n')
 
 
-def _train_stage(out_dir: Path, iters: int):
+def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
     import shutil
 
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
@@ -74,12 +80,12 @@ def _train_stage(out_dir: Path, iters: int):
     from gptkit_cli.train import RichProgress
     run = out_dir / 'run'
     shutil.rmtree(run, ignore_errors=True)           # the quickstart always starts its run afresh
-    cfg = run_config('tiny', sets=[f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
+    cfg = run_config(preset, sets=[f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
                                    'train.eval_iters=4', f'train.log_interval={max(1, min(10, iters // 20))}',
                                    'optim.warmup=0.05'],
                      overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'),
                                          'tokenizer': str(out_dir / 'tokenizer')}}, out=str(run))
-    out.print(f'3. training the tiny preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context '
+    out.print(f'3. training the {preset} preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context '
               f'{cfg.model.seq_len}) '
               f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this {device_type().upper()} '
               f'in {cfg.train.precision}')
@@ -115,14 +121,15 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
 
 
 def _estimate_stage():
-    t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them',
-              title_justify='left')
-    for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'):
+    t = Table(title='5. The GPT-3 family (Brown et al. 2020) and two Llama-style models, parameters counted as '
+                    'Megatron counts them', title_justify='left')
+    for col in ('preset', 'layers', 'hidden', 'heads', 'KV heads', 'MLP', 'parameters', 'padded vocabulary'):
         t.add_column(col, justify='right')
-    for name in GPT3_PRESETS:
+    for name in GPT3_PRESETS + LLAMA_PRESETS:
         m = PRESETS[name].model
         c = count_params(m)
-        t.add_row(name, str(m.layers), str(m.hidden), str(m.heads), f'{c.total:,}', str(c.vocab_padded))
+        t.add_row(name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv),
+                  f"{'SwiGLU' if m.gated else 'GELU'} {m.ffn}", f'{c.total:,}', str(c.vocab_padded))
     out.print(t)
 
     m125 = PRESETS['125m'].model

@@ -86,7 +86,8 @@ def _data_summary(cfg: RunConfig):
 def train(
     ctx: typer.Context,
     preset: Annotated[Optional[str], typer.Option(
-        help='Model and recipe: tiny, small, 125m ... 175b (default tiny when no --config).')] = None,
+        help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, tinyllama-1.1b '
+             '(default tiny when no --config).')] = None,
     config: Annotated[Optional[Path], typer.Option(
         help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
     set_: Annotated[Optional[List[str]], typer.Option(
