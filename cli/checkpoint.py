@@ -11,8 +11,8 @@ from rich.table import Table
 from gptkit.config import ConfigError
 from gptkit_cli.app import app, err, handles_errors, out
 
-checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face (GPT-2, Llama) and Megatron-LM, '
-                                  'and between parallel layouts.',
+checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face (GPT-2, Llama) and '
+                                  'Megatron-LM, and between parallel layouts.',
                              no_args_is_help=True, context_settings={'help_option_names': ['-h', '--help']})
 app.add_typer(checkpoint_app, name='checkpoint')
 Arg, Opt = typer.Argument, typer.Option
@@ -85,12 +85,13 @@ def export(path: CheckpointPath,
 @checkpoint_app.command('import')
 @handles_errors
 def import_(src: Annotated[Path, Arg(metavar='SRC',
-                                      help='A Hugging Face GPT-2 or Llama folder or a Megatron-LM legacy checkpoint folder.')],
+                                      help='A Hugging Face GPT-2 or Llama folder, or a Megatron-LM legacy '
+                                           'checkpoint folder.')],
             out_dir: Annotated[Path, Arg(metavar='OUT', help='The gptkit run folder to write (new or empty).')],
             from_: Annotated[str, Opt('--from', help='hf or megatron.')],
             tokenizer: Annotated[Optional[str], Opt(help="megatron: the tokenizer folder (or 'gpt2') "
                                                          "when none is saved beside the checkpoint.")] = None):
-    """Turn a Hugging Face (GPT-2, Llama) or Megatron-LM checkpoint into a gptkit run folder that trains and generates."""
+    """Turn a Hugging Face (GPT-2, Llama) or Megatron-LM checkpoint into a gptkit run that trains and generates."""
     fmt = _format(from_, 'from')
     if tokenizer is not None and fmt != 'megatron':
         raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])

@@ -31,7 +31,8 @@ def quickstart(
     ("""The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, """
      """evaluation, sizing real runs, and a sample of text from the model.""")
     if preset.lower() not in QUICK_PRESETS:
-        raise ConfigError([('preset', f"{{key}} must be one of {', '.join(QUICK_PRESETS)} (CPU-sized), not {preset!r}")])
+        choices = ', '.join(QUICK_PRESETS)
+        raise ConfigError([('preset', f'{{key}} must be one of {choices} (CPU-sized), not {preset!r}')])
     preset = preset.lower()
     start = time.perf_counter()
     _data_stage(out_dir, vocab_size)
