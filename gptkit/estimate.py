@@ -174,7 +174,8 @@ class LayerActivations(NamedTuple):
 
 def norm_bytes(model: ModelConfig, element: int) -> tuple[int, int]:
     "(bytes per element, fp32 bytes per token) a norm keeps: LayerNorm input, mean, 1/std; RMSNorm fp32 input, x/rms"
-    return (element, 8) if model.norm == 'layernorm' else (4 + element, 4)
+    if model.norm == 'layernorm': return element, 8
+    return (element, 4) if model.kernels == 'triton' else (4 + element, 4)     # the Triton kernel keeps x and 1/rms
 
 def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                       flash: bool = True, element: int = 2, mask: float = 1) -> LayerActivations:
@@ -188,7 +189,8 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     # QKV and fc1 inputs (SP keeps its slice, gathers again in backward)
     gathered = 2 * element
     kv = 2 * model.kv / a                                     # K and V, against the queries: grouped-query keeps fewer
-    mlp = (4 if model.gated else 2) * f / h                   # GELU, fc2 in; SwiGLU's [gate; up], silu(gate), product
+    # GELU and fc2 inputs; SwiGLU's [gate; up], silu(gate) and product (its Triton kernel: [gate; up] and product)
+    mlp = ((3 if model.kernels == 'triton' else 4) if model.gated else 2) * f / h
     split = (2 + kv + mlp) * element                          # q, k, v and attention output; the MLP's
     base = sbh * ((replicated + gathered) / ts + split / t) + 2 * stats * s * b / ts   # + two norms' fp32 statistics
     per_score = element + (mask + element if model.dropout > 0 else 0)   # softmax output; its dropout mask and output

@@ -32,10 +32,12 @@ def _kernels(mode: str, x):
 # %% ../nbs/07b_model.ipynb #5e11a002
 class RMSNorm(nn.Module):
     "x / sqrt(mean(x^2) + eps) * weight, in fp32: LayerNorm without the mean and the bias"
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, kernels: str = 'auto'):
         super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
-    def forward(self, x): return rms_norm(x, self.weight, self.eps)
+        self.eps, self.weight, self.kernels = eps, nn.Parameter(torch.ones(dim)), kernels
+    def forward(self, x):
+        k = _kernels(self.kernels, x)
+        return rms_norm(x, self.weight, self.eps) if k is None else k.rms_norm(x, self.weight, self.eps)
 
 def rms_norm(x, weight, eps: float):
     "The formula, in fp32, cast back to x's dtype before the scale (as Llama does)"
@@ -82,6 +84,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * cfg.head_dim, bias=cfg.bias)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
         self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
+        self.kernels = cfg.kernels
 
     def forward(self, x, cache: KVCache | None = None, rope=None):
         qkv = self.qkv(x)
@@ -90,7 +93,9 @@ class Attention(nn.Module):
         q, k, v = (t.view(b, s, -1, d).transpose(1, 2)                      # [b, heads, s, d], 2 x [b, kv_heads, s, d]
                    for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
         if rope is not None:       # q and k become new tensors: v too, so that the fused QKV output is not kept
-            q, k, v = apply_rotary(q, *rope), apply_rotary(k, *rope), v.contiguous()
+            kern = _kernels(self.kernels, x)
+            rotate = apply_rotary if kern is None else kern.apply_rotary
+            q, k, v = rotate(q, *rope), rotate(k, *rope), v.contiguous()
         p = self.dropout if self.training else 0.0
         with self.rng():           # grouped K/V heads go in as they are (enable_gqa), never repeated in memory
             if cache is not None:                                             # these s positions after the cached ones
@@ -111,8 +116,10 @@ class MLP(nn.Module):
         self.gated, self.approximate = cfg.gated, 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
         self.kernels = cfg.kernels
     def forward(self, x):
-        if self.gated: return self.fc2(swiglu(self.fc1(x)))     # fc1: this rank's gate columns, then its up columns
         k = _kernels(self.kernels, x)
+        if self.gated:
+            y = self.fc1(x)        # [..., 2 x ffn]: this rank's gate columns, then its up columns
+            return self.fc2(swiglu(y) if k is None else k.swiglu(y))
         if k is not None and type(self.fc1) is nn.Linear and self.fc1.bias is not None:   # fused bias + GELU
             return self.fc2(k.bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate))
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
@@ -133,7 +140,7 @@ class LayerNorm(nn.LayerNorm):
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     "The norm `cfg` asks for: LayerNorm or RMSNorm, `hidden` wide"
-    if cfg.norm == 'rmsnorm': return RMSNorm(cfg.hidden, cfg.norm_eps)
+    if cfg.norm == 'rmsnorm': return RMSNorm(cfg.hidden, cfg.norm_eps, cfg.kernels)
     return LayerNorm(cfg.hidden, cfg.kernels, cfg.norm_eps)
 
 class Dropout(nn.Dropout):

@@ -111,19 +111,56 @@ def test_chunk_size_follows_the_estimator():
     assert ce_chunk_tokens(8192, 50304) == 256 and ce_chunk_tokens(100, 50304) == 100 and ce_chunk_tokens(10**6, 10**7) == 16
 
 
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('shape', [(2, 9, 40), (37, 64)])
+def test_rms_norm_matches_torch(shape, dtype):
+    from gptkit.model import rms_norm
+    torch.manual_seed(0)
+    x, w = (torch.randn(shape) * 3 + 2).to(DEV, dtype), torch.randn(shape[-1]).to(DEV, dtype)
+    compare(lambda x, w: K.rms_norm(x, w), lambda x, w: rms_norm(x, w, 1e-5), [x, w], TOL[dtype] * 2)
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+def test_swiglu_matches_torch(dtype):
+    from gptkit.model import swiglu
+    torch.manual_seed(0)
+    y = (torch.randn(3, 5, 2 * 72) * 4).to(DEV, dtype)
+    y[0, 0, :3] = torch.tensor([-30.0, 30.0, 0.0])                     # sigmoid's tails, and zero
+    compare(K.swiglu, swiglu, [y], TOL[dtype])
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('per_row', [False, True], ids=['shared', 'per-row'])
+def test_rotary_matches_torch(per_row, dtype):
+    from gptkit.model import apply_rotary, rotary_tables
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 24).to(DEV, dtype).transpose(1, 2).contiguous().transpose(1, 2)   # strided, as after QKV
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 40]]).to(DEV)
+    cos, sin = rotary_tables(24, pos if per_row else pos[0], 500000.0, dtype)
+    if per_row: cos, sin = cos[:, None], sin[:, None]
+    compare(lambda x: K.apply_rotary(x, cos, sin), lambda x: apply_rotary(x, cos.float(), sin.float()), [x], TOL[dtype])
+
+
 CFG = dict(layers=2, hidden=32, heads=2, seq_len=8, vocab=100, dropout=0.0)
+
+
+LLAMA_CFG = dict(heads=4, kv_heads=2, position='rotary', norm='rmsnorm', bias=False, tie_embeddings=False)
 
 
 def _run(kernels, activation='gelu', ids=None):
     torch.manual_seed(1)
-    m = GPT(ModelConfig(**CFG, activation=activation, kernels=kernels)).to(DEV)
+    extra = LLAMA_CFG if activation == 'swiglu' else {}
+    m = GPT(ModelConfig(**{**CFG, **extra}, activation=activation, kernels=kernels)).to(DEV)
     loss = m(ids[:, :-1], ids[:, 1:])
     loss.backward()
     return m, loss, {n: p.grad for n, p in m.named_parameters()}
 
 
 @needs_triton
-@pytest.mark.parametrize('activation', ['gelu', 'gelu_tanh'])
+@pytest.mark.parametrize('activation', ['gelu', 'gelu_tanh', 'swiglu'])      # swiglu: the Llama family's kernels
 def test_model_with_triton_kernels_matches_torch(activation):
     ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0)).to(DEV)
     mt, lt, gt = _run('triton', activation, ids)
