@@ -122,15 +122,22 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
 
 
 def _estimate_stage():
-    t = Table(title='5. The GPT-3 family (Brown et al. 2020) and two Llama-style models, parameters counted as '
-                    'Megatron counts them', title_justify='left')
-    for col in ('preset', 'layers', 'hidden', 'heads', 'KV heads', 'MLP', 'parameters', 'padded vocabulary'):
+    t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them',
+              title_justify='left')
+    for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'):
         t.add_column(col, justify='right')
-    for name in GPT3_PRESETS + LLAMA_PRESETS:
+    for name in GPT3_PRESETS:
         m = PRESETS[name].model
         c = count_params(m)
-        t.add_row(name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv),
-                  f"{'SwiGLU' if m.gated else 'GELU'} {m.ffn}", f'{c.total:,}', str(c.vocab_padded))
+        t.add_row(name, str(m.layers), str(m.hidden), str(m.heads), f'{c.total:,}', str(c.vocab_padded))
+    out.print(t)
+    t = Table(title='   and two Llama-style models (rotary, RMSNorm, SwiGLU, grouped-query attention)',
+              title_justify='left')
+    for col in ('preset', 'layers', 'hidden', 'heads / KV', 'SwiGLU', 'parameters'):
+        t.add_column(col, justify='right')
+    for name in LLAMA_PRESETS:
+        m = PRESETS[name].model
+        t.add_row(name, str(m.layers), str(m.hidden), f'{m.heads} / {m.kv}', str(m.ffn), f'{count_params(m).total:,}')
     out.print(t)
 
     m125 = PRESETS['125m'].model
