@@ -451,7 +451,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
 # %% ../nbs/01_estimate.ipynb #da0a2513
 def nearest_preset(n_params: int) -> str:
     "The GPT-3 preset whose parameter count is closest to `n_params` on a log scale"
-    return min(GPT3_PRESETS, key=lambda k: abs(math.log(count_params(PRESETS[k].model).total / n_params)))
+    return min(GPT3_PRESETS, key=lambda k: abs(math.log(closed_form_params(PRESETS[k].model) / n_params)))
 
 # %% ../nbs/01_estimate.ipynb #1a6fd7f8
 def resolve_model(params: str | None = None, preset: str | None = None,
@@ -465,7 +465,7 @@ def resolve_model(params: str | None = None, preset: str | None = None,
         n = parse_size(params, 'params')
         name = nearest_preset(n)
         base = PRESETS[name]
-        note = f'{params} -> nearest GPT-3 preset {name} ({count_params(base.model).total:,} parameters)'
+        note = f'{params} -> nearest GPT-3 preset {name} ({closed_form_params(base.model):,} parameters)'
     elif preset is not None:
         base, name = get_preset(preset), str(preset).lower()
         note = f'preset {name}'

@@ -6,6 +6,16 @@ chunked cross entropy that never holds the fp32 logits, each beside its torch re
 # %% ../nbs/09_kernels.ipynb #13f58e62
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -24,9 +34,11 @@ def _jit(fn):
     return fn if triton is None else triton.jit(fn)
 
 # %% auto #0
-__all__ = ['CE_BLOCK', 'interpreted', 'use_triton', 'bias_gelu_reference', 'BiasGelu', 'bias_gelu', 'LayerNormFn', 'layer_norm',
-           'RMSNormFn', 'rms_norm', 'SwiGLUFn', 'swiglu', 'RotaryFn', 'apply_rotary', 'ChunkedCrossEntropy',
-           'chunked_cross_entropy', 'cross_entropy_reference', 'peak_cpu_bytes']
+__all__ = ['NORM_MAX_COLUMNS', 'ROTARY_MAX_HALF', 'CE_BLOCK', 'KERNEL_ARGS', 'interpreted', 'use_triton', 'bias_gelu_reference',
+           'BiasGelu', 'bias_gelu', 'norm_launch', 'rotary_block', 'LayerNormFn', 'layer_norm', 'RMSNormFn', 'rms_norm',
+           'SwiGLUFn', 'swiglu', 'RotaryFn', 'apply_rotary', 'ChunkedCrossEntropy', 'chunked_cross_entropy',
+           'cross_entropy_reference', 'peak_cpu_bytes', 'KernelConfig', 'kernel_configs', 'CompiledKernel',
+           'compile_kernel', 'compile_all']
 
 # %% ../nbs/09_kernels.ipynb #6e133414
 def interpreted() -> bool:
@@ -111,6 +123,23 @@ def bias_gelu(x, bias, approximate: str = 'none'):
     "GELU(x + bias) with the fused Triton kernel ('none': exact, 'tanh': the approximation)"
     return BiasGelu.apply(x, bias, approximate)
 
+# %% ../nbs/09_kernels.ipynb #a07a0001
+NORM_MAX_COLUMNS = 16384   # the widest row one LayerNorm/RMSNorm program holds (GPT-3 175B's 12,288 fits); wider: torch
+ROTARY_MAX_HALF = 128      # the widest half head a rotary program holds (head_dim 256); wider: torch
+
+def _pow2(n: int) -> int:
+    "The smallest power of two >= n (>= 1)"
+    return 1 << max(0, n - 1).bit_length()
+
+def norm_launch(cols: int) -> tuple[int, int]:
+    "(BLOCK, num_warps) of the LayerNorm and RMSNorm programs for rows of `cols` columns: the whole row in one block"
+    block = max(_pow2(cols), 128)
+    return block, min(max(block // 256, 1), 8)
+
+def rotary_block(half: int) -> int:
+    "BLOCK of the rotary program for heads of 2 x `half` columns"
+    return max(_pow2(half), 16)
+
 # %% ../nbs/09_kernels.ipynb #5c330c83
 @_jit
 def _layer_norm_fwd(x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, cols, eps, BLOCK: tl.constexpr):
@@ -165,11 +194,10 @@ class LayerNormFn(torch.autograd.Function):
         y = torch.empty_like(x2)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
-        block = triton.next_power_of_2(cols)
-        _layer_norm_fwd[(rows,)](x2, y, weight, bias, mean, rstd, cols, eps, block,
-                                 num_warps=min(max(block // 256, 1), 8))
+        block, warps = norm_launch(cols)
+        _layer_norm_fwd[(rows,)](x2, y, weight, bias, mean, rstd, cols, eps, block, num_warps=warps)
         ctx.save_for_backward(x2, weight, mean, rstd)
-        ctx.shape, ctx.block = x.shape, block
+        ctx.shape, ctx.block, ctx.warps = x.shape, block, warps
         return y.view(x.shape)
 
     @staticmethod
@@ -182,11 +210,13 @@ class LayerNormFn(torch.autograd.Function):
         dw = torch.empty(programs, cols, dtype=torch.float32, device=x2.device)
         db = torch.empty_like(dw)
         _layer_norm_bwd[(programs,)](dy, x2, weight, mean, rstd, dx, dw, db, rows, cols, _LN_ROWS, ctx.block,
-                                     num_warps=min(max(ctx.block // 256, 1), 8))
+                                     num_warps=ctx.warps)
         return dx.view(ctx.shape), dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype), None
 
 def layer_norm(x, weight, bias, eps: float = 1e-5):
-    "LayerNorm of x over its last dimension with the fused Triton kernels"
+    "LayerNorm of x over its last dimension with the fused Triton kernels (rows wider than one program: torch)"
+    if x.shape[-1] > NORM_MAX_COLUMNS:
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
     return LayerNormFn.apply(x, weight, bias, eps)
 
 # %% ../nbs/09_kernels.ipynb #09a0a002
@@ -229,10 +259,10 @@ class RMSNormFn(torch.autograd.Function):
         x2 = x.reshape(-1, cols).contiguous()
         rows = x2.shape[0]
         y, r = torch.empty_like(x2), torch.empty(rows, dtype=torch.float32, device=x.device)
-        block = triton.next_power_of_2(cols)
-        _rms_norm_fwd[(rows,)](x2, y, weight, r, cols, eps, block, num_warps=min(max(block // 256, 1), 8))
+        block, warps = norm_launch(cols)
+        _rms_norm_fwd[(rows,)](x2, y, weight, r, cols, eps, block, num_warps=warps)
         ctx.save_for_backward(x2, weight, r)
-        ctx.shape, ctx.block = x.shape, block
+        ctx.shape, ctx.block, ctx.warps = x.shape, block, warps
         return y.view(x.shape)
 
     @staticmethod
@@ -243,11 +273,14 @@ class RMSNormFn(torch.autograd.Function):
         programs = triton.cdiv(rows, _LN_ROWS)
         dw = torch.empty(programs, cols, dtype=torch.float32, device=x2.device)
         _rms_norm_bwd[(programs,)](dy, x2, weight, r, dx, dw, rows, cols, _LN_ROWS, ctx.block,
-                                   num_warps=min(max(ctx.block // 256, 1), 8))
+                                   num_warps=ctx.warps)
         return dx.view(ctx.shape), dw.sum(0).to(weight.dtype), None
 
 def rms_norm(x, weight, eps: float = 1e-5):
-    "RMSNorm of x over its last dimension with the fused Triton kernels"
+    "RMSNorm of x over its last dimension with the fused Triton kernels (rows wider than one program: torch)"
+    if x.shape[-1] > NORM_MAX_COLUMNS:
+        from gptkit.model import rms_norm as reference
+        return reference(x, weight, eps)
     return RMSNormFn.apply(x, weight, eps)
 
 @_jit
@@ -314,7 +347,7 @@ def _rotate(x, cos, sin, sign: float):
     x, out = x.contiguous(), torch.empty(x.shape, dtype=x.dtype, device=x.device)
     per_batch = cos.dim() == 4                                  # [b, 1, s, d]: positions per row; else [s, d]
     cos, sin = cos.contiguous(), sin.contiguous()
-    _rotary[(b * h * s,)](x, cos, sin, out, h, s, per_batch, d // 2, sign, triton.next_power_of_2(d // 2))
+    _rotary[(b * h * s,)](x, cos, sin, out, h, s, per_batch, d // 2, sign, rotary_block(d // 2))
     return out
 
 class RotaryFn(torch.autograd.Function):
@@ -331,6 +364,9 @@ class RotaryFn(torch.autograd.Function):
 
 def apply_rotary(x, cos, sin):
     "Rotary position embedding of x with the Triton kernel (the halves layout of `gptkit.model.apply_rotary`)"
+    if x.shape[-1] // 2 > ROTARY_MAX_HALF:
+        from gptkit.model import apply_rotary as reference
+        return reference(x, cos, sin)
     return RotaryFn.apply(x, cos, sin)
 
 # %% ../nbs/09_kernels.ipynb #260b5bbe
@@ -368,7 +404,7 @@ def _ce_bwd(z_ptr, t_ptr, lse_ptr, scale_ptr, columns, real, BLOCK: tl.constexpr
         p = tl.where(cols == t, p - 1.0, p)
         tl.store(base + cols, (p * scale).to(z_ptr.dtype.element_ty), mask=cols < columns)
 
-CE_BLOCK = 1024   # vocabulary columns a cross-entropy program handles per step
+CE_BLOCK = 1024   # vocabulary columns a cross-entropy program handles per step (a narrower shard: masked)
 
 def _ce_stats_torch(z, local, real: int):
     "(lse over the first `real` columns, the logit at column `local` or 0 where it is not in this block) per row of z"
@@ -394,12 +430,12 @@ def _ce_stats(z, local, real, use_triton):
     if not use_triton: return _ce_stats_torch(z, local, real)
     lse = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
     picked = torch.empty_like(lse)
-    _ce_fwd[(z.shape[0],)](z, local, lse, picked, z.shape[1], real, min(CE_BLOCK, triton.next_power_of_2(z.shape[1])))
+    _ce_fwd[(z.shape[0],)](z, local, lse, picked, z.shape[1], real, CE_BLOCK)
     return lse, picked
 
 def _ce_grad(z, local, lse, scale, real, use_triton):
     if not use_triton: return _ce_grad_torch(z, local, lse, scale, real)
-    _ce_bwd[(z.shape[0],)](z, local, lse, scale, z.shape[1], real, min(CE_BLOCK, triton.next_power_of_2(z.shape[1])))
+    _ce_bwd[(z.shape[0],)](z, local, lse, scale, z.shape[1], real, CE_BLOCK)
     return z
 
 # %% ../nbs/09_kernels.ipynb #d2f27e54
@@ -470,3 +506,130 @@ def peak_cpu_bytes(fn) -> int:
         live += e.nbytes()                      # an allocation (> 0) or a free (< 0), in the order they happened
         peak = max(peak, live)
     return peak
+
+# %% ../nbs/09_kernels.ipynb #a07a0003
+# Each kernel's runtime arguments in order: 'x' a tensor of the activations' dtype, '*fp32' / '*i64' a tensor of that
+# type, 'i32' an integer, 'fp32' a float, 'i1' a bool. The constexprs come from the launch configuration.
+KERNEL_ARGS = {
+    '_bias_gelu_fwd': ('x', 'x', 'x', 'i32', 'i32'),
+    '_bias_gelu_bwd': ('x', 'x', 'x', 'x', 'i32', 'i32'),
+    '_layer_norm_fwd': ('x', 'x', 'x', 'x', '*fp32', '*fp32', 'i32', 'fp32'),
+    '_layer_norm_bwd': ('x', 'x', 'x', '*fp32', '*fp32', 'x', '*fp32', '*fp32', 'i32', 'i32'),
+    '_rms_norm_fwd': ('x', 'x', 'x', '*fp32', 'i32', 'fp32'),
+    '_rms_norm_bwd': ('x', 'x', 'x', '*fp32', 'x', '*fp32', 'i32', 'i32'),
+    '_swiglu_fwd': ('x', 'x', 'i32', 'i32'),
+    '_swiglu_bwd': ('x', 'x', 'x', 'i32', 'i32'),
+    '_rotary': ('x', 'x', 'x', 'x', 'i32', 'i32', 'i1', 'i32'),
+    '_ce_fwd': ('x', '*i64', '*fp32', '*fp32', 'i32', 'i32'),
+    '_ce_bwd': ('x', '*i64', '*fp32', '*fp32', 'i32', 'i32'),
+}
+
+@dataclass(frozen=True)
+class KernelConfig:
+    "One compilation a launcher can ask for: a kernel, the activations' dtype, its constexprs and warps"
+    kernel: str
+    dtype: str                          # 'fp32', 'bf16' or 'fp16'
+    constexprs: tuple = ()              # ((name, value), ...)
+    num_warps: int = 4
+
+    def __str__(self):
+        args = ', '.join(f'{k}={v}' for k, v in self.constexprs)
+        return f'{self.kernel}[{self.dtype}, {args}, warps={self.num_warps}]'
+
+    def signature(self, arg_names: list[str]) -> tuple[dict, dict]:
+        """(signature, attrs) for Triton's compiler: tensors 16-byte aligned and integers multiples of 16, as at
+        every preset's shapes (hidden, ffn, head and padded vocabulary sizes), which is how the JIT specializes them"""
+        consts = dict(self.constexprs)
+        types = iter(KERNEL_ARGS[self.kernel])
+        sig, attrs = {}, {}
+        for i, name in enumerate(arg_names):
+            if name in consts: sig[name] = 'constexpr'; continue
+            t = next(types)
+            sig[name] = '*' + self.dtype if t == 'x' else t
+            if sig[name].startswith('*') or t == 'i32': attrs[(i,)] = [['tt.divisibility', 16]]
+        return sig, attrs
+
+def kernel_configs(dtypes: tuple[str, ...] = ('bf16',)) -> list[KernelConfig]:
+    "Every launch configuration (constexprs and warps) the launchers above can pick, for each activation dtype"
+    norm_blocks = sorted({norm_launch(2**i) for i in range(NORM_MAX_COLUMNS.bit_length())})
+    rotary_blocks = sorted({rotary_block(2**i) for i in range(ROTARY_MAX_HALF.bit_length())})
+    out = []
+    for dt in dtypes:
+        for tanh in (False, True):
+            out += [KernelConfig(k, dt, (('TANH', tanh), ('BLOCK', _ELEMENTWISE_BLOCK)))
+                    for k in ('_bias_gelu_fwd', '_bias_gelu_bwd')]
+        for block, warps in norm_blocks:
+            for norm in ('_layer_norm', '_rms_norm'):
+                out += [KernelConfig(norm + '_fwd', dt, (('BLOCK', block),), warps),
+                        KernelConfig(norm + '_bwd', dt, (('ROWS', _LN_ROWS), ('BLOCK', block)), warps)]
+        out += [KernelConfig(k, dt, (('BLOCK', _ELEMENTWISE_BLOCK),)) for k in ('_swiglu_fwd', '_swiglu_bwd')]
+        out += [KernelConfig('_rotary', dt, (('SIGN', sign), ('BLOCK', block))) for block in rotary_blocks
+                for sign in (1.0, -1.0)]
+        out += [KernelConfig(k, dt, (('BLOCK', CE_BLOCK),)) for k in ('_ce_fwd', '_ce_bwd')]
+    return out
+
+# %% ../nbs/09_kernels.ipynb #a07a0004
+@dataclass(frozen=True)
+class CompiledKernel:
+    "What the CUDA compiler made of one configuration for one GPU"
+    config: KernelConfig
+    arch: int                 # 80: A100, 90: H100
+    registers: int            # per thread
+    spill_bytes: int          # per thread: the stack frame, where registers that do not fit are spilled
+    shared_bytes: int         # per program: Triton's shared memory (reductions) and any static shared memory
+    seconds: float            # to compile (little when Triton's on-disk cache already had it)
+
+_RESOURCES = re.compile(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)')
+
+def _resources(cubin: bytes) -> tuple[int, int, int]:
+    "(registers, stack + local bytes, static shared bytes) of a cubin's kernel, read by the CUDA toolkit's cuobjdump"
+    import triton.backends.nvidia as nv
+    tool = os.path.join(os.path.dirname(nv.__file__), 'bin', 'cuobjdump')
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(cubin); f.flush()
+        text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True,
+                              check=True).stdout
+    reg, stack, shared, local = map(int, _RESOURCES.search(text).groups())
+    return reg, stack + local, shared
+
+def compile_kernel(config: KernelConfig, arch: int) -> CompiledKernel:
+    "Compile `config` to a cubin for sm_`arch` with Triton's own compiler: no GPU is needed, only Triton's ptxas"
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    fn = globals()[config.kernel]
+    if interpreted(): raise GptkitError('compile_kernel needs Triton without TRITON_INTERPRET=1: see compile_all')
+    sig, attrs = config.signature(fn.arg_names)
+    start = time.perf_counter()
+    k = triton.compile(ASTSource(fn, sig, dict(config.constexprs), attrs), target=GPUTarget('cuda', arch, 32),
+                       options={'num_warps': config.num_warps})
+    reg, spill, shared = _resources(k.asm['cubin'])
+    return CompiledKernel(config, arch, reg, spill, shared + k.metadata.shared, time.perf_counter() - start)
+
+def _compile_worker():
+    "`python -c` entry of compile_all: (config, arch) jobs as JSON on stdin, one line of results on stdout"
+    out = []
+    for config, arch in json.load(sys.stdin):
+        config = KernelConfig(**{**config, 'constexprs': tuple(map(tuple, config['constexprs']))})
+        try: out.append(asdict(compile_kernel(config, arch)))
+        except Exception as e:   # one line naming the configuration; Triton's own message after it
+            sys.exit(f'{config} does not compile for sm_{arch}: {type(e).__name__}: {str(e).strip()[:2000]}')
+    print('compiled: ' + json.dumps(out))
+
+def compile_all(configs: list[KernelConfig], archs=(80, 90), workers: int = 2) -> list[CompiledKernel]:
+    """Every configuration for every arch, in `workers` fresh processes: Triton's compiler runs without
+    TRITON_INTERPRET (which only applies as Triton is imported); a kernel that does not compile raises here"""
+    jobs = [(c, a) for a in archs for c in configs]
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    env.setdefault('TRITON_DEFAULT_FP_FUSION', '1')            # Triton 3.9's default, said explicitly
+    def run(part):
+        r = subprocess.run([sys.executable, '-c', 'from gptkit.kernels import _compile_worker; _compile_worker()'],
+                           input=json.dumps([(asdict(c), a) for c, a in part]), env=env,
+                           capture_output=True, text=True)
+        lines = r.stdout.splitlines()
+        if r.returncode or not lines or not lines[-1].startswith('compiled: '):
+            raise GptkitError((r.stderr.strip().splitlines() or ['the compiler process ended without a result'])[-1])
+        return [CompiledKernel(c, a, **{k: v for k, v in res.items() if k not in ('config', 'arch')})
+                for (c, a), res in zip(part, json.loads(lines[-1][len('compiled: '):]))]
+    parts = [jobs[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool: done = list(pool.map(run, parts))
+    return [done[i % workers][i // workers] for i in range(len(jobs))]

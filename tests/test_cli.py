@@ -146,3 +146,20 @@ def test_estimate_balances_pipeline_stages_by_parameters():
     assert 'parallel.balance' not in rows['layers']['layout']['train_flags']
     r = run('estimate', '--preset', '1.3b', '--pp', '4', '--balance', 'flops')
     assert r.exit_code != 0 and "--balance must be 'layers' or 'parameters', not 'flops'" in r.output
+
+
+def test_every_command_is_registered_by_the_module_main_imports_for_it():
+    "`gptkit NAME` imports only NAME's module: the table must name every command, and each module must register it"
+    from gptkit_cli import main as entry
+    from gptkit_cli.app import app as full
+    entry.register()
+    names = {c.name or c.callback.__name__ for c in full.registered_commands} | {g.name for g in full.registered_groups}
+    assert names == set(entry.COMMANDS), names ^ set(entry.COMMANDS)
+    for name, module in entry.COMMANDS.items():
+        code = ('import sys; from gptkit_cli import main as m; sys.argv = ["gptkit", %r, "--help"]\n'
+                'try: m.main()\nexcept SystemExit as e: assert e.code == 0, e.code\n'
+                'print(sorted(k.split(".")[1] for k in sys.modules if k.startswith("gptkit_cli.") and k != "gptkit_cli.main"))')
+        r = subprocess.run([sys.executable, '-c', code % name], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-2000:]
+        loaded = set(eval(r.stdout.strip().splitlines()[-1])) - {'app', 'format', 'launch'}
+        assert module in loaded and len(loaded) <= 2, (name, loaded)     # profile also imports train
