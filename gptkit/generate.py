@@ -6,6 +6,8 @@ top-k and top-p sampling, stop strings, streaming."""
 # %% ../nbs/14_generate.ipynb #b263e77a
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -13,13 +15,14 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch import nn
 
 from .config import ConfigError, check
-from .model import KVCache
+from .model import KVCache, OutputLayer
 
 # %% auto #0
-__all__ = ['Sampling', 'filter_logits', 'next_tokens', 'left_pad', 'TextStream', 'Chunk', 'Completion', 'Generator',
-           'reference_greedy']
+__all__ = ['Sampling', 'filter_logits', 'next_tokens', 'left_pad', 'TextStream', 'DecodeLinear', 'DecodeHead', 'decode_layout',
+           'Chunk', 'Completion', 'Generator', 'reference_greedy']
 
 # %% ../nbs/14_generate.ipynb #6d4ea7eb
 @dataclass(frozen=True)
@@ -138,6 +141,41 @@ class TextStream:
     @property
     def full_text(self) -> str: return getattr(self, 'text', '')
 
+# %% ../nbs/14_generate.ipynb #d1a0c002
+class DecodeLinear(nn.Module):
+    "nn.Linear for decoding on a CPU: the weight kept transposed, [in, out], which a matmul of a few rows reads faster"
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+        self.bias = linear.bias
+    def forward(self, x):
+        y = x.reshape(-1, x.shape[-1])
+        y = y @ self.weight_t if self.bias is None else torch.addmm(self.bias, y, self.weight_t)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+class DecodeHead(nn.Module):
+    """The output layer for decoding on a CPU. One row: times the real vocabulary's rows transposed (a copy); more
+    rows: the matrix as it is times the rows transposed, which the CPU's matmul runs faster than either other way"""
+    def __init__(self, head, weight):
+        super().__init__()
+        self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
+        self.rows = weight[:head.vocab]
+        self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
+    def forward(self, x, weight=None):
+        h = x.reshape(-1, x.shape[-1])
+        y = h @ self.weight_t if h.shape[0] == 1 else (self.rows @ h.t()).t()
+        return y.reshape(*x.shape[:-1], self.vocab)
+
+def decode_layout(model):
+    "A copy of `model` for decoding: the same embeddings and norms; each nn.Linear and the output layer transposed"
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    net = copy.deepcopy(model, shared)                  # no tensor is copied here
+    for m in list(net.modules()):
+        for name, child in list(m.named_children()):
+            if type(child) is nn.Linear: setattr(m, name, DecodeLinear(child))
+    if type(net.head) is OutputLayer and net.wte is not None: net.head = DecodeHead(net.head, net.output_weight())
+    return net.eval()
+
 # %% ../nbs/14_generate.ipynb #7cf094f1
 @dataclass
 class Chunk:
@@ -170,7 +208,9 @@ def _device_dtype(device: str | None, dtype):
 class Generator:
     "Text generation with a KV cache for a gptkit model and its tokenizer"
     def __init__(self, model, tokenizer):
-        self.model, self.tok = model.eval(), tokenizer
+        "On a CPU the generator decodes with `decode_layout(model)`, made now: later changes to `model` are not seen"
+        cpu = next(model.parameters()).device.type == 'cpu'
+        self.model, self.tok = decode_layout(model) if cpu else model.eval(), tokenizer
         self.context = model.cfg.seq_len
 
     @classmethod
@@ -183,7 +223,7 @@ class Generator:
         if loaded.tokenizer is None:
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
         g = cls(loaded.model, loaded.tokenizer)
-        g.loaded = loaded
+        loaded.model, g.loaded = g.model, loaded          # the original's matrices are not kept twice
         return g
 
     def kv_cache_bytes(self, batch: int) -> int:
@@ -212,7 +252,7 @@ class Generator:
                                      'so it must be shorter to leave room for new tokens')])
         return ids
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def stream(self, prompts: list[str] | list[list[int]], s: Sampling = Sampling(),
                prompt_logprobs: bool = False, drop: set[int] | None = None) -> Iterator[Chunk]:
         "Yield `Chunk`s as each row produces text, then its end; rows put in `drop` meanwhile are abandoned silently"
