@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # command (or command group) -> the module of gptkit_cli that registers it
-COMMANDS = {'checkpoint': 'checkpoint', 'client': 'serve', 'data': 'data', 'estimate': 'estimate',
+COMMANDS = {'checkpoint': 'checkpoint', 'client': 'serve', 'data': 'data', 'doctor': 'doctor', 'estimate': 'estimate',
             'eval': 'eval', 'generate': 'generate', 'profile': 'profile', 'quickstart': 'quickstart', 'serve': 'serve',
             'tokenizer': 'tokenizer', 'train': 'train'}
 
