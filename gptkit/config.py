@@ -260,6 +260,7 @@ class TrainConfig:
     precision: str = 'bf16'        # fp32, fp16 or bf16 (mixed precision with fp32 master weights)
     recompute: str = 'none'        # activation recomputation: none, selective (attention only) or full
     flash: bool = True             # fused attention that never stores the s x s score matrices
+    compile: bool = False          # torch.compile each transformer block (tp = pp = 1, ZeRO 0-2)
     iters: int | None = None       # optimizer steps; None: from `tokens`
     tokens: int | None = None      # tokens to train on, rounded up to whole steps (used when `iters` is None)
     eval_interval: int = 100       # evaluate on the validation split every this many steps
@@ -287,6 +288,8 @@ class TrainConfig:
             m = getattr(self, k)
             if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float('inf')):
                 out.append((k, f'{{key}} must be a positive number of minutes, not {m!r}'))
+        if not isinstance(self.compile, bool):
+            out.append(('compile', f'{{key}} must be true or false, not {self.compile!r}'))
         if self.recompute not in RECOMPUTE:
             out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {self.recompute!r}"))
         return out

@@ -202,6 +202,11 @@ class GPT(nn.Module):
             elif group[name] == 'ones': p.fill_(1.0)
             else: p.normal_(0.0, std[group[name]])
 
+    def compile_blocks(self):
+        "torch.compile each block in place (same names and weights): the elementwise code around the matmuls fused"
+        for b in self.blocks.values(): b.compile()
+        return self
+
     def set_recompute(self, mode: str):
         "Recompute activations in the backward pass: 'selective' (attention's core), 'full' (every block) or 'none'"
         if mode not in RECOMPUTE:

@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo',
            'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops',
-           'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'tokenizer_vocab', 'run_config',
-           'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save',
-           'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
+           'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'cpp_compiler', 'tokenizer_vocab',
+           'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due',
+           'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -344,7 +344,7 @@ def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where
     dp = parallel.layout.dp
     engine.eval()
     batches = _micro_batches(samples, 0, n_micro, dp, parallel.dp_rank, mb, vocab, where, engine.device)
-    with torch.no_grad():
+    with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
         if parallel.layout.pp == 1: losses = [engine(x, y) for x, y in batches]
         else:
             sp = getattr(engine.module, 'sequence_parallel', False)
@@ -511,6 +511,24 @@ def _resume_from(root: Path, resume: bool | str | Path) -> Path | None:
                                    'resume them with --resume or choose another --out')])
     return None
 
+def _compile(cfg: RunConfig, model):
+    "torch.compile the model's blocks for `train.compile`, where gptkit has tested it: one rank's whole model, ZeRO 0-2"
+    p = cfg.parallel
+    if p.tp > 1 or p.pp > 1 or p.zero == 3:
+        raise ConfigError([('train.compile', '{key} works with parallel.tp = parallel.pp = 1 and ZeRO 0-2 '
+                            f'(this run: tp {p.tp}, pp {p.pp}, ZeRO {p.zero}); set train.compile=false')])
+    from gptkit.engine import device_type
+    if device_type() == 'cpu' and not cpp_compiler():
+        raise ConfigError([('train.compile', '{key} on a CPU needs a C++ compiler for torch.compile (g++ or clang++ '
+                            'on PATH, or $CXX); install one or set train.compile=false')])
+    model.compile_blocks()
+
+def cpp_compiler() -> str | None:
+    "The C++ compiler torch.compile would build CPU kernels with: $CXX, else g++, c++ or clang++ on PATH"
+    import shutil
+    return next(filter(None, (shutil.which(c) for c in (os.environ.get('CXX', ''), 'g++', 'c++', 'clang++') if c)),
+                None)
+
 # %% ../nbs/11_train.ipynb #ea7e5954
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
     "`cfg` with its model's vocabulary that of its tokenizer (`tok`, else `data.tokenizer`; unchanged without one)"
@@ -625,6 +643,7 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     params, shapes = num_params(model), ckpt.model_shapes(model)
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
+    if cfg.train.compile: _compile(cfg, model)
     plan = cfg.plan
     mpu = DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None
     engine, ds = build_engine(cfg, model, plan, ds_override, mpu)
@@ -860,7 +879,7 @@ def text_loss(model, tokens, seq_len: int, batch: int = 8) -> float:
     device = next(model.parameters()).device
     was_training = model.training; model.eval()
     total = 0.0
-    with torch.no_grad():
+    with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
         for i in range(0, n, batch):
             total += model(x[i:i + batch].to(device), y[i:i + batch].to(device)).float().item() * len(x[i:i + batch])
     model.train(was_training)
