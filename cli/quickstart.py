@@ -16,7 +16,6 @@ from gptkit_cli.app import app, handles_errors, out
 
 HELD_OUT_ARTICLES = 24   # of the built-in held-out text's 96: the step-4 loss to two decimals in seconds
 QUICK_PRESETS = ('tiny', 'llama-tiny')   # the CPU-sized models of each family
-COMPILE_FROM_ITERS = 200                 # shorter runs train eagerly (the tests' runs of a dozen steps)
 
 
 @app.command()
@@ -78,21 +77,19 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
     from gptkit.engine import device_type
     from gptkit.tokenizer import load
-    from gptkit.train import cpp_compiler, run_config, text_loss, token_counts, train, unigram_loss
+    from gptkit.train import run_config, text_loss, token_counts, train, unigram_loss
     from gptkit_cli.train import RichProgress
     run = out_dir / 'run'
     shutil.rmtree(run, ignore_errors=True)           # the quickstart always starts its run afresh
-    # torch.compile pays for its start-up (about 20 s here) after some 50 steps of the tiny model on a CPU
-    compiled = iters >= COMPILE_FROM_ITERS and device_type() == 'cpu' and cpp_compiler() is not None
     cfg = run_config(preset, sets=[f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
                                    'train.eval_iters=4', f'train.log_interval={max(1, min(10, iters // 20))}',
-                                   'optim.warmup=0.05', f'train.compile={str(compiled).lower()}'],
+                                   'optim.warmup=0.05'],
                      overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'),
                                          'tokenizer': str(out_dir / 'tokenizer')}}, out=str(run))
     out.print(f'3. training the {preset} preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context '
               f'{cfg.model.seq_len}) '
               f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this {device_type().upper()} '
-              f'in {cfg.train.precision}{", blocks compiled by torch.compile" if compiled else ""}')
+              f'in {cfg.train.precision}')
     result = train(cfg, callbacks=[RichProgress()])
     tok = load(out_dir / 'tokenizer')
     held = []
