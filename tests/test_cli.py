@@ -24,7 +24,7 @@ def test_help_lists_only_real_commands(opt):
     assert r.exit_code == 0
     assert 'estimate' in r.output and 'quickstart' in r.output
     commands = {c.name for c in __import__('typer').main.get_command(app).commands.values()}
-    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train', 'profile', 'generate', 'serve', 'client', 'eval', 'checkpoint'}
+    assert commands == {'estimate', 'quickstart', 'data', 'tokenizer', 'train', 'profile', 'generate', 'serve', 'client', 'eval', 'checkpoint', 'doctor'}
 
 
 def test_version():
