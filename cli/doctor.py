@@ -1,6 +1,7 @@
 """`gptkit doctor`: what this machine can do for training, checked in under a minute."""
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated
 
@@ -28,7 +29,7 @@ def doctor(
             out.print(f'{" " * (7 - len(c.status))}{STYLE[c.status]}  [bold]{c.name}[/]: {c.detail}', soft_wrap=True)
 
     if not as_json: out.rule('[bold]gptkit doctor[/]')
-    with out.status('checking...') if not as_json else _nothing():
+    with out.status('checking...') if not as_json else contextlib.nullcontext():
         checks = run(steps=steps, report=show)
     failed = [c.name for c in checks if c.status == 'failed']
     if as_json:
@@ -38,8 +39,3 @@ def doctor(
         out.print(f'\n{len(checks) - len(failed) - skipped} ok, {skipped} skipped, {len(failed)} failed'
                   + (f': {", ".join(failed)}' if failed else ''))
     if failed: raise typer.Exit(1)
-
-
-class _nothing:
-    def __enter__(self): return self
-    def __exit__(self, *exc): return False

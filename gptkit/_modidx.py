@@ -273,7 +273,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'gptkit.doctor': { 'gptkit.doctor.Check': ('doctor.html#check', 'gptkit/doctor.py'),
                                'gptkit.doctor.Check.to_dict': ('doctor.html#check.to_dict', 'gptkit/doctor.py'),
                                'gptkit.doctor._allreduce_worker': ('doctor.html#_allreduce_worker', 'gptkit/doctor.py'),
-                               'gptkit.doctor._free_port': ('doctor.html#_free_port', 'gptkit/doctor.py'),
                                'gptkit.doctor._grads': ('doctor.html#_grads', 'gptkit/doctor.py'),
                                'gptkit.doctor.allreduce_bandwidth': ('doctor.html#allreduce_bandwidth', 'gptkit/doctor.py'),
                                'gptkit.doctor.allreduce_check': ('doctor.html#allreduce_check', 'gptkit/doctor.py'),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from .config import resolve
+from .engine import _free_port
 
 # %% auto #0
 __all__ = ['PACKAGES', 'Check', 'versions', 'device_checks', 'kernel_checks', 'train_check', 'allreduce_bandwidth',
@@ -157,10 +157,6 @@ def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | N
     return out
 
 # %% ../nbs/18_doctor.ipynb #3c586779
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
 def _allreduce_worker():
     "`python -c` entry of one rank: RANK WORLD PORT BACKEND NUMEL ITERS as arguments; rank 0 prints its result"
     import sys
