@@ -53,6 +53,33 @@ def test_training_far_past_one_epoch_never_runs_out(tmp_path):
     assert all(len(s[i]) == 9 for i in range(len(s)))
 
 
+
+def test_runs_building_one_cache_at_once_do_not_collide(tmp_path):
+    # two trainings started together on one dataset used to share one temporary name, and one of them crashed
+    import threading
+    from gptkit.data.samples import _save_atomic
+    arr, errors = np.arange(200_000), []
+    def save():
+        try:
+            for _ in range(20): _save_atomic(tmp_path / 'index.npy', arr)
+        except Exception as e: errors.append(e)
+    threads = [threading.Thread(target=save) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors, errors[0]
+    np.testing.assert_array_equal(np.load(tmp_path / 'index.npy'), arr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['index.npy']
+
+
+def test_a_full_disk_leaves_no_partial_cache(tmp_path, monkeypatch):
+    from gptkit.data import samples
+    def full(file, arr):
+        open(file, 'wb').write(b'half')
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(samples.np, 'save', full)
+    with pytest.raises(OSError, match='No space'): samples._save_atomic(tmp_path / 'index.npy', np.arange(10))
+    assert list(tmp_path.iterdir()) == []
+
 def test_brute_force_reference():
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 30, 40).astype(np.int32)

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,9 +106,13 @@ class SampleSpec:
     seed: int = 1234
 
 def _save_atomic(path: Path, arr: np.ndarray):
-    tmp = path.with_name(path.name + '.tmp.npy')
-    np.save(tmp, arr)
-    os.replace(tmp, path)
+    "Write `arr` through a temporary of this process and thread: two runs building one cache at once never collide"
+    tmp = path.with_name(f'.{path.stem}.tmp-{os.getpid()}-{threading.get_ident()}.npy')
+    try:
+        np.save(tmp, arr)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)   # a full disk leaves no partial array behind
 
 class _EmptySplit(DataError):
     "A split of the documents that gives a dataset none"
