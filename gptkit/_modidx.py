@@ -816,6 +816,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.serve.Worker.submit': ('serve.html#worker.submit', 'gptkit/serve.py'),
                               'gptkit.serve._chunks': ('serve.html#_chunks', 'gptkit/serve.py'),
                               'gptkit.serve._encode': ('serve.html#_encode', 'gptkit/serve.py'),
+                              'gptkit.serve._http_sentence': ('serve.html#_http_sentence', 'gptkit/serve.py'),
                               'gptkit.serve._megatron_error': ('serve.html#_megatron_error', 'gptkit/serve.py'),
                               'gptkit.serve._openai_error': ('serve.html#_openai_error', 'gptkit/serve.py'),
                               'gptkit.serve._sampling': ('serve.html#_sampling', 'gptkit/serve.py'),

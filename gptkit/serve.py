@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import ConfigError
 from .generate import Generator, Sampling
@@ -27,7 +28,7 @@ from .generate import Generator, Sampling
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ERRORS', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'CompletionRequest', 'BadRequest',
+__all__ = ['log', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'CompletionRequest', 'BadRequest',
            'megatron_job', 'openai_job', 'make_app', 'page_html', 'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
@@ -262,7 +263,23 @@ def _validation_sentence(exc: RequestValidationError) -> tuple[str, str | None]:
         return f'the body is not valid JSON ({e.get("ctx", {}).get("error", e["msg"])})', None
     if e.get('type') == 'extra_forbidden': return f'{where} is not a field of this API', where
     if e.get('type') == 'missing': return f'{where} is required', where
-    return f'{where}: {e["msg"][0].lower() + e["msg"][1:]}', where
+    return f'{where}: {e["msg"][0].lower() + e["msg"][1:]}', '.'.join(loc) or None
+
+ROUTES = {'/api': 'PUT', '/v1/completions': 'POST', '/v1/models': 'GET', '/health': 'GET', '/': 'GET'}
+
+def _http_sentence(method: str, path: str, status: int, body: bytes) -> str:
+    "One sentence for what Starlette refuses before a route runs: an unknown URL, a wrong method, an unreadable body"
+    if status == 404:
+        served = ', '.join(f'{m} {p}' for p, m in ROUTES.items())
+        return f'Invalid URL ({method} {path}): this server answers {served}'
+    if status == 405: return f'{path} does not answer {method}; use {ROUTES.get(path, "another method")}'
+    try: body.decode('utf-8')
+    except UnicodeDecodeError as e:
+        return f'the body is not UTF-8 text (byte 0x{body[e.start]:02x} at offset {e.start})'
+    try: json.loads(body)
+    except RecursionError: return 'the body nests JSON arrays or objects too deeply to parse'
+    except ValueError as e: return f'the body is not valid JSON ({e})'
+    return 'the body could not be parsed'
 
 # %% ../nbs/15_serve.ipynb #904f8350
 async def _chunks(job: Job):
@@ -306,6 +323,15 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         message, param = _validation_sentence(exc)
         if request.url.path == '/api': return _megatron_error(message)
         return _openai_error(message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, exc: StarletteHTTPException):
+        "Unknown URLs, wrong methods and bodies that are not JSON answer in the API's own error shape"
+        body = await request.body() if exc.status_code == 400 else b''
+        message = _http_sentence(request.method, request.url.path, exc.status_code, body)
+        megatron = request.url.path == '/api' or request.url.path.startswith('/api/')
+        if megatron: return _megatron_error(message, exc.status_code)
+        return _openai_error(message, None, exc.status_code)
 
     def submit(rows, sampling, prompt_logprobs=False, score_only=False) -> Job:
         job = Job(rows, sampling, asyncio.get_running_loop(), asyncio.Queue(), prompt_logprobs, score_only)

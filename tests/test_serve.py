@@ -134,6 +134,26 @@ def test_openai_bad_requests(url, body, status, message):
     assert r.json()['error']['type'] == 'invalid_request_error'
 
 
+
+DEEP = b'[' * 100_000 + b']' * 100_000
+@pytest.mark.parametrize('method,path,body,status,message', [
+    ('GET', '/nope', None, 404, 'Invalid URL (GET /nope): this server answers PUT /api, POST /v1/completions'),
+    ('GET', '/v1/completions', None, 405, '/v1/completions does not answer GET; use POST'),
+    ('POST', '/v1/completions', b'{"prompt": "\xff\xfe"}', 400, 'the body is not UTF-8 text (byte 0xff at offset 12)'),
+    ('POST', '/v1/completions', DEEP, 400, 'the body nests JSON arrays or objects too deeply to parse'),
+    ('PUT', '/api/x', None, 404, 'Invalid URL (PUT /api/x)'),
+    ('POST', '/api', None, 405, '/api does not answer POST; use PUT'),
+    ('PUT', '/api', b'{"prompts": ["\xff"]}', 400, 'the body is not UTF-8 text (byte 0xff at offset 14)'),
+    ('PUT', '/api', b'{"prompts": ' + DEEP + b'}', 400, 'the body nests JSON arrays or objects too deeply to parse'),
+])
+def test_refusals_before_a_route_answer_in_the_api_shape(url, method, path, body, status, message):
+    # Starlette refuses these before any route runs; its {"detail": ...} is neither OpenAI's nor Megatron's shape
+    r = httpx.request(method, url + path, content=body, headers={'content-type': 'application/json'})
+    assert r.status_code == status, r.text
+    err = r.json() if path.startswith('/api') else r.json()['error']
+    assert err['message'].startswith(message), r.json()
+    if not path.startswith('/api'): assert err['type'] == 'invalid_request_error' and err['param'] is None
+
 def test_concurrent_clients_are_batched_and_correct(url, gen):
     prompts = [f'And {w}' for w in ('God', 'the', 'it', 'he', 'they', 'Moses', 'Jesus', 'she', 'we', 'I', 'thou', 'ye', 'all', 'there', 'when', 'so')]
     want = {p: greedy(gen, p, 16).text for p in prompts}
