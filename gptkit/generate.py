@@ -21,8 +21,8 @@ from .config import ConfigError, check
 from .model import KVCache, OutputLayer
 
 # %% auto #0
-__all__ = ['Sampling', 'filter_logits', 'next_tokens', 'left_pad', 'TextStream', 'DecodeLinear', 'DecodeHead', 'decode_layout',
-           'Chunk', 'Completion', 'Generator', 'reference_greedy']
+__all__ = ['Sampling', 'filter_logits', 'next_tokens', 'top_alternatives', 'left_pad', 'TextStream', 'DecodeLinear', 'DecodeHead',
+           'decode_layout', 'Chunk', 'Completion', 'Generator', 'reference_greedy']
 
 # %% ../nbs/14_generate.ipynb #6d4ea7eb
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Sampling:
     seed: int | None = None    # for reproducible sampling
     stop: tuple[str, ...] = () # stop strings: the text ends before the first one found
     stop_at_eod: bool = True   # stop at the end-of-document token
+    top_logprobs: int = 0      # also report this many likeliest tokens and their log-probabilities (up to 20)
 
     def __post_init__(self): check(self.problems())
 
@@ -55,6 +56,8 @@ class Sampling:
             out.append(('seed', f'{{key}} must be a whole number from 0 to 2**63 - 1, not {self.seed!r}'))
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             out.append(('stop', f'{{key}} must be non-empty strings, not {self.stop!r}'))
+        if not whole(self.top_logprobs) or not 0 <= self.top_logprobs <= 20:
+            out.append(('top_logprobs', f'{{key}} must be a whole number from 0 to 20, not {self.top_logprobs!r}'))
         return out
 
 # %% ../nbs/14_generate.ipynb #6c0bf982
@@ -83,6 +86,11 @@ def next_tokens(logits: torch.Tensor, s: Sampling,
         probs = filter_logits(logits, s).softmax(-1)
         ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return ids, logits.gather(-1, ids[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+def top_alternatives(logits: torch.Tensor, k: int) -> list[list[tuple[int, float]]]:
+    "The `k` likeliest tokens of each row of `logits` [..., vocab] with their log-probabilities, likeliest first"
+    lp, ids = logits.float().log_softmax(-1).topk(k, dim=-1)
+    return [list(zip(i, v)) for i, v in zip(ids.reshape(-1, k).tolist(), lp.reshape(-1, k).tolist())]
 
 # %% ../nbs/14_generate.ipynb #76b5b2af
 def left_pad(prompts: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -185,6 +193,7 @@ class Chunk:
     token: int | None = None
     logprob: float | None = None
     finish_reason: str | None = None  # None while running, then 'stop' or 'length'
+    top: list[tuple[int, float]] | None = None  # with `Sampling.top_logprobs`: likeliest tokens, log-probabilities
 
 @dataclass
 class Completion:
@@ -268,20 +277,24 @@ class Generator:
         if prompt_logprobs:
             lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             self.last_prompt_logprobs = [lp[r, longest - len(p):].tolist() for r, p in enumerate(enc)]
+            if s.top_logprobs:                               # of prompt tokens 2.. as well, for an echo
+                self.last_prompt_top = [top_alternatives(logits[r, longest - len(p):-1], s.top_logprobs)
+                                        for r, p in enumerate(enc)]
         logits = logits[:, -1]
         rows = list(range(len(enc)))                         # prompt index of each live batch row
         texts = [TextStream(self.tok, s.stop) for _ in enc]
         pos = positions[:, -1:]                              # each row's last position [batch, 1]
         for step in range(steps):
             tokens, logps = next_tokens(logits, s, gen)
+            tops = top_alternatives(logits, s.top_logprobs) if s.top_logprobs else [None] * len(rows)
             done = []
-            for b, (r, t, lp) in enumerate(zip(rows, tokens.tolist(), logps.tolist())):
+            for b, (r, t, lp, top) in enumerate(zip(rows, tokens.tolist(), logps.tolist(), tops)):
                 if s.stop_at_eod and t == self.tok.eod:
-                    yield Chunk(r, texts[r].finish(), t, lp, 'stop'); done.append(b); continue
+                    yield Chunk(r, texts[r].finish(), t, lp, 'stop', top); done.append(b); continue
                 piece = texts[r].add(t)
-                if texts[r].stopped: yield Chunk(r, piece, t, lp, 'stop'); done.append(b); continue
-                if step == steps - 1: yield Chunk(r, piece + texts[r].finish(), t, lp, 'length'); continue
-                yield Chunk(r, piece, t, lp)
+                if texts[r].stopped: yield Chunk(r, piece, t, lp, 'stop', top); done.append(b); continue
+                if step == steps - 1: yield Chunk(r, piece + texts[r].finish(), t, lp, 'length', top); continue
+                yield Chunk(r, piece, t, lp, top=top)
             if step == steps - 1: break
             if drop: done += [b for b, r in enumerate(rows) if r in drop and b not in done]
             if done:

@@ -28,8 +28,8 @@ from .generate import Generator, Sampling
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'CompletionRequest', 'BadRequest',
-           'megatron_job', 'openai_job', 'make_app', 'page_html', 'serve', 'Server']
+__all__ = ['log', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'StreamOptions', 'CompletionRequest',
+           'BadRequest', 'megatron_job', 'openai_job', 'CompletionLogprobs', 'make_app', 'page_html', 'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -110,15 +110,21 @@ class Worker:
         drop: set[int] = set()
         if group[0].score_only: return self._score(group)
         self.batches += 1
+        pending = group[0].prompt_logprobs
         for c in self.gen.stream([r for j in group for r in j.rows], group[0].sampling, group[0].prompt_logprobs, drop):
+            if pending: self._prompt_logprobs(owner); pending = False
             job, i = owner[c.index]
             if job.cancelled: drop.update(k for k, (j, _) in enumerate(owner) if j is job); continue
             c.index = i
             job.put(c)
-        if group[0].prompt_logprobs:
-            lps = self.gen.last_prompt_logprobs
-            for k, (job, i) in enumerate(owner): job.put(('prompt_logprobs', i, lps[k]))
+        if pending: self._prompt_logprobs(owner)
         for job in group: job.put(None); self.served += 1
+
+    def _prompt_logprobs(self, owner):
+        "Each row's prompt log-probabilities (tokens 2..), and their top alternatives when asked, to its job"
+        lps, tops = self.gen.last_prompt_logprobs, getattr(self.gen, 'last_prompt_top', None)
+        for k, (job, i) in enumerate(owner):
+            job.put(('prompt_logprobs', i, lps[k], tops[k] if tops and job.sampling.top_logprobs else None))
 
     def _score(self, group):
         for job in group:
@@ -143,6 +149,11 @@ class MegatronRequest(BaseModel):
     random_seed: Optional[int] = None
     add_BOS: bool = False
 
+class StreamOptions(BaseModel):
+    "OpenAI's stream_options"
+    model_config = ConfigDict(extra='forbid')
+    include_usage: Optional[bool] = Field(False, description='A last event with the usage and no choices')
+
 class CompletionRequest(BaseModel):
     "OpenAI's POST /v1/completions body (the parts a GPT without chat templates supports)"
     model_config = ConfigDict(extra='forbid')
@@ -157,9 +168,11 @@ class CompletionRequest(BaseModel):
     stream: Optional[bool] = False
     stop: Union[str, list[str], None] = None
     seed: Optional[int] = None
-    logprobs: Optional[int] = Field(None, description="0: the chosen tokens' log-probabilities "
-                                                      "(top alternatives are not supported)")
-    echo: Optional[bool] = False
+    logprobs: Optional[int] = Field(None, description="The chosen tokens' log-probabilities and this many likeliest "
+                                                      "alternatives at each position (0-5)",
+                                    json_schema_extra={'minimum': 0, 'maximum': 5})
+    echo: Optional[bool] = Field(False, description='The prompt before the completion (with logprobs: its tokens too)')
+    stream_options: Optional[StreamOptions] = None
     presence_penalty: Optional[float] = 0.0
     frequency_penalty: Optional[float] = 0.0
     user: Optional[str] = None
@@ -230,9 +243,10 @@ def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[li
         raise BadRequest(f'max_tokens must be between 1 and {limits.max_new_tokens}', 'max_tokens')
     temperature = 1.0 if r.temperature is None else r.temperature
     if not 0 <= temperature <= 2: raise BadRequest('temperature must be between 0 and 2', 'temperature')
-    if r.logprobs not in (None, 0):
-        raise BadRequest('logprobs above 0 (top alternatives) is not supported; use 0 or leave it out', 'logprobs')
-    if r.echo: raise BadRequest('echo is not supported', 'echo')
+    if r.logprobs is not None and not 0 <= r.logprobs <= 5:
+        raise BadRequest('logprobs must be between 0 and 5 (the likeliest alternatives at each position)', 'logprobs')
+    if r.stream_options is not None and not r.stream:
+        raise BadRequest('stream_options is only allowed when stream is true', 'stream_options')
     for name in ('presence_penalty', 'frequency_penalty'):
         if getattr(r, name) not in (None, 0): raise BadRequest(f'{name} is not supported; leave it out or 0', name)
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
@@ -240,7 +254,8 @@ def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[li
     names = {'max_new_tokens': 'max_tokens', 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed',
              'temperature': 'temperature'}
     s = _sampling(names, max_new_tokens=max_tokens, temperature=temperature or 1.0, greedy=temperature == 0,
-                  top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, seed=r.seed, stop=stop)
+                  top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, seed=r.seed, stop=stop,
+                  top_logprobs=r.logprobs or 0)
     rows = _encode(gen, prompts, limits, 'prompt')
     return prompts, [row for row in rows for _ in range(n)], s
 
@@ -289,6 +304,33 @@ async def _chunks(job: Job):
         if item is None: return
         if isinstance(item, Exception): raise item
         yield item
+
+class CompletionLogprobs:
+    "OpenAI's completions `logprobs` object of one choice, built a token at a time"
+    def __init__(self, tok, offset: int):
+        self.tok, self.offset = tok, offset      # offset: where the next token starts in prompt + completion
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+
+    def add(self, ids: list[int], logprobs: list, tops: list):
+        "Tokens with their log-probabilities (None: a prompt's first) and top alternatives [(id, logprob)] or None"
+        for t, lp, top in zip(ids, logprobs, tops):
+            piece = self.tok.decode([t])
+            self.tokens.append(self.name(t)); self.token_logprobs.append(lp); self.text_offset.append(self.offset)
+            self.top_logprobs.append(None if top is None else {self.name(i): v for i, v in top})
+            self.offset += len(piece)
+
+    def name(self, t: int) -> str:
+        "A token's text, or as OpenAI writes a token that is part of a character, `bytes:\\xe2\\x80`"
+        piece = self.tok.decode([t])
+        if '\ufffd' not in piece: return piece
+        return 'bytes:' + ''.join(f'\\x{b:02x}' for b in self.tok.token_bytes(t))
+
+    def since(self, mark: int) -> dict:
+        "The object for the tokens added from the `mark`-th on"
+        tops = self.top_logprobs[mark:]
+        return {'tokens': self.tokens[mark:], 'token_logprobs': self.token_logprobs[mark:],
+                'top_logprobs': tops if any(t is not None for t in tops) else None,
+                'text_offset': self.text_offset[mark:]}
 
 def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') -> FastAPI:
     "The FastAPI app serving `gen`"
@@ -370,6 +412,16 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         "The one model this server serves"
         return {'object': 'list', 'data': [{'id': name, 'object': 'model', 'created': created, 'owned_by': 'gptkit'}]}
 
+    def usage(rows, generated: int) -> dict:
+        prompt = sum(len(x) for x in rows)
+        return {'prompt_tokens': prompt, 'completion_tokens': generated, 'total_tokens': prompt + generated}
+
+    async def watch(request: Request, job: Job):
+        "Cancel `job` when its client goes away (a non-streaming client has no write to fail)"
+        while not job.cancelled:
+            if await request.is_disconnected(): job.cancelled = True; return
+            await asyncio.sleep(0.1)
+
     ok = {'description': 'The completion, or with stream=true its server-sent events',
           'content': {'application/json': {}, 'text/event-stream': {}}}
     @app.post('/v1/completions', responses={**ERRORS, 200: ok})
@@ -377,41 +429,59 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         "OpenAI's completions API; with stream=true, server-sent events"
         try:
             prompts, rows, s = openai_job(gen, r, limits)
-            job = submit(rows, s)
+            job = submit(rows, s, prompt_logprobs=bool(r.echo and r.logprobs is not None))
         except BadRequest as e: return _openai_error(e.message, e.param, e.status)
         except Busy: return _openai_error('the server is busy; try again', None, 503)
-        cid = f'cmpl-{uuid.uuid4().hex}'
-        head = {'id': cid, 'object': 'text_completion', 'created': int(time.time()), 'model': name}
-        def lp(tokens, logprobs):
-            return {'tokens': [gen.tok.decode([t]) for t in tokens], 'token_logprobs': logprobs, 'top_logprobs': None,
-                    'text_offset': None} if r.logprobs is not None else None
+        head = {'id': f'cmpl-{uuid.uuid4().hex}', 'object': 'text_completion', 'created': int(time.time()),
+                'model': name}
+        n = len(rows) // len(prompts)
+        prompt_text = [prompts[i // n] for i in range(len(rows))]
+        logs = [CompletionLogprobs(gen.tok, 0 if r.echo else len(prompt_text[i])) for i in range(len(rows))]
+        def echoed(i: int, lps=None, tops=None) -> dict:
+            "The prompt as a row's first text; with logprobs, its tokens (the first has no log-probability)"
+            if r.logprobs is not None: logs[i].add(rows[i], [None] + lps, [None] + (tops or [None] * len(lps)))
+            return {'text': prompt_text[i], 'index': i, 'finish_reason': None,
+                    'logprobs': logs[i].since(0) if r.logprobs is not None else None}
         if r.stream:
+            include_usage = bool(r.stream_options and r.stream_options.include_usage)
+            def event(choices, **extra) -> str:
+                return f'data: {json.dumps({**head, "choices": choices, **extra})}\n\n'
             async def events():
+                generated, more = 0, {'usage': None} if include_usage else {}
                 try:
+                    if r.echo and r.logprobs is None:
+                        for i in range(len(rows)): yield event([echoed(i)], **more)
                     async for c in _chunks(job):
+                        if isinstance(c, tuple): yield event([echoed(c[1], c[2], c[3])], **more); continue
+                        if c.token is not None: generated += 1
                         if not c.text and not c.finish_reason: continue
+                        mark = len(logs[c.index].tokens)
+                        if c.token is not None and r.logprobs is not None:
+                            logs[c.index].add([c.token], [c.logprob], [c.top])
                         choice = {'text': c.text, 'index': c.index, 'finish_reason': c.finish_reason,
-                                  'logprobs': lp([c.token] if c.token is not None else [],
-                                                 [c.logprob] if c.token is not None else [])}
-                        yield f'data: {json.dumps({**head, "choices": [choice]})}\n\n'
+                                  'logprobs': logs[c.index].since(mark) if r.logprobs is not None else None}
+                        yield event([choice], **more)
+                    if include_usage: yield event([], usage=usage(rows, generated))
                     yield 'data: [DONE]\n\n'
                 except Exception as e:
                     yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
                 finally: job.cancelled = True
             return StreamingResponse(events(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
-        text, toks, lps, finish = [''] * len(rows), [[] for _ in rows], [[] for _ in rows], [None] * len(rows)
+        text, toks, finish = [''] * len(rows), [[] for _ in rows], [None] * len(rows)
+        watcher = asyncio.create_task(watch(request, job))
         try:
             async for c in _chunks(job):
+                if isinstance(c, tuple): text[c[1]] = echoed(c[1], c[2], c[3])['text']; continue
                 text[c.index] += c.text
-                if c.token is not None: toks[c.index].append(c.token); lps[c.index].append(c.logprob)
+                if c.token is not None:
+                    toks[c.index].append(c.token)
+                    if r.logprobs is not None: logs[c.index].add([c.token], [c.logprob], [c.top])
                 if c.finish_reason: finish[c.index] = c.finish_reason
-        finally: job.cancelled = True
-        choices = [{'text': text[i], 'index': i, 'logprobs': lp(toks[i], lps[i]), 'finish_reason': finish[i]}
-                   for i in range(len(rows))]
-        used = sum(len(x) for x in toks)
-        prompt_tokens = sum(len(x) for x in rows)
-        return {**head, 'choices': choices, 'usage': {'prompt_tokens': prompt_tokens, 'completion_tokens': used,
-                                                      'total_tokens': prompt_tokens + used}}
+        finally: job.cancelled = True; watcher.cancel()
+        if r.echo and r.logprobs is None: text = [prompt_text[i] + text[i] for i in range(len(rows))]
+        choices = [{'text': text[i], 'index': i, 'finish_reason': finish[i],
+                    'logprobs': logs[i].since(0) if r.logprobs is not None else None} for i in range(len(rows))]
+        return {**head, 'choices': choices, 'usage': usage(rows, sum(len(x) for x in toks))}
 
     @app.get('/', response_class=HTMLResponse, include_in_schema=False)
     async def page(): return HTMLResponse(page_html(name, gen.context))

@@ -146,6 +146,11 @@ class Tokenizer:
         with ThreadPoolExecutor(threads) as pool: return list(pool.map(encode, texts))
     def decode(self, ids) -> str: return self.hf.decode(list(ids), skip_special_tokens=False)
 
+    def token_bytes(self, i: int) -> bytes:
+        "The bytes token `i` stands for (a special token: its name in UTF-8); part of a character for some tokens"
+        u2b, token = _unicode_to_bytes(), self.hf.id_to_token(i) or ''
+        return bytes(u2b[c] for c in token) if all(c in u2b for c in token) else token.encode('utf-8')
+
     def __repr__(self): return f'Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eod={self.eod})'
 
 # %% ../nbs/02_tokenizer.ipynb #4b643d55

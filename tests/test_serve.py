@@ -99,6 +99,46 @@ def test_openai_client(url, gen):
         client.completions.create(model='tiny', prompt='x', max_tokens=100)
 
 
+
+def test_openai_logprobs_echo_and_stream_usage(url, gen):
+    from openai import OpenAI
+    client = OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0)
+    prompt, ids = 'And God said', gen.tok.encode('And God said')
+    want = greedy(gen, prompt, 6)
+    c = client.completions.create(model='tiny', prompt=prompt, max_tokens=6, temperature=0, logprobs=3, echo=True)
+    lp = c.choices[0].logprobs
+    assert c.choices[0].text == prompt + want.text
+    assert len(lp.tokens) == len(ids) + len(want.tokens) and ''.join(lp.tokens) == prompt + want.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None         # nothing predicts the first token
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(gen.score([ids])[0], abs=1e-4)
+    assert lp.token_logprobs[len(ids):] == pytest.approx(want.logprobs, abs=1e-4)
+    for t, v, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert len(top) == 3 and max(top.values()) >= v - 1e-5 and list(top.values()) == sorted(top.values(), reverse=True)
+    for t, v, top in zip(lp.tokens[len(ids):], lp.token_logprobs[len(ids):], lp.top_logprobs[len(ids):]):
+        assert top[t] == pytest.approx(v, abs=1e-5) and v == pytest.approx(max(top.values()), abs=1e-5)   # greedy
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+    plain = client.completions.create(model='tiny', prompt=prompt, max_tokens=6, temperature=0, logprobs=0)
+    assert plain.choices[0].logprobs.top_logprobs is None and plain.choices[0].logprobs.text_offset[0] == len(prompt)
+    events = list(client.completions.create(model='tiny', prompt=prompt, max_tokens=6, temperature=0, echo=True,
+                                            stream=True, stream_options={'include_usage': True}))
+    assert events[0].choices[0].text == prompt and ''.join(e.choices[0].text for e in events[:-1]) == prompt + want.text
+    assert events[-1].choices == [] and events[-1].usage.completion_tokens == len(want.tokens)
+    assert events[-1].usage.prompt_tokens == len(ids) and all(e.usage is None for e in events[:-1])
+    streamed = list(client.completions.create(model='tiny', prompt=prompt, max_tokens=6, temperature=0, echo=True,
+                                              logprobs=2, stream=True))
+    tokens = [t for e in streamed if e.choices[0].logprobs for t in e.choices[0].logprobs.tokens]
+    assert tokens == lp.tokens and streamed[0].choices[0].logprobs.token_logprobs[0] is None
+
+
+def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
+    from gptkit.serve import CompletionLogprobs
+    from gptkit.tokenizer import gpt2
+    tok = gpt2()
+    ids = tok.encode('日本')                                     # 日 is two tokens: bytes e6 97, then a5
+    log = CompletionLogprobs(tok, 0)
+    log.add(ids, [-1.0] * len(ids), [[(ids[0], -1.0)]] + [None] * (len(ids) - 1))
+    assert log.tokens[:2] == ['bytes:\\xe6\\x97', 'bytes:\\xa5'] and log.top_logprobs[0] == {'bytes:\\xe6\\x97': -1.0}
+
 def test_stop_strings(url, gen):
     full = greedy(gen, 'And the', 20).text
     stop = full[5:8]
@@ -119,7 +159,8 @@ def test_stop_strings(url, gen):
     ({'prompt': 'x', 'top_k': -2}, 400, 'top_k must be a whole number, 0 or more, not -2'),
     ({'prompt': 'x', 'n': 0}, 400, 'n must be between 1 and 16'),
     ({'prompt': ['x'] * 9, 'n': 2}, 400, '9 prompts x n=2 is more than the 16 sequences this server takes per request'),
-    ({'prompt': 'x', 'logprobs': 3}, 400, 'logprobs above 0 (top alternatives) is not supported'),
+    ({'prompt': 'x', 'logprobs': 6}, 400, 'logprobs must be between 0 and 5'),
+    ({'prompt': 'x', 'stream_options': {'include_usage': True}}, 400, 'stream_options is only allowed when stream is true'),
     ({'prompt': 'x', 'max_token': 3}, 400, 'max_token is not a field of this API'),
     ({'prompt': 'x', 'stop': ['']}, 400, 'stop must be up to 4 non-empty strings'),
     ({'prompt': 'word ' * 100}, 400, 'prompt has '),
