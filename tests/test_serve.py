@@ -233,6 +233,28 @@ def test_disconnect_mid_stream_does_not_hurt_others(url, gen):
     assert httpx.get(url + '/health').json()['status'] == 'ok'
 
 
+
+class SlowGenerator:
+    "A generator that takes 10 ms a token and counts the tokens it makes"
+    def __init__(self, gen): self.gen, self.chunks = gen, 0
+    def __getattr__(self, name): return getattr(self.gen, name)
+    def stream(self, *args, **kw):
+        for c in self.gen.stream(*args, **kw):
+            self.chunks += 1; time.sleep(0.01); yield c
+
+
+def test_a_non_streaming_client_that_disconnects_stops_its_work(gen):
+    body = {'prompt': 'And', 'max_tokens': 48, 'n': 16, 'temperature': 0}
+    full = 16 * len(greedy(gen, 'And', 48).tokens)           # what the worker would make if nobody stopped it
+    assert full >= 200
+    slow = SlowGenerator(gen)
+    with Server(slow, LIMITS) as u:
+        with pytest.raises(httpx.ReadTimeout): httpx.post(u + '/v1/completions', json=body, timeout=0.5)
+        deadline = time.time() + 20
+        while httpx.get(u + '/health').json()['busy'] and time.time() < deadline: time.sleep(0.05)
+        assert not httpx.get(u + '/health').json()['busy']
+    assert slow.chunks < full / 2, (slow.chunks, full)
+
 def test_full_queue_answers_busy(gen):
     import asyncio
     w = Worker.__new__(Worker)                            # a worker whose thread never runs: its queue only fills
