@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,8 +28,10 @@ from .generate import Generator, Sampling
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'StreamOptions', 'CompletionRequest',
-           'BadRequest', 'megatron_job', 'openai_job', 'CompletionLogprobs', 'make_app', 'page_html', 'serve', 'Server']
+__all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'StreamOptions',
+           'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job', 'openai_job',
+           'plain_chat_prompt', 'chat_prompt', 'chat_job', 'CompletionLogprobs', 'make_app', 'page_html', 'serve',
+           'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -177,6 +179,44 @@ class CompletionRequest(BaseModel):
     frequency_penalty: Optional[float] = 0.0
     user: Optional[str] = None
 
+class TextPart(BaseModel):
+    "One part of a message's content (text only: the model reads nothing else)"
+    model_config = ConfigDict(extra='forbid')
+    type: Literal['text']
+    text: str
+
+class ChatMessage(BaseModel):
+    "One turn of a conversation"
+    model_config = ConfigDict(extra='forbid')
+    role: Literal['system', 'developer', 'user', 'assistant']
+    content: Union[str, list[TextPart]]
+    name: Optional[str] = None
+
+class ChatRequest(BaseModel):
+    "OpenAI's POST /v1/chat/completions body"
+    model_config = ConfigDict(extra='forbid')
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(description='The conversation so far', json_schema_extra={'minItems': 1})
+    max_completion_tokens: Optional[int] = Field(None, description="New tokens per reply (default 16, or the "
+                                                                   "server's limit if lower)",
+                                                 json_schema_extra={'minimum': 1})
+    max_tokens: Optional[int] = Field(None, description='The older name of max_completion_tokens',
+                                      json_schema_extra={'minimum': 1})
+    temperature: Optional[float] = Field(1.0, description='0: greedy', json_schema_extra={'minimum': 0, 'maximum': 2})
+    top_p: Optional[float] = Field(1.0, json_schema_extra={'exclusiveMinimum': 0, 'maximum': 1})
+    top_k: Optional[int] = Field(None, description='Not in OpenAI\'s API; as in vLLM', json_schema_extra={'minimum': 0})
+    n: Optional[int] = Field(1, json_schema_extra={'minimum': 1})
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    logprobs: Optional[bool] = Field(False, description="The reply's tokens with their log-probabilities")
+    top_logprobs: Optional[int] = Field(None, description='With logprobs: this many likeliest alternatives (0-20)',
+                                        json_schema_extra={'minimum': 0, 'maximum': 20})
+    presence_penalty: Optional[float] = 0.0
+    frequency_penalty: Optional[float] = 0.0
+    user: Optional[str] = None
+
 # %% ../nbs/15_serve.ipynb #820fd063
 class BadRequest(Exception):
     "A request the server refuses, with the sentence to answer and the field it is about"
@@ -229,35 +269,78 @@ def megatron_job(gen: Generator, r: MegatronRequest, limits: Limits) -> tuple[li
                   top_k=r.top_k, top_p=r.top_p or 1.0, greedy=r.top_k == 1, seed=r.random_seed)
     return rows, s, r.logprobs, r.tokens_to_generate
 
-def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[list[str], list[list[int]], Sampling]:
-    "Prompts, rows (each prompt n times) and sampling, from an OpenAI completions request"
-    prompts = [r.prompt] if isinstance(r.prompt, str) else r.prompt
-    if not prompts: raise BadRequest('prompt must be a text or a non-empty list of texts', 'prompt')
+def _openai_sampling(r, limits: Limits, prompts: int, max_tokens: int | None, max_name: str, top: int,
+                     top_name: str, top_most: int, extra_stop: tuple[str, ...] = ()) -> tuple[int, Sampling]:
+    "n and the sampling of an OpenAI completions or chat request; each refusal names its field"
     n = 1 if r.n is None else r.n
     if not 1 <= n <= limits.max_prompts: raise BadRequest(f'n must be between 1 and {limits.max_prompts}', 'n')
-    if len(prompts) * n > limits.max_prompts:
-        raise BadRequest(f'{len(prompts)} prompts x n={n} is more than the {limits.max_prompts} sequences '
+    if prompts * n > limits.max_prompts:
+        raise BadRequest(f'{prompts} prompts x n={n} is more than the {limits.max_prompts} sequences '
                          'this server takes per request', 'prompt')
-    max_tokens = min(16, limits.max_new_tokens) if r.max_tokens is None else r.max_tokens
+    max_tokens = min(16, limits.max_new_tokens) if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= limits.max_new_tokens:
-        raise BadRequest(f'max_tokens must be between 1 and {limits.max_new_tokens}', 'max_tokens')
+        raise BadRequest(f'{max_name} must be between 1 and {limits.max_new_tokens}', max_name)
     temperature = 1.0 if r.temperature is None else r.temperature
     if not 0 <= temperature <= 2: raise BadRequest('temperature must be between 0 and 2', 'temperature')
-    if r.logprobs is not None and not 0 <= r.logprobs <= 5:
-        raise BadRequest('logprobs must be between 0 and 5 (the likeliest alternatives at each position)', 'logprobs')
+    if not 0 <= top <= top_most:
+        raise BadRequest(f'{top_name} must be between 0 and {top_most} (the likeliest alternatives at each position)',
+                         top_name)
     if r.stream_options is not None and not r.stream:
         raise BadRequest('stream_options is only allowed when stream is true', 'stream_options')
     for name in ('presence_penalty', 'frequency_penalty'):
         if getattr(r, name) not in (None, 0): raise BadRequest(f'{name} is not supported; leave it out or 0', name)
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
     if len(stop) > 4 or any(not s for s in stop): raise BadRequest('stop must be up to 4 non-empty strings', 'stop')
-    names = {'max_new_tokens': 'max_tokens', 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed',
-             'temperature': 'temperature'}
+    names = {'max_new_tokens': max_name, 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed',
+             'temperature': 'temperature', 'top_logprobs': top_name}
     s = _sampling(names, max_new_tokens=max_tokens, temperature=temperature or 1.0, greedy=temperature == 0,
-                  top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, seed=r.seed, stop=stop,
-                  top_logprobs=r.logprobs or 0)
+                  top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, seed=r.seed,
+                  stop=stop + extra_stop, top_logprobs=top)
+    return n, s
+
+def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[list[str], list[list[int]], Sampling]:
+    "Prompts, rows (each prompt n times) and sampling, from an OpenAI completions request"
+    prompts = [r.prompt] if isinstance(r.prompt, str) else r.prompt
+    if not prompts: raise BadRequest('prompt must be a text or a non-empty list of texts', 'prompt')
+    n, s = _openai_sampling(r, limits, len(prompts), r.max_tokens, 'max_tokens', r.logprobs or 0, 'logprobs', 5)
     rows = _encode(gen, prompts, limits, 'prompt')
     return prompts, [row for row in rows for _ in range(n)], s
+
+PLAIN_CHAT_STOP = '\nUser:'     # a base model goes on to write the user's next turn; the reply ends before it
+
+def plain_chat_prompt(messages: list[dict]) -> str:
+    """A conversation as plain text for a base model: system text, then `User: ...` and `Assistant: ...` turns,
+    each followed by a blank line, ending with `Assistant:` for the reply"""
+    turns = []
+    for m in messages:
+        if m['role'] in ('system', 'developer'): turns.append(f"{m['content']}\n\n")
+        else: turns.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n\n")
+    return ''.join(turns) + 'Assistant:'
+
+def chat_prompt(tok, messages: list[dict]) -> tuple[str, tuple[str, ...]]:
+    "The prompt text and extra stop strings: the tokenizer's chat template when it has one, else the plain one"
+    template = getattr(tok, 'chat_template', None)
+    if not template: return plain_chat_prompt(messages), (PLAIN_CHAT_STOP,)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    eod = tok.decode([tok.eod])
+    try: text = env.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token=eod,
+                                                 eos_token=eod)
+    except Exception as e: raise BadRequest(f"the tokenizer's chat template failed on these messages ({e})",
+                                            'messages') from None
+    return text, ()
+
+def chat_job(gen: Generator, r: ChatRequest, limits: Limits) -> tuple[str, list[list[int]], Sampling]:
+    "The prompt, rows (the prompt n times) and sampling, from an OpenAI chat completions request"
+    if not r.messages: raise BadRequest('messages must hold at least one message', 'messages')
+    messages = [{'role': m.role, 'content': m.content if isinstance(m.content, str) else
+                 ''.join(p.text for p in m.content)} for m in r.messages]
+    prompt, stop = chat_prompt(gen.tok, messages)
+    max_name = 'max_completion_tokens' if r.max_completion_tokens is not None else 'max_tokens'
+    top = r.top_logprobs or 0
+    if top and not r.logprobs: raise BadRequest('top_logprobs needs logprobs set to true', 'top_logprobs')
+    n, s = _openai_sampling(r, limits, 1, getattr(r, max_name), max_name, top, 'top_logprobs', 20, stop)
+    return prompt, _encode(gen, [prompt], limits, 'messages') * n, s
 
 # %% ../nbs/15_serve.ipynb #e06f34ac
 ERRORS = {400: {'description': 'A request the server refuses, with one sentence saying why'},
@@ -280,7 +363,8 @@ def _validation_sentence(exc: RequestValidationError) -> tuple[str, str | None]:
     if e.get('type') == 'missing': return f'{where} is required', where
     return f'{where}: {e["msg"][0].lower() + e["msg"][1:]}', '.'.join(loc) or None
 
-ROUTES = {'/api': 'PUT', '/v1/completions': 'POST', '/v1/models': 'GET', '/health': 'GET', '/': 'GET'}
+ROUTES = {'/api': 'PUT', '/v1/completions': 'POST', '/v1/chat/completions': 'POST', '/v1/models': 'GET',
+          '/health': 'GET', '/': 'GET'}
 
 def _http_sentence(method: str, path: str, status: int, body: bytes) -> str:
     "One sentence for what Starlette refuses before a route runs: an unknown URL, a wrong method, an unreadable body"
@@ -482,6 +566,63 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         choices = [{'text': text[i], 'index': i, 'finish_reason': finish[i],
                     'logprobs': logs[i].since(0) if r.logprobs is not None else None} for i in range(len(rows))]
         return {**head, 'choices': choices, 'usage': usage(rows, sum(len(x) for x in toks))}
+
+    namer = CompletionLogprobs(gen.tok, 0)
+    def chat_logprobs(c) -> list[dict]:
+        "OpenAI's chat `logprobs.content` entries of one chunk's token"
+        if c.token is None: return []
+        entry = lambda t, v: {'token': namer.name(t), 'logprob': v, 'bytes': list(gen.tok.token_bytes(t))}
+        return [{**entry(c.token, c.logprob), 'top_logprobs': [entry(i, v) for i, v in c.top or []]}]
+
+    @app.post('/v1/chat/completions', responses={**ERRORS, 200: ok})
+    async def chat(r: ChatRequest, request: Request):
+        "OpenAI's chat completions API: the plain chat template (or the tokenizer's own), then a completion"
+        try:
+            prompt, rows, s = chat_job(gen, r, limits)
+            job = submit(rows, s)
+        except BadRequest as e: return _openai_error(e.message, e.param, e.status)
+        except Busy: return _openai_error('the server is busy; try again', None, 503)
+        head = {'id': f'chatcmpl-{uuid.uuid4().hex}', 'created': int(time.time()), 'model': name}
+        leading = [True] * len(rows)
+        def reply(i: int, text: str) -> str:
+            "A reply's text without the whitespace it starts with (the template ends at 'Assistant:')"
+            if leading[i]: text = text.lstrip(); leading[i] = not text
+            return text
+        if r.stream:
+            include_usage = bool(r.stream_options and r.stream_options.include_usage)
+            def event(choices, **extra) -> str:
+                body = {**head, 'object': 'chat.completion.chunk', 'choices': choices, **extra}
+                return f'data: {json.dumps(body)}\n\n'
+            async def events():
+                generated, more = 0, {'usage': None} if include_usage else {}
+                try:
+                    for i in range(len(rows)):
+                        yield event([{'index': i, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None,
+                                      'finish_reason': None}], **more)
+                    async for c in _chunks(job):
+                        if c.token is not None: generated += 1
+                        text = reply(c.index, c.text)
+                        if not text and not c.finish_reason and not r.logprobs: continue
+                        yield event([{'index': c.index, 'delta': {'content': text} if text else {},
+                                      'logprobs': {'content': chat_logprobs(c)} if r.logprobs else None,
+                                      'finish_reason': c.finish_reason}], **more)
+                    if include_usage: yield event([], usage=usage(rows, generated))
+                    yield 'data: [DONE]\n\n'
+                except Exception as e:
+                    yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
+                finally: job.cancelled = True
+            return StreamingResponse(events(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
+        text, lps, finish, made = [''] * len(rows), [[] for _ in rows], [None] * len(rows), 0
+        watcher = asyncio.create_task(watch(request, job))
+        try:
+            async for c in _chunks(job):
+                text[c.index] += reply(c.index, c.text)
+                if c.token is not None: made += 1; lps[c.index] += chat_logprobs(c)
+                if c.finish_reason: finish[c.index] = c.finish_reason
+        finally: job.cancelled = True; watcher.cancel()
+        choices = [{'index': i, 'message': {'role': 'assistant', 'content': text[i]}, 'finish_reason': finish[i],
+                    'logprobs': {'content': lps[i]} if r.logprobs else None} for i in range(len(rows))]
+        return {**head, 'object': 'chat.completion', 'choices': choices, 'usage': usage(rows, made)}
 
     @app.get('/', response_class=HTMLResponse, include_in_schema=False)
     async def page(): return HTMLResponse(page_html(name, gen.context))

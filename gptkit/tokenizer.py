@@ -112,6 +112,7 @@ class Tokenizer:
             raise DataError(f'tokenizer {name}: its vocabulary has no {EOD} token for the end of a document')
         self.eod = eod
         self._fast = self._words = None
+        self.chat_template: str | None = None     # a Jinja chat template, from a tokenizer_config.json beside it
 
     @property
     def fast(self) -> 'tiktoken.Encoding | None':
@@ -176,6 +177,7 @@ def save(tok: Tokenizer, directory: str | Path) -> Path:
     merges = [m if isinstance(m, str) else ' '.join(m) for m in model['merges']]
     files = {'vocab.json': json.dumps(vocab, ensure_ascii=False),
              'merges.txt': '#version: 0.2\n' + '\n'.join(merges) + '\n', 'tokenizer.json': tok.hf.to_str()}
+    if tok.chat_template: files['tokenizer_config.json'] = json.dumps({'chat_template': tok.chat_template})
     # all three are written beside the old ones first, so a full disk leaves a tokenizer already there whole
     staged = {name: d / f'.{name}.new' for name in files}
     kept = '' if made else 'the files already there are as they were'
@@ -197,6 +199,15 @@ def from_bpe_files(vocab_file: str | Path, merges_file: str | Path) -> Tokenizer
         raise DataError(f'{vocab_file}: not a GPT-2 vocabulary ({e})') from None
     return Tokenizer(_gpt2_style(model), Path(vocab_file).parent.name)
 
+def _chat_template(path: Path) -> str | None:
+    "The chat template a HuggingFace tokenizer_config.json holds (a string, or the one named 'default'), if any"
+    if not path.is_file(): return None
+    try: t = json.loads(path.read_text(encoding='utf-8')).get('chat_template')
+    except (ValueError, UnicodeDecodeError, AttributeError) as e:
+        raise DataError(f'{path}: not a JSON object ({e})') from None
+    if isinstance(t, list): t = next((x.get('template') for x in t if x.get('name') == 'default'), None)
+    return t if isinstance(t, str) and t else None
+
 def load(name_or_dir: str | Path) -> Tokenizer:
     "The built-in `gpt2` tokenizer, or one saved in a directory"
     if str(name_or_dir) == 'gpt2': return gpt2()
@@ -208,7 +219,9 @@ def load(name_or_dir: str | Path) -> Tokenizer:
         try: hf = HFTokenizer.from_file(str(d / 'tokenizer.json'))
         except Exception as e:
             raise DataError(f'{d / "tokenizer.json"}: not a HuggingFace tokenizer file ({e})') from None
-        return Tokenizer(hf, d.name)
+        tok = Tokenizer(hf, d.name)
+        tok.chat_template = _chat_template(d / 'tokenizer_config.json')
+        return tok
     if (d / 'vocab.json').is_file() and (d / 'merges.txt').is_file():
         return from_bpe_files(d / 'vocab.json', d / 'merges.txt')
     raise DataError(f'{d}: holds neither tokenizer.json nor vocab.json and merges.txt')

@@ -139,6 +139,56 @@ def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
     log.add(ids, [-1.0] * len(ids), [[(ids[0], -1.0)]] + [None] * (len(ids) - 1))
     assert log.tokens[:2] == ['bytes:\\xe6\\x97', 'bytes:\\xa5'] and log.top_logprobs[0] == {'bytes:\\xe6\\x97': -1.0}
 
+
+def test_chat_completions_with_the_plain_template(url, gen):
+    from openai import BadRequestError, OpenAI
+    from gptkit.serve import PLAIN_CHAT_STOP, plain_chat_prompt
+    client = OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0)
+    messages = [{'role': 'system', 'content': 'You answer in verse.'}, {'role': 'user', 'content': 'Who made the earth?'}]
+    prompt = plain_chat_prompt(messages)
+    assert prompt == 'You answer in verse.\n\nUser: Who made the earth?\n\nAssistant:'
+    want = gen.complete([prompt], Sampling(max_new_tokens=24, greedy=True, stop=(PLAIN_CHAT_STOP,)))[0]
+    c = client.chat.completions.create(model='tiny', messages=messages, max_completion_tokens=24, temperature=0,
+                                       logprobs=True, top_logprobs=2)
+    assert c.object == 'chat.completion' and c.choices[0].message.role == 'assistant'
+    assert c.choices[0].message.content == want.text.lstrip() and c.choices[0].finish_reason == want.finish_reason
+    assert c.usage.prompt_tokens == len(gen.tok.encode(prompt)) and c.usage.completion_tokens == len(want.tokens)
+    content = c.choices[0].logprobs.content
+    assert [e.logprob for e in content] == pytest.approx(want.logprobs, abs=1e-4)
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5) for e in content)
+    assert b''.join(bytes(e.bytes) for e in content).decode('utf-8', 'replace').lstrip().startswith(c.choices[0].message.content[:5])
+    events = list(client.chat.completions.create(model='tiny', messages=messages, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={'include_usage': True}))
+    assert events[0].choices[0].delta.role == 'assistant'
+    assert ''.join(e.choices[0].delta.content or '' for e in events if e.choices) == c.choices[0].message.content
+    assert events[-1].usage.completion_tokens == len(want.tokens)
+    parts = client.chat.completions.create(model='tiny', max_tokens=24, temperature=0, messages=[
+        messages[0], {'role': 'user', 'content': [{'type': 'text', 'text': 'Who made '}, {'type': 'text', 'text': 'the earth?'}]}])
+    assert parts.choices[0].message.content == c.choices[0].message.content
+    with pytest.raises(BadRequestError, match='top_logprobs needs logprobs set to true'):
+        client.chat.completions.create(model='tiny', messages=messages, top_logprobs=2)
+    with pytest.raises(BadRequestError, match='max_completion_tokens must be between 1 and 48'):
+        client.chat.completions.create(model='tiny', messages=messages, max_completion_tokens=49)
+    r = httpx.post(url + '/v1/chat/completions', json={'messages': [{'role': 'robot', 'content': 'x'}]})
+    assert r.status_code == 400 and r.json()['error']['message'].startswith('messages.0.role: input should be')
+
+
+def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
+    from transformers import AutoTokenizer
+    from gptkit.serve import chat_prompt
+    from gptkit.tokenizer import gpt2, load, save
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ eos_token if false }}")
+    folder = save(gpt2(), tmp_path / 'tok')
+    (folder / 'tokenizer_config.json').write_text(json.dumps({'chat_template': template, 'eos_token': '<|endoftext|>'}))
+    tok = load(folder)
+    messages = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'},
+                {'role': 'assistant', 'content': 'Hello.'}, {'role': 'user', 'content': 'Why?'}]
+    theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(messages, tokenize=False,
+                                                                            add_generation_prompt=True)
+    assert chat_prompt(tok, messages) == (theirs, ())
+    assert load(save(tok, tmp_path / 'again')).chat_template == template        # kept when the tokenizer is saved
+
 def test_stop_strings(url, gen):
     full = greedy(gen, 'And the', 20).text
     stop = full[5:8]
