@@ -28,8 +28,8 @@ def serve(
     name: Annotated[Optional[str], Opt(help='Model name in /v1/models (default: the run folder name).')] = None,
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
 ):
-    ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions (streaming) and /v1/models, /health, """
-     """and a web page at /.""")
+    ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
+     """and /v1/models, /health, and a web page at /.""")
     limits = (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
               ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1))
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
@@ -45,7 +45,8 @@ def serve(
     out.print(f'[bold]{name}[/]: {folder} (step {gen.loaded.state.get("iteration", "?")}), context {gen.context}, '
               f'on {gen.model.wte.weight.device}')
     out.print(f'  web page   http://{host}:{port}/\n  Megatron   PUT  http://{host}:{port}/api\n'
-              f'  OpenAI     POST http://{host}:{port}/v1/completions  (base_url http://{host}:{port}/v1)\n'
+              f'  OpenAI     POST http://{host}:{port}/v1/completions, /v1/chat/completions  (base_url '
+              f'http://{host}:{port}/v1)\n'
               f'  schema     http://{host}:{port}/docs')
     run(gen, host, port, Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting), name)
 
