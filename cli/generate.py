@@ -1,6 +1,10 @@
 """`gptkit generate`: text from a checkpoint, streamed as it comes, from prompts, a file or an interactive prompt."""
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, List, Optional
@@ -82,8 +86,32 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
     err.print(f'[dim]{total:,} tokens in {dt:.2f} s ({total / max(dt, 1e-9):,.1f} tokens/s)[/]')
 
 
+def _launch_tp(ctx, tp: int, seed: int | None) -> int:
+    "Run this command again in `tp` processes under torchrun, all with one seed so that they sample alike"
+    from gptkit.engine import _free_port
+    from gptkit_cli.launch import train_argv
+    argv = train_argv(ctx)                   # the options as given, --tp among them
+    if seed is not None and '--seed' not in argv: argv += ['--seed', str(seed)]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
+           str(_free_port()), '-m', 'gptkit_cli.main', 'generate'] + argv
+    return subprocess.run(cmd, env={**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}).returncode
+
+
+def _join_tp(device: str | None) -> str:
+    "Join the torchrun job as this process's rank; only rank 0 prints. The device: this rank's GPU, or the CPU"
+    import torch
+
+    from gptkit.engine import init_distributed
+    rank, _, local = init_distributed()
+    if rank != 0: out.quiet = err.quiet = True
+    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu': return 'cpu'
+    torch.cuda.set_device(local)
+    return f'cuda:{local}'
+
+
 @app.command()
 def generate(
+    ctx: typer.Context,
     checkpoint: Annotated[Path, Opt(help='A run folder, its checkpoints/ folder or one iter_XXXXXXX folder.')],
     prompt: Annotated[Optional[List[str]], Opt(
         help='Text to continue (repeat for more). Without --prompt or --prompt-file: an interactive prompt.')] = None,
@@ -101,9 +129,18 @@ def generate(
         help='Stop a sequence before this text (repeat for more); the end of a document always stops.')] = None,
     batch_size: Annotated[int, Opt(help='Sequences generated together.')] = 8,
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
+    tp: Annotated[int, Opt(help='Shard the model over this many processes on this machine, as training splits it '
+                                '(torchrun; gloo on CPU, NCCL on GPU).')] = 1,
 ):
     """Generate text from a checkpoint, streamed as it comes (fp32 on CPU, bf16 on GPU)."""
     try:
+        if tp < 1: raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
+        if tp > 1 and 'RANK' not in os.environ:
+            if not prompt and prompt_file is None:
+                raise ConfigError([('tp', '{key} needs --prompt or --prompt-file: every process reads the same '
+                                          'prompts')])
+            raise typer.Exit(_launch_tp(ctx, tp, seed if greedy or seed is not None else random.randrange(2**63)))
+        if tp > 1: device = _join_tp(device)
         problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
                                                                              ('batch_size', batch_size)) if v < 1]
         if num_samples > MAX_SAMPLES:
@@ -115,7 +152,7 @@ def generate(
         items = read_prompts(prompt or [], prompt_file)
         from gptkit.generate import Generator
         with out.status(f'loading {checkpoint}'):
-            gen = Generator.from_checkpoint(checkpoint, device=device)
+            gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
         p = gen.loaded.state
         err.print(f'[dim]{gen.loaded.folder} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, hidden '
                   f'{gen.model.cfg.hidden}, '
@@ -130,6 +167,5 @@ def generate(
             try: _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
             except ConfigError as e: report(e, _name)
     except GptkitError as e:
-        import os
         if os.environ.get('GPTKIT_DEBUG'): raise
         raise typer.Exit(report(e, _name)) from None

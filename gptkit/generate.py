@@ -177,6 +177,7 @@ class DecodeHead(nn.Module):
 def decode_layout(model):
     "A copy of `model` for decoding: the same embeddings and norms; each nn.Linear and the output layer transposed"
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    shared.update({id(g): g for m in model.modules() if (g := getattr(m, 'group', None)) is not None})  # TP groups
     net = copy.deepcopy(model, shared)                  # no tensor is copied here
     for m in list(net.modules()):
         for name, child in list(m.named_children()):
@@ -206,6 +207,18 @@ class Completion:
     finish_reason: str
     prompt_logprobs: list[float] = field(default_factory=list)   # of prompt tokens 2.. (with `prompt_logprobs=True`)
 
+def _shard(model, tp: int):
+    "This rank's tensor-parallel part of the whole `model`, in a torch.distributed job of `tp` processes"
+    import torch.distributed as dist
+
+    from gptkit.config import Layout
+    from gptkit.parallel import ParallelState, apply_tp
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != tp:
+        raise ConfigError([('tp', f'{{key}} {tp} needs {tp} processes started together (torchrun --nproc-per-node '
+                                  f'{tp}), and this one runs in {world}')])
+    return apply_tp(model, ParallelState.build(Layout(tp=tp)))
+
 def _device_dtype(device: str | None, dtype):
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if dtype is None:
@@ -221,16 +234,27 @@ class Generator:
         cpu = next(model.parameters()).device.type == 'cpu'
         self.model, self.tok = decode_layout(model) if cpu else model.eval(), tokenizer
         self.context = model.cfg.seq_len
+        self.tp_group = getattr(model.head, 'group', None)   # tensor parallelism: logits come in vocabulary blocks
+
+    def logits(self, *args, **kw) -> torch.Tensor:
+        "The model's logits; with tensor parallelism, every rank's vocabulary block gathered, so all ranks agree"
+        z = self.model(*args, **kw)
+        if self.tp_group is None: return z
+        from gptkit.parallel import gather_from_tp
+        return gather_from_tp(z, self.tp_group)[..., :self.model.vocab]
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None) -> 'Generator':
-        "Load any gptkit checkpoint (run, checkpoints or iter folder); fp32 on CPU, bf16/fp16 on GPU"
+    def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None, tp: int = 1) -> 'Generator':
+        """Load any gptkit checkpoint (run, checkpoints or iter folder); fp32 on CPU, bf16/fp16 on GPU. With `tp` > 1,
+        in each of `tp` processes (torchrun): that rank's shard, split as training splits it; all ranks then run the
+        same calls in step"""
         from gptkit.checkpoint import check_device, load_model
         from gptkit.store import CheckpointError
         device, dtype = _device_dtype(check_device(device), dtype)
-        loaded = load_model(path, device=device, dtype=dtype)
+        loaded = load_model(path, device='cpu' if tp > 1 else device, dtype=dtype)
         if loaded.tokenizer is None:
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
+        if tp > 1: loaded.model = _shard(loaded.model, tp).to(device)
         g = cls(loaded.model, loaded.tokenizer)
         loaded.model, g.loaded = g.model, loaded          # the original's matrices are not kept twice
         return g
@@ -273,7 +297,7 @@ class Generator:
         steps = min(s.max_new_tokens, self.context - longest)
         cache = KVCache.for_model(self.model, len(enc), longest + steps)
         keep = 0 if prompt_logprobs else 1                  # logits of every prompt position, or of the last only
-        logits = self.model(ids, cache=cache, positions=positions, valid=valid, logits_to_keep=keep)
+        logits = self.logits(ids, cache=cache, positions=positions, valid=valid, logits_to_keep=keep)
         if prompt_logprobs:
             lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             self.last_prompt_logprobs = [lp[r, longest - len(p):].tolist() for r, p in enumerate(enc)]
@@ -305,7 +329,7 @@ class Generator:
                 cache.select(idx)
                 tokens, pos = tokens[idx], pos[idx]
             pos = pos + 1
-            logits = self.model(tokens[:, None], cache=cache, positions=pos)[:, -1]
+            logits = self.logits(tokens[:, None], cache=cache, positions=pos)[:, -1]
         if steps == 0:
             for r in rows: yield Chunk(r, '', None, None, 'length')
 
@@ -315,7 +339,7 @@ class Generator:
         out = []
         for p in prompts:
             x = torch.tensor([p], device=self.model.wte.weight.device)
-            lp = self.model(x)[0, :-1].float().log_softmax(-1)
+            lp = self.logits(x)[0, :-1].float().log_softmax(-1)
             out.append(lp.gather(-1, x[0, 1:, None]).squeeze(-1).tolist())
         return out
 

@@ -1,0 +1,90 @@
+"""Generation with the model sharded over 2 gloo processes as training shards it: logits, greedy tokens, seeded samples
+and prompt scores equal the single-process generator's, for both model families."""
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gptkit.config import LLAMA, ConfigError, ModelConfig
+from gptkit.generate import Generator, Sampling
+
+DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+PROMPTS = ['In the beginning God created', 'And']
+
+
+def outputs(gen: Generator) -> dict:
+    "Everything compared: logits of a padded batch, greedy and seeded tokens, prompt scores"
+    rows = [gen.tok.encode(p) for p in PROMPTS]
+    ids = torch.tensor([rows[0][:5], rows[0][1:6]])
+    with torch.inference_mode(): logits = gen.logits(ids)
+    run = lambda s: [[c.token for c in gen.stream(PROMPTS, s) if c.index == i and c.token is not None]
+                     for i in range(len(PROMPTS))]
+    return {'logits': logits.tolist(),
+            'greedy': run(Sampling(max_new_tokens=12, greedy=True, stop_at_eod=False)),
+            'sampled': run(Sampling(max_new_tokens=12, temperature=0.9, top_k=20, seed=3, stop_at_eod=False)),
+            'scores': gen.score(rows)}
+
+
+def _worker(rank, world, ckpt, init_file, out):
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
+    try:
+        gen = Generator.from_checkpoint(ckpt, device='cpu', tp=world)
+        assert gen.model.blocks['0'].attn.heads == gen.model.cfg.heads // world     # each rank holds its heads only
+        got = outputs(gen)
+        if rank == 0: open(out, 'w').write(json.dumps(got))
+    finally: dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def llama_checkpoint(tiny_data, tmp_path_factory):
+    from gptkit.interop import write_run
+    from gptkit.model import GPT
+    from gptkit.tokenizer import load
+    tok = load(tiny_data[1])
+    torch.manual_seed(0)
+    cfg = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=64, vocab=tok.vocab_size,
+                      tie_embeddings=False, **LLAMA)
+    return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('llama') / 'run', 'a random tiny Llama')
+
+
+@pytest.mark.parametrize('family', ['gpt', 'llama'])   # gpt is slow-flagged: the CLI test covers it
+def test_tensor_parallel_generation_equals_one_process(family, tiny_checkpoint, llama_checkpoint, tmp_path, request):
+    if family == 'gpt' and 'slow' not in (request.config.getoption('--nb-flags') or ''): pytest.skip('slow')
+    ckpt = tiny_checkpoint if family == 'gpt' else llama_checkpoint
+    want = outputs(Generator.from_checkpoint(ckpt, device='cpu'))
+    env = {k: os.environ.pop(k) for k in DIST_ENV if k in os.environ}
+    try: mp.spawn(_worker, args=(2, str(ckpt), str(tmp_path / 'init'), str(tmp_path / 'out.json')), nprocs=2, join=True)
+    finally: os.environ.update(env)
+    got = json.loads((tmp_path / 'out.json').read_text())
+    assert torch.tensor(got['logits']).shape == torch.tensor(want['logits']).shape
+    torch.testing.assert_close(torch.tensor(got['logits']), torch.tensor(want['logits']), rtol=1e-5, atol=1e-5)
+    assert got['greedy'] == want['greedy'] and got['sampled'] == want['sampled']
+    assert all(len(t) == 12 for t in got['greedy'])
+    for a, b in zip(got['scores'], want['scores']): assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_tp_without_its_processes_is_refused_in_one_sentence(tiny_checkpoint):
+    with pytest.raises(ConfigError, match=r'tp 2 needs 2 processes started together \(torchrun --nproc-per-node 2\), '
+                                          r'and this one runs in 1'):
+        Generator.from_checkpoint(tiny_checkpoint, device='cpu', tp=2)
+
+
+def test_cli_generate_tp_2_prints_what_tp_1_prints(tiny_checkpoint):
+    import subprocess
+    import sys
+
+    from conftest import run_here
+    args = ['generate', '--checkpoint', str(tiny_checkpoint), '--prompt', 'And the', '--prompt', 'Who',
+            '--max-new-tokens', '10', '--temperature', '0.9', '--seed', '4']
+    one = run_here(*args)
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
+    two = subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args, '--tp', '2'], capture_output=True, text=True,
+                         env=env, timeout=180)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout == one.stdout and one.stdout.count('(length)') + one.stdout.count('(stop)') == 2
+    refused = run_here(*args[:3], '--tp', '2')
+    assert refused.returncode != 0 and '--tp needs --prompt or --prompt-file' in refused.stderr + refused.stdout
