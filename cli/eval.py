@@ -9,6 +9,7 @@ from rich.table import Table
 from gptkit.config import ConfigError
 from gptkit_cli import format as fmt
 from gptkit_cli.app import TextKey, app, err, handles_errors, out
+from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
 
@@ -16,6 +17,7 @@ Opt = typer.Option
 @app.command('eval')
 @handles_errors
 def eval_(
+    ctx: typer.Context,
     checkpoint: Annotated[str, Opt(help='Run folder, its checkpoints/ folder, or one iter_XXXXXXX folder.')],
     text: Annotated[Optional[str], Opt(help='Perplexity on this text file (one document; .gz allowed).')] = None,
     jsonl: Annotated[Optional[str], Opt(help='Perplexity on this JSON Lines file, one document per line.')] = None,
@@ -31,6 +33,8 @@ def eval_(
     max_documents: Annotated[Optional[int], Opt(help='Only the first N documents of the perplexity text.')] = None,
     device: Annotated[Optional[str], Opt(help="cpu, cuda, cuda:1 ... (default: cuda when there is one).")] = None,
     as_json: Annotated[bool, Opt('--json', help='Print the results as JSON only.')] = False,
+    tp: Annotated[int, Opt(help='Shard the model over this many processes on this machine, as training splits it '
+                                '(torchrun; gloo on CPU, NCCL on GPU).')] = 1,
 ):
     ("""Measure a checkpoint: perplexity per token and per word (Megatron's WikiText-103 way) and """
      """LAMBADA-style accuracy.""")
@@ -38,6 +42,11 @@ def eval_(
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
         raise ConfigError([('lambada', '{key} is needed with --no-perplexity: there is nothing else to measure')])
+    if tp < 1: raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
+    import os
+    if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'eval', tp))
+    rank = 0
+    if tp > 1: rank, device = join_tp(device)
     from gptkit.data.corpus import HELD_OUT
     from gptkit.engine import device_type
     from gptkit.evaluate import evaluate
@@ -46,7 +55,8 @@ def eval_(
     with _Bar() as bar:
         res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key,
                        cloze=lambada, stride=stride, batch_size=batch_size, max_documents=max_documents, device=device,
-                       progress=bar.update)
+                       progress=bar.update, tp=tp)
+    if rank != 0: return
     if as_json:
         from gptkit.config import json_text
         print(json_text(res.to_dict(), indent=1))   # NaN as null

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, List, Optional
@@ -13,6 +11,7 @@ import typer
 
 from gptkit.config import ConfigError, GptkitError
 from gptkit_cli.app import app, err, flag, out, report
+from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
 
@@ -86,29 +85,6 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
     err.print(f'[dim]{total:,} tokens in {dt:.2f} s ({total / max(dt, 1e-9):,.1f} tokens/s)[/]')
 
 
-def _launch_tp(ctx, tp: int, seed: int | None) -> int:
-    "Run this command again in `tp` processes under torchrun, all with one seed so that they sample alike"
-    from gptkit.engine import _free_port
-    from gptkit_cli.launch import train_argv
-    argv = train_argv(ctx)                   # the options as given, --tp among them
-    if seed is not None and '--seed' not in argv: argv += ['--seed', str(seed)]
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
-           str(_free_port()), '-m', 'gptkit_cli.main', 'generate'] + argv
-    return subprocess.run(cmd, env={**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}).returncode
-
-
-def _join_tp(device: str | None) -> str:
-    "Join the torchrun job as this process's rank; only rank 0 prints. The device: this rank's GPU, or the CPU"
-    import torch
-
-    from gptkit.engine import init_distributed
-    rank, _, local = init_distributed()
-    if rank != 0: out.quiet = err.quiet = True
-    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu': return 'cpu'
-    torch.cuda.set_device(local)
-    return f'cuda:{local}'
-
-
 @app.command()
 def generate(
     ctx: typer.Context,
@@ -139,8 +115,9 @@ def generate(
             if not prompt and prompt_file is None:
                 raise ConfigError([('tp', '{key} needs --prompt or --prompt-file: every process reads the same '
                                           'prompts')])
-            raise typer.Exit(_launch_tp(ctx, tp, seed if greedy or seed is not None else random.randrange(2**63)))
-        if tp > 1: device = _join_tp(device)
+            seed = seed if greedy or seed is not None else random.randrange(2**63)   # every rank samples alike
+            raise typer.Exit(launch_tp(ctx, 'generate', tp, [] if seed is None else ['--seed', str(seed)]))
+        if tp > 1: device = join_tp(device)[1]
         problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
                                                                              ('batch_size', batch_size)) if v < 1]
         if num_samples > MAX_SAMPLES:

@@ -164,3 +164,30 @@ def emit(kind: str, launch: Launch, argv: list[str], out: str | None, image: str
     if not image: raise ConfigError([('image', '{key} is needed with --emit k8s: the container image with gptkit '
                                                'installed that every pod runs')])
     return k8s_manifest(launch, argv, job_name(out), image)
+
+
+def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
+    """`gptkit COMMAND` with this command's options again, in `tp` processes on this machine under torchrun (each
+    finds RANK set and joins with `join_tp`); its exit code"""
+    import os
+    import subprocess
+
+    from gptkit.engine import _free_port
+    argv = [a for a in train_argv(ctx) if a not in extra]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
+           str(_free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
+    env = {**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
+    return subprocess.run(cmd, env=env).returncode
+
+
+def join_tp(device: str | None) -> tuple[int, str]:
+    "Join the torchrun job; only rank 0 prints. (this rank, its device: its local GPU, or the CPU)"
+    import torch
+
+    from gptkit.engine import init_distributed
+    from gptkit_cli.app import err, out
+    rank, _, local = init_distributed()
+    if rank != 0: out.quiet = err.quiet = True
+    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu': return rank, 'cpu'
+    torch.cuda.set_device(local)
+    return rank, f'cuda:{local}'

@@ -232,16 +232,20 @@ class Evaluation:
 def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl: bool | None = None,
              text_key: str = 'text', cloze: str | Path | None = None, stride: int | None = None,
              batch_size: int = 8, max_documents: int | None = None,
-             device: str = 'cpu', progress: Progress | None = None) -> Evaluation:
-    "Perplexity on `source` (None: skip) and cloze accuracy on the JSON Lines file `cloze` for a gptkit checkpoint"
+             device: str = 'cpu', progress: Progress | None = None, tp: int = 1) -> Evaluation:
+    """Perplexity on `source` (None: skip) and cloze accuracy on the JSON Lines file `cloze` for a gptkit checkpoint;
+    with `tp` > 1, in each of `tp` processes (torchrun) on that rank's shard of the model, all ranks in step"""
     from gptkit.checkpoint import load_model
     from gptkit.model import num_params
     from gptkit.store import CheckpointError
     bad_count = isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 1
     if max_documents is not None and bad_count:
         raise ConfigError([('max_documents', f'{{key}} must be a positive number, not {max_documents!r}')])
-    loaded = load_model(checkpoint, device=device)
-    model, ctx = loaded.model, loaded.config.model.seq_len
+    loaded = load_model(checkpoint, device='cpu' if tp > 1 else device)
+    model, ctx, params = loaded.model, loaded.config.model.seq_len, num_params(loaded.model)
+    if tp > 1:
+        from gptkit.generate import GatheredLogits, tensor_parallel_part
+        model = GatheredLogits(tensor_parallel_part(model, tp).to(device))
     stride = check_stride(stride, ctx)
     tok = loaded.tokenizer
     if tok is None:
@@ -258,5 +262,5 @@ def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl
         ppl = perplexity(model, tok, docs, ctx, stride, batch_size, progress, str(source))
     if cloze is not None:
         cl = cloze_accuracy(model, read_cloze(tok, cloze, text_key), ctx, batch_size, progress, str(cloze))
-    return Evaluation(str(loaded.folder), loaded.state.get('iteration'), loaded.state.get('tokens'), num_params(model),
+    return Evaluation(str(loaded.folder), loaded.state.get('iteration'), loaded.state.get('tokens'), params,
                       str(device), ppl, cl)

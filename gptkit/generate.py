@@ -22,7 +22,8 @@ from .model import KVCache, OutputLayer
 
 # %% auto #0
 __all__ = ['Sampling', 'filter_logits', 'next_tokens', 'top_alternatives', 'left_pad', 'TextStream', 'DecodeLinear', 'DecodeHead',
-           'decode_layout', 'Chunk', 'Completion', 'Generator', 'reference_greedy']
+           'decode_layout', 'Chunk', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'Generator',
+           'reference_greedy']
 
 # %% ../nbs/14_generate.ipynb #6d4ea7eb
 @dataclass(frozen=True)
@@ -207,8 +208,17 @@ class Completion:
     finish_reason: str
     prompt_logprobs: list[float] = field(default_factory=list)   # of prompt tokens 2.. (with `prompt_logprobs=True`)
 
-def _shard(model, tp: int):
-    "This rank's tensor-parallel part of the whole `model`, in a torch.distributed job of `tp` processes"
+class GatheredLogits(nn.Module):
+    "A tensor-parallel model called for its logits, every rank's vocabulary block gathered: all ranks see them whole"
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+    def forward(self, *args, **kw):
+        from gptkit.parallel import gather_from_tp
+        return gather_from_tp(self.model(*args, **kw), self.model.head.group)[..., :self.model.vocab]
+
+def tensor_parallel_part(model, tp: int):
+    "This rank's tensor-parallel part of the whole `model` (in place), in a torch.distributed job of `tp` processes"
     import torch.distributed as dist
 
     from gptkit.config import Layout
@@ -234,14 +244,8 @@ class Generator:
         cpu = next(model.parameters()).device.type == 'cpu'
         self.model, self.tok = decode_layout(model) if cpu else model.eval(), tokenizer
         self.context = model.cfg.seq_len
-        self.tp_group = getattr(model.head, 'group', None)   # tensor parallelism: logits come in vocabulary blocks
-
-    def logits(self, *args, **kw) -> torch.Tensor:
-        "The model's logits; with tensor parallelism, every rank's vocabulary block gathered, so all ranks agree"
-        z = self.model(*args, **kw)
-        if self.tp_group is None: return z
-        from gptkit.parallel import gather_from_tp
-        return gather_from_tp(z, self.tp_group)[..., :self.model.vocab]
+        # tensor parallelism: the logits come in vocabulary blocks, gathered so that every rank sees them whole
+        self.logits = GatheredLogits(self.model) if getattr(model.head, 'group', None) is not None else self.model
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None, tp: int = 1) -> 'Generator':
@@ -254,7 +258,7 @@ class Generator:
         loaded = load_model(path, device='cpu' if tp > 1 else device, dtype=dtype)
         if loaded.tokenizer is None:
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
-        if tp > 1: loaded.model = _shard(loaded.model, tp).to(device)
+        if tp > 1: loaded.model = tensor_parallel_part(loaded.model, tp).to(device)
         g = cls(loaded.model, loaded.tokenizer)
         loaded.model, g.loaded = g.model, loaded          # the original's matrices are not kept twice
         return g

@@ -1,5 +1,5 @@
-"""Generation with the model sharded over 2 gloo processes as training shards it: logits, greedy tokens, seeded samples
-and prompt scores equal the single-process generator's, for both model families."""
+"""Generation and evaluation with the model sharded over 2 gloo processes as training shards it: logits, greedy tokens,
+seeded samples, prompt scores and held-out loss equal the single process's, for both model families."""
 import json
 import os
 
@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gptkit.config import LLAMA, ConfigError, ModelConfig
+from gptkit.evaluate import evaluate
 from gptkit.generate import Generator, Sampling
 
 DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
@@ -35,6 +36,7 @@ def _worker(rank, world, ckpt, init_file, out):
         gen = Generator.from_checkpoint(ckpt, device='cpu', tp=world)
         assert gen.model.blocks['0'].attn.heads == gen.model.cfg.heads // world     # each rank holds its heads only
         got = outputs(gen)
+        got['eval'] = evaluate(ckpt, max_documents=1, tp=world).perplexity.loss      # gptkit eval --tp
         if rank == 0: open(out, 'w').write(json.dumps(got))
     finally: dist.destroy_process_group()
 
@@ -56,6 +58,7 @@ def test_tensor_parallel_generation_equals_one_process(family, tiny_checkpoint, 
     if family == 'gpt' and 'slow' not in (request.config.getoption('--nb-flags') or ''): pytest.skip('slow')
     ckpt = tiny_checkpoint if family == 'gpt' else llama_checkpoint
     want = outputs(Generator.from_checkpoint(ckpt, device='cpu'))
+    want['eval'] = evaluate(ckpt, max_documents=1).perplexity.loss
     env = {k: os.environ.pop(k) for k in DIST_ENV if k in os.environ}
     try: mp.spawn(_worker, args=(2, str(ckpt), str(tmp_path / 'init'), str(tmp_path / 'out.json')), nprocs=2, join=True)
     finally: os.environ.update(env)
@@ -65,6 +68,7 @@ def test_tensor_parallel_generation_equals_one_process(family, tiny_checkpoint, 
     assert got['greedy'] == want['greedy'] and got['sampled'] == want['sampled']
     assert all(len(t) == 12 for t in got['greedy'])
     for a, b in zip(got['scores'], want['scores']): assert a == pytest.approx(b, abs=1e-5)
+    assert got['eval'] == pytest.approx(want['eval'], rel=1e-6)
 
 
 def test_tp_without_its_processes_is_refused_in_one_sentence(tiny_checkpoint):
