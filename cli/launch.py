@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +171,7 @@ def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
     """`gptkit COMMAND` with this command's options again, in `tp` processes on this machine under torchrun (each
     finds RANK set and joins with `join_tp`); its exit code"""
     import os
+    import signal
     import subprocess
 
     from gptkit.engine import _free_port
@@ -177,7 +179,25 @@ def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
            str(_free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
     env = {**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
-    return subprocess.run(cmd, env=env).returncode
+    # torchrun in its own session: Ctrl-C reaches this process only, which hands torchrun one SIGINT to pass on
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors='replace', start_new_session=True)
+    held, stopping = [], threading.Event()
+    def relay():                          # the processes' messages as they come; a traceback is held until the end;
+        for line in proc.stderr:          # after Ctrl-C, torchrun's report of the signal is not shown
+            if stopping.is_set(): continue
+            if held or line.startswith('Traceback'): held.append(line)
+            else: sys.stderr.write(line); sys.stderr.flush()
+    t = threading.Thread(target=relay, daemon=True)
+    t.start()
+    try: code = proc.wait()
+    except KeyboardInterrupt:
+        stopping.set()
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait()
+        code = 130
+    t.join(timeout=5)
+    if not stopping.is_set(): sys.stderr.write(''.join(held))
+    return code
 
 
 def join_tp(device: str | None) -> tuple[int, str]:

@@ -10,6 +10,7 @@ import typer
 
 from gptkit.config import ConfigError, GptkitError
 from gptkit_cli.app import app, err, handles_errors, out
+from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
 
@@ -17,6 +18,7 @@ Opt = typer.Option
 @app.command()
 @handles_errors
 def serve(
+    ctx: typer.Context,
     checkpoint: Annotated[Path, Opt(help='A run folder, its checkpoints/ folder or one iter_XXXXXXX folder.')],
     host: Annotated[str, Opt(help='Address to listen on (0.0.0.0 for every interface).')] = '127.0.0.1',
     port: Annotated[int, Opt(help='TCP port.')] = 5000,
@@ -27,6 +29,8 @@ def serve(
     max_waiting: Annotated[int, Opt(help='Requests that may wait before the server answers 503.')] = 64,
     name: Annotated[Optional[str], Opt(help='Model name in /v1/models (default: the run folder name).')] = None,
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
+    tp: Annotated[int, Opt(help='Shard the model over this many processes on this machine, as training splits it '
+                                '(torchrun; gloo on CPU, NCCL on GPU); the first serves.')] = 1,
 ):
     ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
      """and /v1/models, /health, and a web page at /.""")
@@ -34,11 +38,15 @@ def serve(
               ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1))
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
     if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
+    if tp < 1: bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
     if bad: raise ConfigError(bad)
+    import os
+    if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'serve', tp))
+    if tp > 1: device = join_tp(device)[1]
     from gptkit.generate import Generator
     from gptkit.serve import Limits, serve as run
     with out.status(f'loading {checkpoint}'):
-        gen = Generator.from_checkpoint(checkpoint, device=device)
+        gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
     gen.check_batch(max_prompts, 'max_prompts')      # the biggest batch the server runs: its KV cache must fit
     folder = gen.loaded.folder
     name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)

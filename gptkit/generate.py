@@ -22,7 +22,7 @@ from .model import KVCache, OutputLayer
 
 # %% auto #0
 __all__ = ['Sampling', 'filter_logits', 'next_tokens', 'top_alternatives', 'left_pad', 'TextStream', 'DecodeLinear', 'DecodeHead',
-           'decode_layout', 'Chunk', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'Generator',
+           'decode_layout', 'Chunk', 'Completion', 'agree', 'GatheredLogits', 'tensor_parallel_part', 'Generator',
            'reference_greedy']
 
 # %% ../nbs/14_generate.ipynb #6d4ea7eb
@@ -208,6 +208,13 @@ class Completion:
     finish_reason: str
     prompt_logprobs: list[float] = field(default_factory=list)   # of prompt tokens 2.. (with `prompt_logprobs=True`)
 
+def agree(value, group):
+    "`value` as the first rank of `group` has it (a picklable object), on every rank of the group"
+    import torch.distributed as dist
+    msg = [value if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(msg, src=dist.get_global_rank(group, 0), group=group)
+    return msg[0]
+
 class GatheredLogits(nn.Module):
     "A tensor-parallel model called for its logits, every rank's vocabulary block gathered: all ranks see them whole"
     def __init__(self, model):
@@ -245,7 +252,8 @@ class Generator:
         self.model, self.tok = decode_layout(model) if cpu else model.eval(), tokenizer
         self.context = model.cfg.seq_len
         # tensor parallelism: the logits come in vocabulary blocks, gathered so that every rank sees them whole
-        self.logits = GatheredLogits(self.model) if getattr(model.head, 'group', None) is not None else self.model
+        self.tp_group = getattr(model.head, 'group', None)
+        self.logits = GatheredLogits(self.model) if self.tp_group is not None else self.model
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None, tp: int = 1) -> 'Generator':
@@ -324,7 +332,8 @@ class Generator:
                 if step == steps - 1: yield Chunk(r, piece + texts[r].finish(), t, lp, 'length', top); continue
                 yield Chunk(r, piece, t, lp, top=top)
             if step == steps - 1: break
-            if drop: done += [b for b, r in enumerate(rows) if r in drop and b not in done]
+            dropping = agree(drop or set(), self.tp_group) if self.tp_group is not None else drop
+            if dropping: done += [b for b, r in enumerate(rows) if r in dropping and b not in done]
             if done:
                 keep = [b for b in range(len(rows)) if b not in done]
                 if not keep: return

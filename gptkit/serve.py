@@ -23,15 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import ConfigError
-from .generate import Generator, Sampling
+from .generate import Generator, Sampling, agree
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Worker', 'MegatronRequest', 'StreamOptions',
-           'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job', 'openai_job',
-           'plain_chat_prompt', 'chat_prompt', 'chat_job', 'CompletionLogprobs', 'make_app', 'page_html', 'serve',
-           'Server']
+__all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'follow', 'Worker', 'MegatronRequest',
+           'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job',
+           'openai_job', 'plain_chat_prompt', 'chat_prompt', 'chat_job', 'CompletionLogprobs', 'make_app', 'page_html',
+           'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -63,6 +63,17 @@ class Job:
 
     def put(self, item): self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
+def follow(gen: Generator):
+    "A tensor-parallel rank after the first: run each batch the first rank's worker announces, in step, until it stops"
+    import signal
+    if threading.current_thread() is threading.main_thread():    # Ctrl-C stops the first rank's server, which then
+        signal.signal(signal.SIGINT, signal.SIG_IGN)             # tells this rank to stop: both end cleanly
+    while (work := agree(None, gen.tp_group)) is not None:
+        rows, sampling, prompt_logprobs, score_only = work
+        if score_only: gen.score(rows)
+        else:
+            for _ in gen.stream(rows, sampling, prompt_logprobs, set()): pass
+
 class Worker:
     "Owns the generator; runs queued jobs in batches on one thread"
     def __init__(self, gen: Generator, limits: Limits = Limits()):
@@ -93,11 +104,15 @@ class Worker:
                     self.waiting.remove(job); group.append(job); rows += len(job.rows)
         return [j for j in group if not j.cancelled]
 
+    def _announce(self, work):
+        "Tensor parallelism: tell the other ranks (`follow`) the batch to run in step with this one, or None: stop"
+        if self.gen.tp_group is not None: agree(work, self.gen.tp_group)
+
     def _loop(self):
         while True:
             with self.cv:
                 while not self.waiting and not self.stopping: self.cv.wait()
-                if self.stopping and not self.waiting: return
+                if self.stopping and not self.waiting: return self._announce(None)
                 group = self._take()
                 self.busy = True
             try: self._run(group)
@@ -112,6 +127,7 @@ class Worker:
         drop: set[int] = set()
         if group[0].score_only: return self._score(group)
         self.batches += 1
+        self._announce(([r for j in group for r in j.rows], group[0].sampling, group[0].prompt_logprobs, False))
         pending = group[0].prompt_logprobs
         for c in self.gen.stream([r for j in group for r in j.rows], group[0].sampling, group[0].prompt_logprobs, drop):
             if pending: self._prompt_logprobs(owner); pending = False
@@ -130,6 +146,7 @@ class Worker:
 
     def _score(self, group):
         for job in group:
+            self._announce((job.rows, None, False, True))
             for i, lp in enumerate(self.gen.score(job.rows)): job.put(('prompt_logprobs', i, lp))
             job.put(None); self.served += 1
 
@@ -639,7 +656,10 @@ def page_html(name: str, context: int) -> str:
 # %% ../nbs/15_serve.ipynb #d2a8c1ae
 def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Limits = Limits(), name: str = 'gptkit',
           log_level: str = 'info'):
-    "Serve `gen` over HTTP until interrupted (graceful: running requests finish)"
+    """Serve `gen` over HTTP until interrupted (graceful: running requests finish). With tensor parallelism every rank
+    calls it: the first serves, the others follow its worker"""
+    import torch.distributed as dist
+    if gen.tp_group is not None and dist.get_rank(gen.tp_group) != 0: return follow(gen)
     import uvicorn
     uvicorn.run(make_app(gen, limits, name), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
 
