@@ -197,16 +197,16 @@ class CompletionRequest(BaseModel):
     user: Optional[str] = None
 
 class TextPart(BaseModel):
-    "One part of a message's content (text only: the model reads nothing else)"
-    model_config = ConfigDict(extra='forbid')
-    type: Literal['text']
-    text: str
+    "One part of a message's content: only text parts are read (others are refused in `chat_job`)"
+    model_config = ConfigDict(extra='allow')
+    type: str
+    text: Optional[str] = None
 
 class ChatMessage(BaseModel):
     "One turn of a conversation"
     model_config = ConfigDict(extra='forbid')
     role: Literal['system', 'developer', 'user', 'assistant']
-    content: Union[str, list[TextPart]]
+    content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
 
 class ChatRequest(BaseModel):
@@ -350,6 +350,12 @@ def chat_prompt(tok, messages: list[dict]) -> tuple[str, tuple[str, ...]]:
 def chat_job(gen: Generator, r: ChatRequest, limits: Limits) -> tuple[str, list[list[int]], Sampling]:
     "The prompt, rows (the prompt n times) and sampling, from an OpenAI chat completions request"
     if not r.messages: raise BadRequest('messages must hold at least one message', 'messages')
+    for i, m in enumerate(r.messages):
+        if m.content is None: raise BadRequest(f'messages.{i}.content is required: the text of the turn', 'messages')
+        for j, p in enumerate([] if isinstance(m.content, str) else m.content):
+            if p.type != 'text' or p.text is None:
+                raise BadRequest(f"messages.{i}.content.{j}: a part of type {p.type!r} is not supported; this model "
+                                 "reads text parts only", 'messages')
     messages = [{'role': m.role, 'content': m.content if isinstance(m.content, str) else
                  ''.join(p.text for p in m.content)} for m in r.messages]
     prompt, stop = chat_prompt(gen.tok, messages)

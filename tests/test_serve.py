@@ -171,6 +171,12 @@ def test_chat_completions_with_the_plain_template(url, gen):
         client.chat.completions.create(model='tiny', messages=messages, max_completion_tokens=49)
     r = httpx.post(url + '/v1/chat/completions', json={'messages': [{'role': 'robot', 'content': 'x'}]})
     assert r.status_code == 400 and r.json()['error']['message'].startswith('messages.0.role: input should be')
+    refusals = [([{'type': 'image_url', 'image_url': {'url': 'x'}}],
+                 "messages.0.content.0: a part of type 'image_url' is not supported; this model reads text parts only"),
+                (None, 'messages.0.content is required: the text of the turn')]
+    for content, message in refusals:
+        r = httpx.post(url + '/v1/chat/completions', json={'messages': [{'role': 'user', 'content': content}]})
+        assert r.status_code == 400 and r.json()['error']['message'] == message, r.text
 
 
 def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
