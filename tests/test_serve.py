@@ -322,6 +322,41 @@ def test_full_queue_answers_busy(gen):
     loop.close()
 
 
+
+def test_bounded_load_of_mixed_clients(gen):
+    "48 clients at once against 8 waiting places: each gets its answer or a 503 in the API's shape, none waits forever"
+    from concurrent.futures import ThreadPoolExecutor
+    bodies = [('/v1/completions', {'prompt': 'And', 'max_tokens': 8, 'temperature': 0}),
+              ('/v1/completions', {'prompt': ['A', 'B'], 'max_tokens': 6, 'n': 2, 'logprobs': 2, 'echo': True}),
+              ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'Who?'}], 'max_tokens': 6, 'seed': 1}),
+              ('/api', {'prompts': ['And God'], 'tokens_to_generate': 0, 'logprobs': True}),
+              ('/v1/completions', {'prompt': 'Why', 'max_tokens': 8, 'stream': True})]
+    with Server(gen, Limits(max_new_tokens=8, max_prompts=8, max_waiting=8), name='tiny') as u:
+        def call(i):
+            path, body = bodies[i % len(bodies)]
+            method = 'PUT' if path == '/api' else 'POST'
+            if i % 7 == 6:                                     # some clients leave before the answer
+                try: httpx.request(method, u + path, json=body, timeout=0.05)
+                except httpx.TimeoutException: pass
+                return None
+            r = httpx.request(method, u + path, json=body, timeout=60)
+            return path, r.status_code, r.text
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(48) as pool: answers = [a for a in pool.map(call, range(48)) if a]
+        took = time.perf_counter() - t0
+        deadline = time.time() + 30
+        while httpx.get(u + '/health').json()['busy'] and time.time() < deadline: time.sleep(0.05)
+        health = httpx.get(u + '/health').json()
+    codes = [c for _, c, _ in answers]
+    assert set(codes) == {200, 503}, codes                   # answered, or turned away: nothing else
+    for path, code, text in answers:
+        if code == 503:
+            want = {'message': 'the server is busy; try again'} if path == '/api' else \
+                   {'error': {'message': 'the server is busy; try again', 'type': 'server_error', 'param': None, 'code': None}}
+            assert json.loads(text) == want
+        elif path == '/v1/completions' and text.startswith('data:'): assert text.rstrip().endswith('data: [DONE]')
+    assert not health['busy'] and health['waiting'] == 0 and took < 60
+
 @pytest.fixture(scope='module')
 def small_url(gen):
     "A server with small limits, so that fuzzing runs many requests quickly"
