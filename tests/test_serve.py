@@ -324,14 +324,14 @@ def test_full_queue_answers_busy(gen):
 
 
 def test_bounded_load_of_mixed_clients(gen):
-    "48 clients at once against 8 waiting places: each gets its answer or a 503 in the API's shape, none waits forever"
+    "24 clients at once against 4 waiting places: each gets its answer or a 503 in the API's shape, none waits forever"
     from concurrent.futures import ThreadPoolExecutor
     bodies = [('/v1/completions', {'prompt': 'And', 'max_tokens': 8, 'temperature': 0}),
               ('/v1/completions', {'prompt': ['A', 'B'], 'max_tokens': 6, 'n': 2, 'logprobs': 2, 'echo': True}),
               ('/v1/chat/completions', {'messages': [{'role': 'user', 'content': 'Who?'}], 'max_tokens': 6, 'seed': 1}),
               ('/api', {'prompts': ['And God'], 'tokens_to_generate': 0, 'logprobs': True}),
               ('/v1/completions', {'prompt': 'Why', 'max_tokens': 8, 'stream': True})]
-    with Server(gen, Limits(max_new_tokens=8, max_prompts=8, max_waiting=8), name='tiny') as u:
+    with Server(gen, Limits(max_new_tokens=8, max_prompts=8, max_waiting=4), name='tiny') as u:
         def call(i):
             path, body = bodies[i % len(bodies)]
             method = 'PUT' if path == '/api' else 'POST'
@@ -342,7 +342,7 @@ def test_bounded_load_of_mixed_clients(gen):
             r = httpx.request(method, u + path, json=body, timeout=60)
             return path, r.status_code, r.text
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(48) as pool: answers = [a for a in pool.map(call, range(48)) if a]
+        with ThreadPoolExecutor(24) as pool: answers = [a for a in pool.map(call, range(24)) if a]
         took = time.perf_counter() - t0
         deadline = time.time() + 30
         while httpx.get(u + '/health').json()['busy'] and time.time() < deadline: time.sleep(0.05)
