@@ -93,7 +93,9 @@ def test_a_checkpoint_of_two_processes_resumes_on_one(tiny_data, two_ranks, tmp_
 
 
 @pytest.mark.parametrize('zero', [3])   # ZeRO-1's conversion is the same path, tested from two processes to one
-def test_a_checkpoint_of_one_process_resumes_on_two(tiny_data, tmp_path, zero):
+def test_a_checkpoint_of_one_process_resumes_on_two(tiny_data, tmp_path, zero, request):
+    # slow-flagged for the suite's 15 minutes: two processes to one (ZeRO 0 and 3) runs the same conversion code
+    if 'slow' not in request.config.getoption('--nb-flags'): pytest.skip('slow: run with --nb-flags slow')
     full = tmp_path / 'full'
     _one_process(tiny_data, full, zero)
     resumed = _from_step_3(full, tmp_path / 'resumed')
