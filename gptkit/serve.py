@@ -529,6 +529,24 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
             if await request.is_disconnected(): job.cancelled = True; return
             await asyncio.sleep(0.1)
 
+    def events(r, job: Job, rows, head: dict, choices) -> StreamingResponse:
+        """Server-sent events: `head` with each list of choices that `choices(generated)` yields (it counts the tokens
+        it saw in generated[0]), a usage event when stream_options asks, then [DONE]. An error becomes an error event;
+        the job ends with the stream (a client that leaves cancels it)"""
+        include_usage = bool(r.stream_options and r.stream_options.include_usage)
+        more = {'usage': None} if include_usage else {}
+        event = lambda listed, **extra: f'data: {json.dumps({**head, "choices": listed, **extra})}\n\n'
+        async def lines():
+            generated = [0]
+            try:
+                async for listed in choices(generated): yield event(listed, **more)
+                if include_usage: yield event([], usage=usage(rows, generated[0]))
+                yield 'data: [DONE]\n\n'
+            except Exception as e:
+                yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
+            finally: job.cancelled = True
+        return StreamingResponse(lines(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
+
     ok = {'description': 'The completion, or with stream=true its server-sent events',
           'content': {'application/json': {}, 'text/event-stream': {}}}
     @app.post('/v1/completions', responses={**ERRORS, 200: ok})
@@ -550,30 +568,19 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
             return {'text': prompt_text[i], 'index': i, 'finish_reason': None,
                     'logprobs': logs[i].since(0) if r.logprobs is not None else None}
         if r.stream:
-            include_usage = bool(r.stream_options and r.stream_options.include_usage)
-            def event(choices, **extra) -> str:
-                return f'data: {json.dumps({**head, "choices": choices, **extra})}\n\n'
-            async def events():
-                generated, more = 0, {'usage': None} if include_usage else {}
-                try:
-                    if r.echo and r.logprobs is None:
-                        for i in range(len(rows)): yield event([echoed(i)], **more)
-                    async for c in _chunks(job):
-                        if isinstance(c, tuple): yield event([echoed(c[1], c[2], c[3])], **more); continue
-                        if c.token is not None: generated += 1
-                        if not c.text and not c.finish_reason: continue
-                        mark = len(logs[c.index].tokens)
-                        if c.token is not None and r.logprobs is not None:
-                            logs[c.index].add([c.token], [c.logprob], [c.top])
-                        choice = {'text': c.text, 'index': c.index, 'finish_reason': c.finish_reason,
-                                  'logprobs': logs[c.index].since(mark) if r.logprobs is not None else None}
-                        yield event([choice], **more)
-                    if include_usage: yield event([], usage=usage(rows, generated))
-                    yield 'data: [DONE]\n\n'
-                except Exception as e:
-                    yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
-                finally: job.cancelled = True
-            return StreamingResponse(events(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
+            async def choices(generated: list[int]):
+                if r.echo and r.logprobs is None:
+                    for i in range(len(rows)): yield [echoed(i)]
+                async for c in _chunks(job):
+                    if isinstance(c, tuple): yield [echoed(c[1], c[2], c[3])]; continue
+                    if c.token is not None: generated[0] += 1
+                    if not c.text and not c.finish_reason: continue
+                    mark = len(logs[c.index].tokens)
+                    if c.token is not None and r.logprobs is not None:
+                        logs[c.index].add([c.token], [c.logprob], [c.top])
+                    yield [{'text': c.text, 'index': c.index, 'finish_reason': c.finish_reason,
+                            'logprobs': logs[c.index].since(mark) if r.logprobs is not None else None}]
+            return events(r, job, rows, head, choices)
         text, toks, finish = [''] * len(rows), [[] for _ in rows], [None] * len(rows)
         watcher = asyncio.create_task(watch(request, job))
         try:
@@ -612,29 +619,18 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
             if leading[i]: text = text.lstrip(); leading[i] = not text
             return text
         if r.stream:
-            include_usage = bool(r.stream_options and r.stream_options.include_usage)
-            def event(choices, **extra) -> str:
-                body = {**head, 'object': 'chat.completion.chunk', 'choices': choices, **extra}
-                return f'data: {json.dumps(body)}\n\n'
-            async def events():
-                generated, more = 0, {'usage': None} if include_usage else {}
-                try:
-                    for i in range(len(rows)):
-                        yield event([{'index': i, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None,
-                                      'finish_reason': None}], **more)
-                    async for c in _chunks(job):
-                        if c.token is not None: generated += 1
-                        text = reply(c.index, c.text)
-                        if not text and not c.finish_reason and not r.logprobs: continue
-                        yield event([{'index': c.index, 'delta': {'content': text} if text else {},
-                                      'logprobs': {'content': chat_logprobs(c)} if r.logprobs else None,
-                                      'finish_reason': c.finish_reason}], **more)
-                    if include_usage: yield event([], usage=usage(rows, generated))
-                    yield 'data: [DONE]\n\n'
-                except Exception as e:
-                    yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
-                finally: job.cancelled = True
-            return StreamingResponse(events(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
+            async def choices(generated: list[int]):
+                for i in range(len(rows)):
+                    yield [{'index': i, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None,
+                            'finish_reason': None}]
+                async for c in _chunks(job):
+                    if c.token is not None: generated[0] += 1
+                    text = reply(c.index, c.text)
+                    if not text and not c.finish_reason and not r.logprobs: continue
+                    yield [{'index': c.index, 'delta': {'content': text} if text else {},
+                            'logprobs': {'content': chat_logprobs(c)} if r.logprobs else None,
+                            'finish_reason': c.finish_reason}]
+            return events(r, job, rows, {**head, 'object': 'chat.completion.chunk'}, choices)
         text, lps, finish, made = [''] * len(rows), [[] for _ in rows], [None] * len(rows), 0
         watcher = asyncio.create_task(watch(request, job))
         try:
