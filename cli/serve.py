@@ -27,6 +27,8 @@ def serve(
         help="Longest prompt in tokens (default: the model's context less one).")] = None,
     max_prompts: Annotated[int, Opt(help='Most sequences (prompts x samples) per request.')] = 128,
     max_waiting: Annotated[int, Opt(help='Requests that may wait before the server answers 503.')] = 64,
+    max_batch: Annotated[int, Opt(help='Most sequences generated at once, all requests together; a request joins '
+                                       'the running batch at the next token when its sequences fit.')] = 128,
     name: Annotated[Optional[str], Opt(help='Model name in /v1/models (default: the run folder name).')] = None,
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
     tp: Annotated[int, Opt(help='Shard the model over this many processes on this machine, as training splits it '
@@ -35,7 +37,7 @@ def serve(
     ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
      """and /v1/models, /health, and a web page at /.""")
     limits = (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
-              ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1))
+              ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1), ('max_batch', max_batch))
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
     if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
     if tp < 1: bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
@@ -47,7 +49,8 @@ def serve(
     from gptkit.serve import Limits, serve as run
     with out.status(f'loading {checkpoint}'):
         gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
-    gen.check_batch(max_prompts, 'max_prompts')      # the biggest batch the server runs: its KV cache must fit
+    # the biggest batch the server runs (a request alone may be bigger than max_batch): its KV cache must fit
+    gen.check_batch(*max((max_batch, 'max_batch'), (max_prompts, 'max_prompts')))
     folder = gen.loaded.folder
     name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)
     out.print(f'[bold]{name}[/]: {folder} (step {gen.loaded.state.get("iteration", "?")}), context {gen.context}, '
@@ -56,7 +59,7 @@ def serve(
               f'  OpenAI     POST http://{host}:{port}/v1/completions, /v1/chat/completions  (base_url '
               f'http://{host}:{port}/v1)\n'
               f'  schema     http://{host}:{port}/docs')
-    run(gen, host, port, Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting), name)
+    run(gen, host, port, Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch), name)
 
 
 @app.command()

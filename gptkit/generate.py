@@ -23,7 +23,7 @@ from .model import KVCache, OutputLayer
 # %% auto #0
 __all__ = ['Sampling', 'filter_logits', 'next_tokens', 'top_alternatives', 'left_pad', 'TextStream', 'DecodeLinear', 'DecodeHead',
            'decode_layout', 'Chunk', 'Completion', 'agree', 'GatheredLogits', 'tensor_parallel_part', 'Generator',
-           'reference_greedy']
+           'Row', 'RunningBatch', 'reference_greedy']
 
 # %% ../nbs/14_generate.ipynb #6d4ea7eb
 @dataclass(frozen=True)
@@ -302,49 +302,16 @@ class Generator:
                prompt_logprobs: bool = False, drop: set[int] | None = None) -> Iterator[Chunk]:
         "Yield `Chunk`s as each row produces text, then its end; rows put in `drop` meanwhile are abandoned silently"
         enc = [self.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        dev = self.model.wte.weight.device
-        gen = torch.Generator(device=dev).manual_seed(s.seed) if s.seed is not None else None
-        ids, positions, valid = left_pad(enc, self.tok.eod, dev)
-        longest = ids.shape[1]
-        steps = min(s.max_new_tokens, self.context - longest)
-        cache = KVCache.for_model(self.model, len(enc), longest + steps)
-        keep = 0 if prompt_logprobs else 1                  # logits of every prompt position, or of the last only
-        logits = self.logits(ids, cache=cache, positions=positions, valid=valid, logits_to_keep=keep)
+        batch = RunningBatch(self)
+        keys = batch.join(enc, s, prompt_logprobs)          # 0, 1, ...: each chunk's index is its prompt's
         if prompt_logprobs:
-            lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            self.last_prompt_logprobs = [lp[r, longest - len(p):].tolist() for r, p in enumerate(enc)]
-            if s.top_logprobs:                               # of prompt tokens 2.. as well, for an echo
-                self.last_prompt_top = [top_alternatives(logits[r, longest - len(p):-1], s.top_logprobs)
-                                        for r, p in enumerate(enc)]
-        logits = logits[:, -1]
-        rows = list(range(len(enc)))                         # prompt index of each live batch row
-        texts = [TextStream(self.tok, s.stop) for _ in enc]
-        pos = positions[:, -1:]                              # each row's last position [batch, 1]
-        for step in range(steps):
-            tokens, logps = next_tokens(logits, s, gen)
-            tops = top_alternatives(logits, s.top_logprobs) if s.top_logprobs else [None] * len(rows)
-            done = []
-            for b, (r, t, lp, top) in enumerate(zip(rows, tokens.tolist(), logps.tolist(), tops)):
-                if s.stop_at_eod and t == self.tok.eod:
-                    yield Chunk(r, texts[r].finish(), t, lp, 'stop', top); done.append(b); continue
-                piece = texts[r].add(t)
-                if texts[r].stopped: yield Chunk(r, piece, t, lp, 'stop', top); done.append(b); continue
-                if step == steps - 1: yield Chunk(r, piece + texts[r].finish(), t, lp, 'length', top); continue
-                yield Chunk(r, piece, t, lp, top=top)
-            if step == steps - 1: break
+            got = [batch.prompt_logprobs.pop(k) for k in keys]
+            self.last_prompt_logprobs = [lp for lp, _ in got]
+            if s.top_logprobs: self.last_prompt_top = [top for _, top in got]     # for an echo
+        while batch:
+            yield from batch.sample()
             dropping = agree(drop or set(), self.tp_group) if self.tp_group is not None else drop
-            if dropping: done += [b for b, r in enumerate(rows) if r in dropping and b not in done]
-            if done:
-                keep = [b for b in range(len(rows)) if b not in done]
-                if not keep: return
-                rows = [rows[b] for b in keep]
-                idx = torch.tensor(keep, device=dev)
-                cache.select(idx)
-                tokens, pos = tokens[idx], pos[idx]
-            pos = pos + 1
-            logits = self.logits(tokens[:, None], cache=cache, positions=pos)[:, -1]
-        if steps == 0:
-            for r in rows: yield Chunk(r, '', None, None, 'length')
+            if dropping: batch.drop(dropping)
 
     @torch.no_grad()
     def score(self, prompts: list[list[int]]) -> list[list[float]]:
@@ -368,6 +335,132 @@ class Generator:
         if prompt_logprobs:
             for r, lp in zip(res, self.last_prompt_logprobs): r.prompt_logprobs = lp
         return res
+
+# %% ../nbs/14_generate.ipynb #275df537
+@dataclass(eq=False)
+class Row:
+    "One sequence of a running batch"
+    key: int               # its name in the batch: its chunks' index
+    sampling: Sampling
+    text: TextStream
+    left: int              # tokens it may still make
+    group: object          # rows picked in one call: a seeded join's own number, else their Sampling
+
+class RunningBatch:
+    """Sequences that join and leave one batch between two tokens, each with its own sampling (continuous batching).
+    `join` runs new prompts through the model and adds them to the running KV cache; `sample` picks every row's next
+    token, returns the chunks and lets the rows that ended go; the next `join` or `sample` first runs those tokens"""
+    def __init__(self, gen: Generator):
+        self.gen, self.rows = gen, []
+        self.cache = self.logits = self.tokens = self.pos = None   # logits: to sample from; tokens: to run first
+        self.generators: dict[int, torch.Generator] = {}          # a seeded join's own random numbers
+        self.keys, self.joins = itertools.count(), itertools.count()
+        self.prompt_logprobs: dict[int, tuple] = {}               # key: (log-probabilities of prompt tokens 2..,
+                                                                  # their top alternatives), for the caller to pop
+    def __len__(self): return len(self.rows)
+
+    @property
+    def device(self): return self.gen.model.wte.weight.device
+
+    @torch.inference_mode()
+    def catch_up(self):
+        "Run the tokens sampled last through the model: every row's next logits"
+        if self.tokens is None: return
+        self.pos = self.pos + 1
+        self.logits = self.gen.logits(self.tokens[:, None], cache=self.cache, positions=self.pos)[:, -1]
+        self.tokens = None
+
+    @torch.inference_mode()
+    def join(self, prompts: list[list[int]], s: Sampling, prompt_logprobs: bool = False) -> list[int]:
+        "Run `prompts` (token ids) through the model and add them to the batch; their keys, in order"
+        self.catch_up()
+        ids, positions, valid = left_pad(prompts, self.gen.tok.eod, self.device)
+        left = [max(0, min(s.max_new_tokens, self.gen.context - len(p))) for p in prompts]
+        cache = KVCache.for_model(self.gen.model, len(prompts), ids.shape[1] + max(left))
+        keep = 0 if prompt_logprobs else 1                  # logits of every prompt position, or of the last only
+        logits = self.gen.logits(ids, cache=cache, positions=positions, valid=valid, logits_to_keep=keep)
+        group = self._group(s)
+        rows = [Row(next(self.keys), s, TextStream(self.gen.tok, s.stop), n, group) for n in left]
+        if prompt_logprobs: self._prompt_logprobs(rows, prompts, ids, logits, s.top_logprobs)
+        if self.rows:
+            room = max(r.left for r in self.rows + rows)
+            self.cache = KVCache.stacked([(self.cache, None), (cache, None)], room, self.gen.context)
+            self.logits, self.pos = torch.cat([self.logits, logits[:, -1]]), torch.cat([self.pos, positions[:, -1:]])
+        else: self.cache, self.logits, self.pos = cache, logits[:, -1], positions[:, -1:]
+        self.rows += rows
+        return [r.key for r in rows]
+
+    def _group(self, s: Sampling):
+        "Which rows are picked together: greedy and unseeded rows by their Sampling, a seeded join's with its own seed"
+        seed = None if s.greedy else s.seed
+        if seed is None and not s.greedy and self.gen.tp_group is not None:   # every rank must pick the same tokens
+            seed = agree(int(torch.randint(2**62, ())), self.gen.tp_group)
+        if seed is None: return s
+        n = next(self.joins)
+        self.generators[n] = torch.Generator(device=self.device).manual_seed(seed)
+        return n
+
+    def _prompt_logprobs(self, rows, prompts, ids, logits, top: int):
+        lp = logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        for b, (row, p) in enumerate(zip(rows, prompts)):
+            start = ids.shape[1] - len(p)
+            alts = top_alternatives(logits[b, start:-1], top) if top else None
+            self.prompt_logprobs[row.key] = (lp[b, start:].tolist(), alts)
+
+    @torch.inference_mode()
+    def sample(self) -> list[Chunk]:
+        "Every row's next token: a chunk for each row (its new text, or its end); the rows that ended leave"
+        self.catch_up()
+        if not self.rows: return []
+        n, dev = len(self.rows), self.device
+        tokens, logps, tops = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev), [None] * n
+        groups: dict[object, list[int]] = {}
+        for b, r in enumerate(self.rows): groups.setdefault(r.group, []).append(b)
+        for group, idx in groups.items():
+            s, at = self.rows[idx[0]].sampling, torch.tensor(idx, device=dev)
+            logits = self.logits if len(idx) == n else self.logits[at]
+            tokens[at], logps[at] = next_tokens(logits, s, self.generators.get(group))
+            if s.top_logprobs:
+                for b, alts in zip(idx, top_alternatives(logits, s.top_logprobs)): tops[b] = alts
+        chunks, going, eod = [], [], self.gen.tok.eod
+        for b, (row, t, lp) in enumerate(zip(self.rows, tokens.tolist(), logps.tolist())):
+            if row.left == 0: chunks.append(Chunk(row.key, '', None, None, 'length')); continue
+            row.left -= 1
+            if row.sampling.stop_at_eod and t == eod:
+                chunks.append(Chunk(row.key, row.text.finish(), t, lp, 'stop', tops[b])); continue
+            piece = row.text.add(t)
+            if row.text.stopped: chunks.append(Chunk(row.key, piece, t, lp, 'stop', tops[b])); continue
+            if row.left == 0:
+                chunks.append(Chunk(row.key, piece + row.text.finish(), t, lp, 'length', tops[b])); continue
+            chunks.append(Chunk(row.key, piece, t, lp, top=tops[b]))
+            going.append(b)
+        self.logits, self.tokens = None, tokens
+        self._keep(going)
+        return chunks
+
+    def drop(self, keys):
+        "The rows with these keys leave now (their output is not wanted any more)"
+        self._keep([b for b, r in enumerate(self.rows) if r.key not in keys])
+
+    def clear(self):
+        "Every row leaves (after a failure)"
+        self._keep([])
+
+    @torch.inference_mode()
+    def _keep(self, going: list[int]):
+        "Only the rows at `going` stay, with their cache rows, the columns none of them uses any more left out"
+        if len(going) == len(self.rows): return
+        self.rows = [self.rows[b] for b in going]
+        if not going:
+            self.cache = self.logits = self.tokens = self.pos = None
+            self.generators.clear(); return
+        at = torch.tensor(going, device=self.device)
+        self.cache = KVCache.stacked([(self.cache, at)], max(r.left for r in self.rows), self.gen.context)
+        self.pos = self.pos[at]
+        if self.tokens is not None: self.tokens = self.tokens[at]
+        if self.logits is not None: self.logits = self.logits[at]
+        groups = {r.group for r in self.rows}
+        self.generators = {g: v for g, v in self.generators.items() if g in groups}
 
 # %% ../nbs/14_generate.ipynb #3d563ee3
 @torch.no_grad()

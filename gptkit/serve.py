@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from fastapi import FastAPI, Request
@@ -23,24 +23,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import ConfigError
-from .generate import Generator, Sampling, agree
+from .generate import Generator, RunningBatch, Sampling, agree
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'follow', 'Worker', 'MegatronRequest',
-           'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job',
-           'openai_job', 'plain_chat_prompt', 'chat_prompt', 'chat_job', 'CompletionLogprobs', 'make_app', 'page_html',
-           'serve', 'Server']
+__all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Work', 'advance', 'follow', 'Worker',
+           'MegatronRequest', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest',
+           'BadRequest', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_prompt', 'chat_job',
+           'CompletionLogprobs', 'make_app', 'page_html', 'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
 class Limits:
-    "What one request may ask for"
+    "What one request may ask for, and how much the server runs at once"
     max_prompt_tokens: int | None = None   # None: the model's context less one
     max_new_tokens: int = 1024             # per sequence
     max_prompts: int = 128                 # prompts x samples per request (Megatron's limit is 128 prompts)
     max_waiting: int = 64                  # requests queued before the server answers 503
+    max_batch: int = 128                   # rows (prompts x samples) generated at once, all requests together
+    continuous: bool = True                # requests join the running batch at the next token; False: a batch
+                                           # of the requests that arrived together runs to its end first
 
 # %% ../nbs/15_serve.ipynb #594fca64
 class Busy(Exception):
@@ -56,32 +59,54 @@ class Job:
     prompt_logprobs: bool = False
     score_only: bool = False         # Megatron's tokens_to_generate=0: prompt log-probabilities only
     cancelled: bool = False
+    running: int = 0                 # its rows in the running batch
 
     def key(self):
-        "Requests with equal keys can share a batch"
+        "Requests with equal keys can share a batch that runs to its end (`Limits(continuous=False)`)"
         return None if self.sampling.seed is not None else (self.sampling, self.prompt_logprobs, self.score_only)
 
     def put(self, item): self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
+@dataclass
+class Work:
+    "What the worker does before the next token; tensor-parallel ranks after the first are told it and do it too"
+    scores: list = field(default_factory=list)   # each score-only request's rows
+    joins: list = field(default_factory=list)    # (rows, sampling, prompt_logprobs) of each request that joins
+    drops: set = field(default_factory=set)      # keys of the rows whose client left
+
+def advance(batch: RunningBatch, work: Work) -> tuple[list, list, list]:
+    """Do `work` on `batch`: each score's log-probabilities and each join's keys (or the exception that failed that
+    request alone), then every row's next token (`RunningBatch.sample`: an exception there fails the batch)"""
+    def attempt(f, *args):
+        try: return f(*args)
+        except Exception as e:
+            log.exception('a request failed'); return e
+    if work.drops: batch.drop(work.drops)
+    batch.catch_up()
+    scored = [attempt(batch.gen.score, rows) for rows in work.scores]
+    joined = [attempt(batch.join, *j) for j in work.joins]
+    return scored, joined, batch.sample()
+
 def follow(gen: Generator):
-    "A tensor-parallel rank after the first: run each batch the first rank's worker announces, in step, until it stops"
+    "A tensor-parallel rank after the first: do the work the first rank's worker announces, in step, until it stops"
     import signal
     if threading.current_thread() is threading.main_thread():    # Ctrl-C stops the first rank's server, which then
         signal.signal(signal.SIGINT, signal.SIG_IGN)             # tells this rank to stop: both end cleanly
+    batch = RunningBatch(gen)
     while (work := agree(None, gen.tp_group)) is not None:
-        rows, sampling, prompt_logprobs, score_only = work
-        if score_only: gen.score(rows)
-        else:
-            for _ in gen.stream(rows, sampling, prompt_logprobs, set()): pass
+        try: advance(batch, work)
+        except Exception:                                        # as the first rank: the batch fails, the rank goes on
+            log.exception('generation failed'); batch.clear()
 
 class Worker:
-    "Owns the generator; runs queued jobs in batches on one thread"
+    "Owns the generator; runs queued jobs in one running batch on one thread"
     def __init__(self, gen: Generator, limits: Limits = Limits()):
         self.gen, self.limits = gen, limits
         self.waiting: collections.deque[Job] = collections.deque()
         self.cv = threading.Condition()
         self.stopping, self.busy = False, False
-        self.served = self.batches = 0
+        self.served = 0
+        self.batch, self.owner = RunningBatch(gen), {}          # owner: each running row's (job, index in the job)
         self.thread = threading.Thread(target=self._loop, name='gptkit-worker', daemon=True)
         self.thread.start()
 
@@ -94,61 +119,81 @@ class Worker:
         with self.cv: self.stopping = True; self.cv.notify()
         self.thread.join(timeout=30)
 
+    def _admit(self) -> list[Job]:
+        """The waiting jobs that start now, oldest first: while their rows fit in the batch (a job alone always
+        does). Scoring jobs do not join the batch; they run before the next token"""
+        if not self.limits.continuous: return self._take() if not self.batch else []
+        jobs, rows = [], len(self.batch)
+        while self.waiting:
+            job = self.waiting[0]
+            if not job.cancelled and not job.score_only and rows and rows + len(job.rows) > self.limits.max_batch: break
+            self.waiting.popleft()
+            if job.cancelled: continue
+            jobs.append(job); rows += 0 if job.score_only else len(job.rows)
+        return jobs
+
     def _take(self) -> list[Job]:
-        "The oldest job and every waiting job that can share its batch"
+        "Batches that run to their end: the oldest job and every waiting job that can share its batch"
         first = self.waiting.popleft()
         group, rows = [first], len(first.rows)
         if first.key() is not None:
             for job in list(self.waiting):
-                if job.key() == first.key() and rows + len(job.rows) <= self.limits.max_prompts:
+                if job.key() == first.key() and rows + len(job.rows) <= self.limits.max_batch:
                     self.waiting.remove(job); group.append(job); rows += len(job.rows)
         return [j for j in group if not j.cancelled]
 
     def _announce(self, work):
-        "Tensor parallelism: tell the other ranks (`follow`) the batch to run in step with this one, or None: stop"
+        "Tensor parallelism: tell the other ranks (`follow`) the work to do in step with this one, or None: stop"
         if self.gen.tp_group is not None: agree(work, self.gen.tp_group)
 
     def _loop(self):
         while True:
             with self.cv:
-                while not self.waiting and not self.stopping: self.cv.wait()
-                if self.stopping and not self.waiting: return self._announce(None)
-                group = self._take()
+                while not self.waiting and not self.batch and not self.stopping: self.cv.wait()
+                if self.stopping and not self.waiting and not self.batch: return self._announce(None)
+                jobs = self._admit()
                 self.busy = True
-            try: self._run(group)
+            scores, joins = [j for j in jobs if j.score_only], [j for j in jobs if not j.score_only]
+            left = {k for k, (job, _) in self.owner.items() if job.cancelled}
+            work = Work([j.rows for j in scores], [(j.rows, j.sampling, j.prompt_logprobs) for j in joins], left)
+            self._announce(work)
+            try: scored, joined, chunks = advance(self.batch, work)
             except Exception as e:                      # a failed batch fails its requests, not the server
                 log.exception('generation failed')
-                for job in group: job.put(e)
-            finally: self.busy = False
+                self.batch.clear()
+                for job in {job for job, _ in self.owner.values()} | set(joins): job.put(e)
+                self.owner.clear(); self.busy = False
+                continue
+            for k in left: self._leave(k)
+            self._deliver(scores, scored, joins, joined, chunks)
+            self.busy = bool(self.batch)
 
-    def _run(self, group: list[Job]):
-        if not group: return
-        owner = [(j, i) for j in group for i in range(len(j.rows))]
-        drop: set[int] = set()
-        if group[0].score_only: return self._score(group)
-        self.batches += 1
-        self._announce(([r for j in group for r in j.rows], group[0].sampling, group[0].prompt_logprobs, False))
-        pending = group[0].prompt_logprobs
-        for c in self.gen.stream([r for j in group for r in j.rows], group[0].sampling, group[0].prompt_logprobs, drop):
-            if pending: self._prompt_logprobs(owner); pending = False
-            job, i = owner[c.index]
-            if job.cancelled: drop.update(k for k, (j, _) in enumerate(owner) if j is job); continue
-            c.index = i
-            job.put(c)
-        if pending: self._prompt_logprobs(owner)
-        for job in group: job.put(None); self.served += 1
+    def _deliver(self, scores, scored, joins, joined, chunks):
+        "Each result to its job: scores, prompt log-probabilities, then every row's chunk"
+        for job, got in zip(scores, scored):
+            if not isinstance(got, Exception):
+                for i, lp in enumerate(got): job.put(('prompt_logprobs', i, lp))
+            job.put(got if isinstance(got, Exception) else None); self.served += 1
+        for job, keys in zip(joins, joined):
+            if isinstance(keys, Exception): job.put(keys); continue
+            job.running = len(keys)
+            for i, k in enumerate(keys):
+                self.owner[k] = (job, i)
+                if job.prompt_logprobs:
+                    lp, alts = self.batch.prompt_logprobs.pop(k)
+                    job.put(('prompt_logprobs', i, lp, alts if job.sampling.top_logprobs else None))
+        for c in chunks:
+            key = c.index
+            job, c.index = self.owner[key]
+            if not job.cancelled: job.put(c)
+            if c.finish_reason: self._leave(key, job)
 
-    def _prompt_logprobs(self, owner):
-        "Each row's prompt log-probabilities (tokens 2..), and their top alternatives when asked, to its job"
-        lps, tops = self.gen.last_prompt_logprobs, getattr(self.gen, 'last_prompt_top', None)
-        for k, (job, i) in enumerate(owner):
-            job.put(('prompt_logprobs', i, lps[k], tops[k] if tops and job.sampling.top_logprobs else None))
-
-    def _score(self, group):
-        for job in group:
-            self._announce((job.rows, None, False, True))
-            for i, lp in enumerate(self.gen.score(job.rows)): job.put(('prompt_logprobs', i, lp))
-            job.put(None); self.served += 1
+    def _leave(self, key: int, job: Job | None = None):
+        "Row `key` has left the batch; its job ends with its last row"
+        job = job or self.owner[key][0]
+        self.owner.pop(key, None)
+        job.running -= 1
+        if job.running == 0: job.put(None); self.served += 1
 
 # %% ../nbs/15_serve.ipynb #f532692c
 class MegatronRequest(BaseModel):

@@ -176,6 +176,8 @@ def test_hostile_paths_devices_and_sizes_get_one_sentence(tiny_data, tiny_checkp
          '--num-samples 1,000,000,000 is more than 100,000'),
         (['eval', '--checkpoint', tiny_checkpoint, '--device', 'cuda'], '--device cuda: this torch'),
         (['serve', '--checkpoint', tiny_checkpoint, '--max-prompts', 10**9], '--max-prompts 1,000,000,000: the KV cache of'),
+        (['serve', '--checkpoint', tiny_checkpoint, '--max-batch', 10**9], '--max-batch 1,000,000,000: the KV cache of'),
+        (['serve', '--checkpoint', tiny_checkpoint, '--max-batch', 0], '--max-batch must be at least 1, not 0'),
     ]
     if torch.cuda.is_available(): cases = [c for c in cases if 'cuda' not in c[0]]
     for args, sentence in cases:

@@ -115,6 +115,9 @@ def _serve_worker(rank, world, ckpt, init_file, out):
             got['together'] = [answers[p]['choices'][0]['text'] for p in PROMPTS]
             got['scored'] = httpx.put(url + '/api', json={'prompts': [PROMPTS[0]], 'tokens_to_generate': 0,
                                                           'logprobs': True}, timeout=60).json()['logprobs'][0]
+            sampled = httpx.put(url + '/api', json={'prompts': [PROMPTS[1]], 'tokens_to_generate': 10, 'temperature': 1.0,
+                                                    'logprobs': True}, timeout=60).json()
+            got['sampled'] = [sampled['tokens'][0], sampled['logprobs'][0]]   # unseeded: the ranks agree on a seed
             with httpx.stream('POST', url + '/v1/completions', json={**body(PROMPTS[1]), 'max_tokens': 16, 'stream': True},
                               timeout=60) as r:
                 next(r.iter_lines())                           # a client that leaves after the first event
@@ -134,6 +137,8 @@ def test_a_tensor_parallel_server_answers_as_one_process_does(tiny_checkpoint, t
     assert got['one']['choices'][0]['logprobs']['token_logprobs'] == pytest.approx(want[0].logprobs, abs=1e-4)
     assert got['together'] == [w.text for w in want]
     assert got['scored'] == pytest.approx(gen.score([gen.tok.encode(PROMPTS[0])])[0], abs=1e-4)
+    tokens, logprobs = got['sampled']                      # ranks that picked different tokens would score otherwise
+    assert len(tokens) > len(gen.tok.encode(PROMPTS[1])) and logprobs == pytest.approx(gen.score([tokens])[0], abs=1e-4)
 
 
 def test_ctrl_c_stops_a_tensor_parallel_server_without_a_traceback(tiny_checkpoint, request):

@@ -270,6 +270,27 @@ def test_concurrent_clients_are_batched_and_correct(url, gen):
     assert httpx.get(url + '/health').json()['served'] - before == 16
 
 
+@pytest.mark.parametrize('continuous', [True, False])
+def test_a_request_joins_the_running_batch_at_the_next_token(gen, continuous):
+    """A short request sent while a long one streams is answered before the long one ends (continuous batching; with
+    continuous=False it waits for the long one), and both get the text they get alone"""
+    slow, arrived, done = SlowGenerator(gen), [], {}
+    long_body = {'prompt': 'And God said', 'max_tokens': 40, 'temperature': 0, 'stream': True}
+    with Server(slow, Limits(max_new_tokens=48, continuous=continuous)) as u:
+        def read_long():
+            with httpx.stream('POST', u + '/v1/completions', json=long_body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith('data: {'): arrived.append((time.perf_counter(), json.loads(line[6:])))
+        t = threading.Thread(target=read_long); t.start()
+        while not arrived: time.sleep(0.01)                   # the long one is running
+        short = httpx.post(u + '/v1/completions', json={'prompt': 'The', 'max_tokens': 4, 'temperature': 0}, timeout=60)
+        done['short'] = time.perf_counter()
+        t.join(60)
+    assert short.json()['choices'][0]['text'] == greedy(gen, 'The', 4).text
+    assert ''.join(e['choices'][0]['text'] for _, e in arrived) == greedy(gen, 'And God said', 40).text
+    assert (done['short'] < arrived[-1][0]) == continuous, (done['short'] - arrived[-1][0])
+
+
 def test_disconnect_mid_stream_does_not_hurt_others(url, gen):
     want = greedy(gen, 'In the', 40).text
     result = {}
@@ -291,12 +312,11 @@ def test_disconnect_mid_stream_does_not_hurt_others(url, gen):
 
 
 class SlowGenerator:
-    "A generator that takes 10 ms a token and counts the tokens it makes"
-    def __init__(self, gen): self.gen, self.chunks = gen, 0
+    "A generator whose model takes 10 ms a row and counts the rows it runs (each one token)"
+    def __init__(self, gen): self.gen, self.rows = gen, 0
     def __getattr__(self, name): return getattr(self.gen, name)
-    def stream(self, *args, **kw):
-        for c in self.gen.stream(*args, **kw):
-            self.chunks += 1; time.sleep(0.01); yield c
+    def logits(self, ids, **kw):
+        self.rows += ids.shape[0]; time.sleep(0.01 * ids.shape[0]); return self.gen.logits(ids, **kw)
 
 
 def test_a_non_streaming_client_that_disconnects_stops_its_work(gen):
@@ -309,7 +329,7 @@ def test_a_non_streaming_client_that_disconnects_stops_its_work(gen):
         deadline = time.time() + 20
         while httpx.get(u + '/health').json()['busy'] and time.time() < deadline: time.sleep(0.05)
         assert not httpx.get(u + '/health').json()['busy']
-    assert slow.chunks < full / 2, (slow.chunks, full)
+    assert slow.rows < full / 2, (slow.rows, full)
 
 def test_full_queue_answers_busy(gen):
     import asyncio
