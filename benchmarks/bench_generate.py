@@ -7,8 +7,10 @@ the batch-8 prompts of different lengths (left-padded with an attention mask on 
 compared too: a faster generator that produced other tokens would not count. Rounds alternate between the two so
 that machine noise hits both alike; the median round wins.
 
-Server: `gptkit.serve.Server` over real HTTP on 127.0.0.1; 16 clients each ask /v1/completions for new/8 to --new greedy
-tokens at once, against the same 16 requests sent one after another (the server batches waiting requests).
+Server (issue 18): `gptkit.serve.Server` over real HTTP on 127.0.0.1; 16 clients each ask /v1/completions for new/8 to
+--new greedy tokens, sent one after another, all at once, and arriving at twice the rate one at a time serves them;
+continuous batching against the batching gptkit had before (`Limits(continuous=False)`), both in the same run:
+throughput and p50/p99 latency.
 Run: .venv/bin/python benchmarks/bench_generate.py [--preset small] [--new 128] [--rounds 3]
 """
 from __future__ import annotations
@@ -88,37 +90,58 @@ def bench_batch(gen, hf, tok, batch, new, rounds):
 
 
 def bench_server(gen, new):
-    """16 clients at once, each asking for a different number of greedy tokens (new/8 to new), against the same
-    requests one after another: throughput, and each client's latency (p50, p99, max)"""
+    """16 clients, each asking for a different number of greedy tokens (new/8 to new), against a server with the
+    batching gptkit had before (`Limits(continuous=False)`: the requests waiting together, if they sample alike, run
+    to their end before the next) and with continuous batching, in the same run: the 16 sent one after another, all
+    at once, and arriving one every `gap` seconds. Throughput, and each client's latency (p50, p99, max)"""
     import httpx
     from gptkit.serve import Limits, Server
     words = ('God', 'the', 'it', 'he', 'they', 'Moses', 'Jesus', 'she', 'we', 'I', 'thou', 'ye', 'all', 'there', 'when', 'so')
-    lengths = [max(1, new * (1 + i % 8) // 8) for i in range(len(words))]          # mixed: new/8 ... new
+    lengths = [max(1, new * (1 + i * 5 % 8) // 8) for i in range(len(words))]     # mixed: new/8 ... new, shuffled
     bodies = [{'prompt': f'And {w} said', 'max_tokens': n, 'temperature': 0} for w, n in zip(words, lengths)]
-    with Server(gen, Limits(max_new_tokens=new, max_prompts=16, max_waiting=64)) as url:
-        httpx.post(url + '/v1/completions', json=bodies[0], timeout=120)
-        t0 = time.perf_counter()
-        for body in bodies: assert httpx.post(url + '/v1/completions', json=body, timeout=120).status_code == 200
-        one = time.perf_counter() - t0
-        latency, errors, made = [], [], []
-        def ask(body):
+
+    def clients(url, gap):
+        latency, errors, made, texts = [], [], [], {}
+        def ask(i, body):
+            time.sleep(i * gap)
             s = time.perf_counter()
-            r = httpx.post(url + '/v1/completions', json=body, timeout=300)
-            if r.status_code != 200: errors.append(r.text)
-            else: made.append(r.json()['usage']['completion_tokens'])
+            r = httpx.post(url + '/v1/completions', json=body, timeout=600)
             latency.append(time.perf_counter() - s)
-        threads = [threading.Thread(target=ask, args=(b,)) for b in bodies]
+            if r.status_code != 200: errors.append(r.text); return
+            made.append(r.json()['usage']['completion_tokens']); texts[i] = r.json()['choices'][0]['text']
+        threads = [threading.Thread(target=ask, args=(i, b)) for i, b in enumerate(bodies)]
         t0 = time.perf_counter()
         for t in threads: t.start()
         for t in threads: t.join()
-        many = time.perf_counter() - t0
-        batches = httpx.get(url + '/health').json()
-    assert not errors, errors[0]
-    tokens = sum(made)
-    q = statistics.quantiles(latency, n=100, method='inclusive')
-    print(f'server, 16 clients asking {min(lengths)}-{max(lengths)} tokens each ({tokens} in all): one at a time '
-          f'{tokens / one:,.0f} tokens/s; all at once {tokens / many:,.0f} tokens/s -> {one / many:.2f}x; latency '
-          f'p50 {q[49]:.2f} s, p99 {q[98]:.2f} s, max {max(latency):.2f} s ({batches["served"]} requests served)')
+        assert not errors, errors[0]
+        return sum(made) / (time.perf_counter() - t0), latency, texts
+
+    results, texts, gap = {}, {}, None
+    for continuous in (False, True):
+        with Server(gen, Limits(max_new_tokens=new, max_prompts=16, max_batch=16, max_waiting=64,
+                                continuous=continuous)) as url:
+            httpx.post(url + '/v1/completions', json=bodies[0], timeout=120)              # warm up
+            t0, made = time.perf_counter(), 0
+            for body in bodies: made += httpx.post(url + '/v1/completions', json=body, timeout=600).json()['usage']['completion_tokens']
+            one = time.perf_counter() - t0
+            gap = gap or one / len(bodies) / 2          # arrivals twice as fast as one at a time serves them (the
+            for name, g in (('all at once', 0.0), ('staggered', gap)):   # same schedule for both)
+                rate, latency, texts[continuous, name] = clients(url, g)
+                results[continuous, name] = rate, latency
+        results[continuous, 'one after another'] = made / one, None
+    same = all(texts[False, k] == texts[True, k] for _, k in texts)
+    print(f'server, 16 clients asking {min(lengths)}-{max(lengths)} greedy tokens each ({sum(lengths)} in all); '
+          f'the same texts either way: {same}; staggered: one every {gap * 1000:.0f} ms')
+    for name in dict.fromkeys(k for _, k in results):
+        line = f'  {name:>18}:'
+        for continuous in (False, True):
+            rate, latency = results[continuous, name]
+            line += f'  {"continuous" if continuous else "before"} {rate:,.0f} tokens/s'
+            if latency:
+                q = statistics.quantiles(latency, n=100, method='inclusive')
+                line += f' (p50 {q[49]:.2f} s, p99 {q[98]:.2f} s)'
+        base, now = results[False, name][0], results[True, name][0]
+        print(f'{line}  -> {now / base:.2f}x')
 
 
 def main():
@@ -128,6 +151,7 @@ def main():
     ap.add_argument('--vocab', type=int, default=None, help="vocabulary size (default GPT-2's 50,257)")
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--skip-server', action='store_true')
+    ap.add_argument('--server-only', action='store_true', help='only the server part (no transformers comparison)')
     a = ap.parse_args()
     from gptkit.generate import Generator
     ours, hf, tok, cfg, err = models(a.preset, a.vocab)
@@ -135,7 +159,7 @@ def main():
     print(f'{a.preset}: {cfg.layers} layers, hidden {cfg.hidden}, vocabulary {cfg.vocab:,}; fp32 on CPU, {torch.get_num_threads()} threads; '
           f'torch {torch.__version__}, transformers {transformers.__version__}; max |logit difference| {err:.1e}')
     gen = Generator(ours, tok)
-    for batch in (1, 8): bench_batch(gen, hf, tok, batch, a.new, a.rounds)
+    for batch in () if a.server_only else (1, 8): bench_batch(gen, hf, tok, batch, a.new, a.rounds)
     if not a.skip_server: bench_server(gen, a.new)
 
 

@@ -825,6 +825,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.serve.CompletionLogprobs.name': ('serve.html#completionlogprobs.name', 'gptkit/serve.py'),
                               'gptkit.serve.CompletionLogprobs.since': ('serve.html#completionlogprobs.since', 'gptkit/serve.py'),
                               'gptkit.serve.CompletionRequest': ('serve.html#completionrequest', 'gptkit/serve.py'),
+                              'gptkit.serve.GenerationFailed': ('serve.html#generationfailed', 'gptkit/serve.py'),
                               'gptkit.serve.Job': ('serve.html#job', 'gptkit/serve.py'),
                               'gptkit.serve.Job.key': ('serve.html#job.key', 'gptkit/serve.py'),
                               'gptkit.serve.Job.put': ('serve.html#job.put', 'gptkit/serve.py'),

@@ -413,13 +413,17 @@ class RunningBatch:
         self.catch_up()
         if not self.rows: return []
         n, dev = len(self.rows), self.device
-        tokens, logps, tops = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev), [None] * n
         groups: dict[object, list[int]] = {}
         for b, r in enumerate(self.rows): groups.setdefault(r.group, []).append(b)
+        if len(groups) > 1: tokens, logps = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev)
+        tops = [None] * n
         for group, idx in groups.items():
-            s, at = self.rows[idx[0]].sampling, torch.tensor(idx, device=dev)
-            logits = self.logits if len(idx) == n else self.logits[at]
-            tokens[at], logps[at] = next_tokens(logits, s, self.generators.get(group))
+            s = self.rows[idx[0]].sampling
+            if len(groups) == 1: logits = self.logits
+            else: at = torch.tensor(idx, device=dev); logits = self.logits[at]
+            picked = next_tokens(logits, s, self.generators.get(group))
+            if len(groups) == 1: tokens, logps = picked
+            else: tokens[at], logps[at] = picked
             if s.top_logprobs:
                 for b, alts in zip(idx, top_alternatives(logits, s.top_logprobs)): tops[b] = alts
         chunks, going, eod = [], [], self.gen.tok.eod

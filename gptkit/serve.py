@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 __all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Work', 'advance', 'follow', 'Worker',
            'MegatronRequest', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest',
            'BadRequest', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_prompt', 'chat_job',
-           'CompletionLogprobs', 'make_app', 'page_html', 'serve', 'Server']
+           'GenerationFailed', 'CompletionLogprobs', 'make_app', 'page_html', 'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -449,12 +449,17 @@ def _http_sentence(method: str, path: str, status: int, body: bytes) -> str:
     return 'the body could not be parsed'
 
 # %% ../nbs/15_serve.ipynb #904f8350
+class GenerationFailed(Exception):
+    "The model failed while running a request (out of memory, say): answered with status 500 in the API's shape"
+
 async def _chunks(job: Job):
-    "The job's items as they come, ending at None; an exception from the worker is raised"
+    "The job's items as they come, ending at None; an exception from the worker is raised as `GenerationFailed`"
     while True:
         item = await job.queue.get()
         if item is None: return
-        if isinstance(item, Exception): raise item
+        if isinstance(item, Exception):
+            said = str(item).strip().splitlines()
+            raise GenerationFailed(f'generation failed: {said[0] if said else type(item).__name__}') from item
         yield item
 
 class CompletionLogprobs:
@@ -526,6 +531,12 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         megatron = request.url.path == '/api' or request.url.path.startswith('/api/')
         if megatron: return _megatron_error(message, exc.status_code)
         return _openai_error(message, None, exc.status_code)
+
+    @app.exception_handler(GenerationFailed)
+    async def failed(request: Request, exc: GenerationFailed):
+        "The model failed (the worker logged why): one sentence with status 500, and the server goes on"
+        if request.url.path == '/api': return _megatron_error(str(exc), 500)
+        return _openai_error(str(exc), None, 500)
 
     def submit(rows, sampling, prompt_logprobs=False, score_only=False) -> Job:
         job = Job(rows, sampling, asyncio.get_running_loop(), asyncio.Queue(), prompt_logprobs, score_only)

@@ -331,6 +331,33 @@ def test_a_non_streaming_client_that_disconnects_stops_its_work(gen):
         assert not httpx.get(u + '/health').json()['busy']
     assert slow.rows < full / 2, (slow.rows, full)
 
+class FailingGenerator(SlowGenerator):
+    "A slow generator whose model fails once, at the first step that runs two rows"
+    failed = False
+    def logits(self, ids, **kw):
+        if ids.shape[0] == 2 and not self.failed:
+            self.failed = True; raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB\n(simulated)')
+        return super().logits(ids, **kw)
+
+
+def test_a_model_failure_fails_the_running_requests_in_their_shape_and_the_server_goes_on(gen):
+    failing, answers = FailingGenerator(gen), {}
+    with Server(failing, LIMITS) as u:
+        def ask(name, method, path, body): answers[name] = httpx.request(method, u + path, json=body, timeout=60)
+        a = threading.Thread(target=ask, args=('openai', 'POST', '/v1/completions',
+                                               {'prompt': 'And', 'max_tokens': 40, 'temperature': 0}))
+        a.start()
+        while not failing.rows: time.sleep(0.01)                 # the first request runs; the second joins it
+        ask('megatron', 'PUT', '/api', {'prompts': ['The'], 'tokens_to_generate': 4})
+        a.join(60)
+        after = httpx.post(u + '/v1/completions', json={'prompt': 'The', 'max_tokens': 4, 'temperature': 0}, timeout=60)
+    sentence = 'generation failed: CUDA out of memory. Tried to allocate 2.00 GiB'
+    assert (answers['openai'].status_code, answers['openai'].json()) == (500, {'error': {
+        'message': sentence, 'type': 'server_error', 'param': None, 'code': None}})
+    assert (answers['megatron'].status_code, answers['megatron'].json()) == (500, {'message': sentence})
+    assert after.status_code == 200 and after.json()['choices'][0]['text'] == greedy(gen, 'The', 4).text
+
+
 def test_full_queue_answers_busy(gen):
     import asyncio
     w = Worker.__new__(Worker)                            # a worker whose thread never runs: its queue only fills
