@@ -118,3 +118,23 @@ def test_checkpoints_with_dropped_settings_still_load(tiny_checkpoint, tmp_path)
     state.pop('checksum')                                  # older versions wrote no checksum
     (folder / 'state.json').write_text(json.dumps(state))
     assert load_model(copy).config.model == load_model(tiny_checkpoint).config.model
+
+
+def test_rows_near_the_context_join_and_leave_a_running_batch(gen):
+    """A prompt that nearly fills the context joins a row that may generate up to the context, and a third joins after
+    it left: each gets the tokens the plain loop gives, and the cache never holds more columns than the context"""
+    from gptkit.generate import RunningBatch
+    ctx = gen.context
+    text = gen.tok.encode('In the beginning God created the heaven and the earth. ' * (ctx // 4))
+    prompts = {'short': text[:3], 'long': text[:ctx - 6], 'later': text[5:9]}
+    s = Sampling(max_new_tokens=ctx, greedy=True, stop_at_eod=False)
+    rb, got, widest = RunningBatch(gen), {}, 0
+    names = dict(zip(rb.join([prompts['short']], s), ['short']))
+    for step in range(3 * ctx):
+        if step == 20: names.update(zip(rb.join([prompts['long']], s), ['long']))
+        if step == 40: names.update(zip(rb.join([prompts['later']], s), ['later']))
+        for c in rb.sample(): got.setdefault(names[c.index], []).append(c.token)
+        if not rb: break
+        widest = max(widest, rb.cache.max_len)
+    assert widest <= ctx and not rb
+    for name, p in prompts.items(): assert got[name] == reference_greedy(gen.model, p, ctx - len(p)), name
