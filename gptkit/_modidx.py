@@ -10,6 +10,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'gptkit.checkpoint._load_repartitioned': ('checkpoint.html#_load_repartitioned', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._load_weights_only': ('checkpoint.html#_load_weights_only', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._loading_universal': ('checkpoint.html#_loading_universal', 'gptkit/checkpoint.py'),
+                                   'gptkit.checkpoint._model_file': ('checkpoint.html#_model_file', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._model_states': ('checkpoint.html#_model_states', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._read_weights': ('checkpoint.html#_read_weights', 'gptkit/checkpoint.py'),
                                    'gptkit.checkpoint._repair_zero3': ('checkpoint.html#_repair_zero3', 'gptkit/checkpoint.py'),

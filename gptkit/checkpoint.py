@@ -353,7 +353,6 @@ def load_weights(path: str | Path) -> dict:
 
 def _read_weights(folder: Path) -> dict:
     "The plain state dict of a checkpoint folder that `find` has verified, merged from the shards of any TP x PP layout"
-    import torch
     layout = saved_layout(json.loads((folder / 'state.json').read_text()), folder / 'state.json')
     tp, pp = layout.tp, layout.pp
     if tp * pp > 1:
@@ -362,13 +361,22 @@ def _read_weights(folder: Path) -> dict:
         for mp in range(tp * pp):
             f = folder / f'mp_rank_{mp:02d}_model_states.pt'
             if not f.is_file(): raise CheckpointError(f'{folder} was saved with tp {tp} x pp {pp} but has no {f.name}')
-            shards[mp % tp, mp // tp] = torch.load(f, map_location='cpu', weights_only=False)['module']
+            shards[mp % tp, mp // tp] = _model_file(f)['module']
         return merge_weights(shards, read_config(folder).model, tp)
     if _zero_stage(folder) == 3:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
-    states = torch.load(_model_states(folder), map_location='cpu', weights_only=False)
-    return dict(states['module'])
+    return dict(_model_file(_model_states(folder))['module'])
+
+def _model_file(f: Path) -> dict:
+    """A DeepSpeed model-states file, read through a memory map: weights come from the page cache as they are used,
+    so that the processes of a tensor-parallel job loading one checkpoint share one copy (a file in torch's legacy
+    format, which cannot be mapped, is read whole)"""
+    import torch
+    try: return torch.load(f, map_location='cpu', weights_only=False, mmap=True)
+    except RuntimeError as e:
+        if 'mmap can only be used' not in str(e): raise
+        return torch.load(f, map_location='cpu', weights_only=False)
 
 # %% ../nbs/12b_checkpoint.ipynb #82da6b4c
 @dataclass
@@ -438,8 +446,7 @@ def load_model(path: str | Path, device: str = 'cpu', dtype=None) -> Loaded:
 # %% ../nbs/12b_checkpoint.ipynb #a07cd38e
 def _saved_dtypes(folder: Path) -> list[str]:
     "The dtypes of the weights in DeepSpeed's model states, read through a memory map"
-    import torch
-    states = torch.load(_model_states(folder), map_location='cpu', weights_only=False, mmap=True)
+    states = _model_file(_model_states(folder))
     return sorted({str(t.dtype).removeprefix('torch.') for t in states['module'].values() if hasattr(t, 'dtype')})
 
 def inspect(path: str | Path) -> dict:
