@@ -3,6 +3,7 @@
 scheduler starts one launcher per node, the launcher starts the processes, torch.distributed connects them."""
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import threading
@@ -171,32 +172,89 @@ def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
     """`gptkit COMMAND` with this command's options again, in `tp` processes on this machine under torchrun (each
     finds RANK set and joins with `join_tp`); its exit code"""
     import os
-    import signal
-    import subprocess
 
     from gptkit.engine import _free_port
     argv = [a for a in train_argv(ctx) if a not in extra]
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
            str(_free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
     env = {**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
-    # torchrun in its own session: Ctrl-C reaches this process only, which hands torchrun one SIGINT to pass on
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors='replace', start_new_session=True)
-    held, stopping = [], threading.Event()
-    def relay():                          # the processes' messages as they come; a traceback is held until the end;
-        for line in proc.stderr:          # after Ctrl-C, torchrun's report of the signal is not shown
-            if stopping.is_set(): continue
-            if held or line.startswith('Traceback'): held.append(line)
-            else: sys.stderr.write(line); sys.stderr.flush()
-    t = threading.Thread(target=relay, daemon=True)
+    return run_launcher(cmd, env, own_session=True)
+
+
+# torchrun's own log lines ('W1124 17:17:54.413000 16720 .../torch/distributed/elastic/...] Sending process ...')
+_LAUNCHER_LOG = re.compile(r'^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/distributed/')
+_ROOT_CAUSE = re.compile(r'Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)', re.S)
+
+
+class _LauncherOutput:
+    """The processes' messages on stderr as they come, without the launcher's own report of a failure (its log
+    lines, its traceback and its table of ranks), which says nothing a user can act on once a rank has said what
+    went wrong; an error line that several ranks print alike is shown once. GPTKIT_DEBUG=1 shows everything"""
+    def __init__(self, debug: bool):
+        self.debug, self.held, self.errors = debug, [], set()
+
+    def relay(self, stream):
+        for line in stream:
+            if self.debug: self._write(line)
+            elif _LAUNCHER_LOG.match(line): continue
+            elif self.held or line.startswith('Traceback'): self.held.append(line)   # shown at the end
+            elif line.startswith('error:'):
+                if line not in self.errors: self.errors.add(line); self._write(line)
+            else: self._write(line)
+
+    @staticmethod
+    def _write(text: str):
+        sys.stderr.write(text); sys.stderr.flush()
+
+    def finish(self, code: int):
+        "After the launcher exited with `code`: a process's own traceback as it was; the launcher's as one line"
+        blocks, text = [], ''.join(self.held)
+        for part in re.split(r'(?m)^(?=Traceback)', text):
+            if part: blocks.append(part)
+        for b in blocks:
+            if 'torch/distributed/run.py' not in b and 'ChildFailedError' not in b: self._write(b); continue
+            why = self._why(b)
+            if why and code: self._write(f'error: {why}\n')
+
+    def _why(self, report: str) -> str | None:
+        "One sentence for the launcher's report, or None when a process has already said why it stopped"
+        import signal
+        m = _ROOT_CAUSE.search(report)
+        if m is None:
+            last = report.strip().splitlines()[-1] if report.strip() else 'failed'
+            return f'torchrun: {last} (GPTKIT_DEBUG=1 shows its traceback)'
+        rank, code = int(m[1]), int(m[2])
+        if code < 0:
+            try: name = signal.Signals(-code).name
+            except ValueError: name = f'signal {-code}'
+            hint = ' (the kernel kills with SIGKILL when memory runs out)' if name == 'SIGKILL' else ''
+            return f'rank {rank} was stopped by {name}{hint}, so torchrun stopped the other processes'
+        if self.errors: return None
+        return (f'rank {rank} exited with code {code}, so torchrun stopped the other processes (its messages, if any, '
+                'are above; GPTKIT_DEBUG=1 shows torchrun\'s report)')
+
+
+def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = False) -> int:
+    """Run a launcher (torchrun, deepspeed) to its end, showing its processes' messages (`_LauncherOutput`); its exit
+    code, 130 after Ctrl-C. `own_session`: the launcher does not get the terminal's Ctrl-C; this process hands it one
+    SIGINT to pass on (else the terminal sends it to every process, which each finish their step and save)"""
+    import os
+    import signal
+    import subprocess
+    output = _LauncherOutput(bool(os.environ.get('GPTKIT_DEBUG')))
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors='replace',
+                            start_new_session=own_session)
+    t = threading.Thread(target=output.relay, args=(proc.stderr,), daemon=True)
     t.start()
-    try: code = proc.wait()
-    except KeyboardInterrupt:
-        stopping.set()
-        os.kill(proc.pid, signal.SIGINT)
-        proc.wait()
-        code = 130
+    interrupted = False
+    while True:
+        try: code = proc.wait(); break
+        except KeyboardInterrupt:
+            if own_session and not interrupted: os.kill(proc.pid, signal.SIGINT)
+            interrupted = True
     t.join(timeout=5)
-    if not stopping.is_set(): sys.stderr.write(''.join(held))
+    if interrupted: return 130
+    output.finish(code)
     return code
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Annotated, List, Optional
 
@@ -14,7 +13,7 @@ import typer
 from gptkit.config import ConfigError, GptkitError, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, out, report
-from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, train_argv
+from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, run_launcher, train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -168,10 +167,12 @@ def train(
         if dry_run: return _dry_run(cfg, override, world, launch, argv)
         if (world > 1 or max_restarts) and not launched:
             from gptkit.engine import _free_port
+            from gptkit.train import check_run
+            check_run(cfg, resume)                  # once here, not in every process the launcher would start
             port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else _free_port()))
             cmd = launch.command(argv, port)
             out.print(f'[dim]$ {shlex.join(cmd)}[/]')
-            raise typer.Exit(subprocess.call(cmd))
+            raise typer.Exit(run_launcher(cmd))
         restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
         if rank == 0 and restart:
             out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '

@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 __all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo',
            'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops',
            'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'cpp_compiler', 'tokenizer_vocab',
-           'run_config', 'Window', 'Loop', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due',
-           'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss', 'text_loss']
+           'run_config', 'Window', 'Loop', 'check_run', 'setup', 'restore', 'train_step', 'report', 'is_due',
+           'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss',
+           'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -440,7 +441,9 @@ def _where(cfg: RunConfig, name: str) -> str:
 
 # %% ../nbs/11_train.ipynb #fc4e1309
 def _setup_data(cfg: RunConfig):
-    "The tokenizer, after checking that it and every dataset of every split's blend exist"
+    "The tokenizer, after checking --out, the tokenizer and that every dataset of every split's blend exists"
+    from gptkit.config import check_folder
+    check_folder(cfg.out, 'out')                         # --out naming a file: refused before any work
     from gptkit.data.indexed import data_paths
     from gptkit.data.samples import SPLITS
     from gptkit.tokenizer import load
@@ -614,6 +617,18 @@ def _write_run_folder(cfg: RunConfig, tok, out: Path):
     save_config(cfg, out / 'config.json')
     save_tokenizer(tok, out / 'tokenizer')
 
+def _check_plan(cfg: RunConfig, resume) -> tuple:
+    "(each split's data plan, the checkpoint to resume from or None): every split of every dataset holds data"
+    plan = data_plan(cfg)
+    resume_from = _resume_from(Path(cfg.out) / 'checkpoints', resume)
+    if resume_from is not None: _check_same_data(cfg, resume_from)
+    return plan, resume_from
+
+def check_run(cfg: RunConfig, resume: bool | str | Path = False):
+    """What can be checked before any process starts: --out, the tokenizer, every split's data, the checkpoint to
+    resume from. `gptkit train --nproc N` checks this once before it launches N processes that would each fail alike"""
+    _check_plan(tokenizer_vocab(cfg, _setup_data(cfg)), resume)
+
 def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
           force: bool = False) -> Loop:
     "Everything before the first step: checks, the run folder, this rank's part of the model, its engine, the data"
@@ -623,19 +638,15 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     from gptkit.model import GPT, num_params
     from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
     started = time.perf_counter()
-    from gptkit.config import check_folder
-    check_folder(cfg.out, 'out')                         # --out naming a file: refused before any work
     tok = _setup_data(cfg)
     rank, world, _ = init_distributed()
     cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's
     device = device_type()
     _check_precision(cfg)
-    plan_data = data_plan(cfg)                           # every split of every dataset holds data
+    plan_data, resume_from = _check_plan(cfg, resume)
     if rank == 0: _warn_repeats(plan_data)
     check_fits(cfg, device, force)
     out = Path(cfg.out)
-    resume_from = _resume_from(out / 'checkpoints', resume)
-    if resume_from is not None: _check_same_data(cfg, resume_from)
     if rank == 0: _write_run_folder(cfg, tok, out)
 
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)

@@ -225,3 +225,43 @@ def test_multi_node_dry_run_hands_the_nodes_to_the_launcher(tmp_path):
     r = run('train', '--preset', 'tiny', '--dry-run', '--max-restarts', '3', '--master-port', '6000')
     assert r.exit_code == 0 and ('-m torch.distributed.run --nproc_per_node 1 --master_port 6000 --max_restarts 3 -m '
                                  'gptkit_cli.main train --preset tiny') in ' '.join(r.output.split()), r.output
+
+
+@pytest.mark.parametrize('layout', [['--nproc', '2'], ['--tp', '2', '--pp', '2']])
+def test_a_launched_run_checks_its_data_once_before_starting_any_process(tiny_data, tmp_path, layout):
+    "Found by trying: each of 4 processes printed the same error, then torchrun printed its traceback"
+    r = run('train', '--data', str(tmp_path / 'nothing'), '--tokenizer', tiny_data[1], '--out', str(tmp_path / 'r'),
+            *sets(*TINY_SETS), *layout)
+    said = ' '.join(r.output.split())
+    assert r.exit_code == 1 and said.count('nothing.bin: no such file; data.prefix must name the PREFIX') == 1, r.output
+    assert 'torch.distributed.run' not in said and not (tmp_path / 'r').exists()    # nothing was launched
+
+
+RANK_SCRIPT = '''
+import os, signal, sys, time
+rank, what = int(os.environ['RANK']), sys.argv[1]
+if rank == 1:
+    if what == 'kill': os.kill(os.getpid(), signal.SIGKILL)
+    if what == 'say': print('error: rank 1 cannot go on', file=sys.stderr); sys.exit(1)
+    if what == 'quiet': sys.exit(3)
+if what == 'say': print('error: rank 1 cannot go on', file=sys.stderr); time.sleep(0.5)  # the same line twice
+time.sleep(30)
+'''
+
+
+@pytest.mark.parametrize('what, said', [
+    ('kill', 'error: rank 1 was stopped by SIGKILL (the kernel kills with SIGKILL when memory runs out), so torchrun '
+             'stopped the other processes'),
+    ('say', 'error: rank 1 cannot go on'),
+    ('quiet', 'error: rank 1 exited with code 3, so torchrun stopped the other processes')])
+def test_a_failed_rank_is_one_line_without_torchruns_report(tmp_path, capfd, what, said):
+    "torchrun's log lines, traceback and table of ranks are replaced by one line, or by nothing when a rank said why"
+    import sys
+
+    from gptkit_cli.launch import run_launcher
+    (tmp_path / 'rank.py').write_text(RANK_SCRIPT)
+    code = run_launcher([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '0',
+                         str(tmp_path / 'rank.py'), what])
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith('*') and 'OMP_NUM_THREADS' not in line]
+    assert code != 0 and lines[0].startswith(said) and len(lines) == 1, err
