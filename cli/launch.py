@@ -183,6 +183,7 @@ def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
 
 # torchrun's own log lines ('W1124 17:17:54.413000 16720 .../torch/distributed/elastic/...] Sending process ...')
 _LAUNCHER_LOG = re.compile(r'^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/distributed/')
+_SIGNALLED = re.compile(r'SignalException: Process \d+ got signal: (\d+)')
 _ROOT_CAUSE = re.compile(r'Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)', re.S)
 
 
@@ -206,15 +207,16 @@ class _LauncherOutput:
     def _write(text: str):
         sys.stderr.write(text); sys.stderr.flush()
 
-    def finish(self, code: int):
-        "After the launcher exited with `code`: a process's own traceback as it was; the launcher's as one line"
-        blocks, text = [], ''.join(self.held)
-        for part in re.split(r'(?m)^(?=Traceback)', text):
-            if part: blocks.append(part)
-        for b in blocks:
+    def finish(self, code: int) -> int:
+        """After the launcher exited with `code`: a process's own traceback as it was, the launcher's as one line;
+        the exit code to give (128 + the signal when the launcher was stopped by one, as its processes were)"""
+        for b in filter(None, re.split(r'(?m)^(?=Traceback)', ''.join(self.held))):
             if 'torch/distributed/run.py' not in b and 'ChildFailedError' not in b: self._write(b); continue
+            signalled = _SIGNALLED.search(b)
+            if signalled: code = 128 + int(signalled[1]); continue     # the processes said what they did with it
             why = self._why(b)
             if why and code: self._write(f'error: {why}\n')
+        return code
 
     def _why(self, report: str) -> str | None:
         "One sentence for the launcher's report, or None when a process has already said why it stopped"
@@ -244,18 +246,25 @@ def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = Fa
     output = _LauncherOutput(bool(os.environ.get('GPTKIT_DEBUG')))
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors='replace',
                             start_new_session=own_session)
+    # A scheduler's SIGTERM or SIGUSR1 reaches this process too: it stays until the launcher ends, since the
+    # processes write to it while they save (and passes the signal on when the launcher is in a session of its own)
+    def pass_on(sig, frame):
+        if own_session: os.kill(proc.pid, sig)
+    before = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGUSR1)}
     t = threading.Thread(target=output.relay, args=(proc.stderr,), daemon=True)
     t.start()
     interrupted = False
-    while True:
-        try: code = proc.wait(); break
-        except KeyboardInterrupt:
-            if own_session and not interrupted: os.kill(proc.pid, signal.SIGINT)
-            interrupted = True
+    try:
+        while True:
+            try: code = proc.wait(); break
+            except KeyboardInterrupt:
+                if own_session and not interrupted: os.kill(proc.pid, signal.SIGINT)
+                interrupted = True
+    finally:
+        for s, handler in before.items(): signal.signal(s, handler)
     t.join(timeout=5)
     if interrupted: return 130
-    output.finish(code)
-    return code
+    return output.finish(code)
 
 
 def join_tp(device: str | None) -> tuple[int, str]:

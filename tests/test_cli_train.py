@@ -265,3 +265,36 @@ def test_a_failed_rank_is_one_line_without_torchruns_report(tmp_path, capfd, wha
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith('*') and 'OMP_NUM_THREADS' not in line]
     assert code != 0 and lines[0].startswith(said) and len(lines) == 1, err
+
+
+TERM_SCRIPT = '''
+import os, signal, sys, time
+def save(sig, frame):
+    time.sleep(0.5); print(f'rank {os.environ["RANK"]} saved', file=sys.stderr, flush=True); sys.exit(128 + sig)
+signal.signal(signal.SIGTERM, save)
+print('started', file=sys.stderr, flush=True)
+time.sleep(60)
+'''
+
+
+def test_a_scheduler_sigterm_lets_the_processes_save_and_gives_143(tmp_path):
+    """SIGTERM to the whole job (a scheduler's preemption): the launching process outlives its processes, which
+    write to it while they save, and exits 143 without torchrun's SignalException traceback"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    (tmp_path / 'rank.py').write_text(TERM_SCRIPT)
+    launch = (f'import sys; from gptkit_cli.launch import run_launcher; sys.exit(run_launcher([sys.executable, "-m", '
+              f'"torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0", {str(tmp_path / "rank.py")!r}]))')
+    p = subprocess.Popen([sys.executable, '-c', launch], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    started = 0
+    for line in p.stderr:                              # until both ranks are running
+        started += line.startswith('started')
+        if started == 2: break
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGTERM)
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 143 and 'rank 0 saved' in err and 'rank 1 saved' in err, err
+    assert 'Traceback' not in err and 'SignalException' not in err, err
