@@ -721,7 +721,8 @@ def report(loop: Loop) -> StepMetrics | None:
     dt, steps = time.perf_counter() - w.t, it - w.start
     norm = loop.grad_norm if loop.own_norm else engine.get_global_grad_norm()
     if not w.steps: norm = None                   # every step since the last report was dropped: no loss, no norm
-    scale = getattr(engine.optimizer, 'cur_scale', None) if cfg.train.precision == 'fp16' else None
+    fp16 = cfg.train.precision == 'fp16'
+    scale = getattr(engine.optimizer, 'loss_scale', None) if fp16 else None   # ZeRO-0's FP16 optimizers lack cur_scale
     tflops = loop.info.flops_per_step * steps / dt / loop.parallel.layout.world / 1e12
     peak = loop.info.peak_flops
     loss = w.loss / w.steps if w.steps else None

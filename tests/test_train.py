@@ -287,6 +287,23 @@ def test_fp16_trains_with_a_loss_scale_or_is_refused_clearly(tiny_data, tmp_path
     assert rows[-1]['loss_scale'] >= 1
 
 
+@pytest.mark.parametrize('zero', [0, 1])
+def test_fp16_scales_its_loss_dynamically_where_deepspeed_takes_fp16(tiny_data, tmp_path, monkeypatch, zero):
+    "A CPU with AVX-512-FP16/AMX (forced here on any CPU): the loss is scaled dynamically and every report has the scale"
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    if acc.device_name() == 'cpu':
+        monkeypatch.setattr(type(acc), 'is_fp16_supported', lambda self: True)
+    cfg = config(tiny_data, tmp_path / 'run', 'train.iters=3', 'train.eval_iters=0', 'train.precision=fp16',
+                 f'parallel.zero={zero}')
+    r = train(cfg)
+    assert all(math.isfinite(l) for l in r.losses)
+    rows = [json.loads(l) for l in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
+    scales = [row['loss_scale'] for row in rows]
+    assert len(scales) == 3
+    assert all(s is not None and s >= 1 and math.log2(s).is_integer() and s <= 2**16 for s in scales), scales
+
+
 def test_every_optimizer_step_reaches_on_train_step(tiny_data, tmp_path):
     "The per-step hook (gptkit profile's profiler.step()) runs once per step, before that step's report"
     from gptkit.train import Callback
