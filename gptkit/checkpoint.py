@@ -6,16 +6,20 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import math
 import os
 import random
+import re
 import shutil
+import signal
 import traceback
+import types
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 import numpy as np
 
@@ -25,9 +29,9 @@ from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newe
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'save', 'prune', 'saved_layout', 'partitioned',
-           'to_universal', 'load', 'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'check_device',
-           'load_model', 'inspect']
+__all__ = ['log', 'SAFE_TYPES', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'Foreign', 'read_torch_file',
+           'deepspeed_reads_safely', 'save', 'prune', 'saved_layout', 'partitioned', 'to_universal', 'load',
+           'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'check_device', 'load_model', 'inspect']
 
 # %% ../nbs/12b_checkpoint.ipynb #fab65e32
 def model_shapes(model) -> dict[str, list[int]]:
@@ -56,6 +60,131 @@ def set_rng_state(s: dict):
     import torch
     random.setstate(s['python']); np.random.set_state(s['numpy']); torch.set_rng_state(s['torch'])
     if 'cuda' in s and torch.cuda.is_available(): torch.cuda.set_rng_state(s['cuda'])
+
+# %% ../nbs/12b_checkpoint.ipynb #32e4f823
+class Foreign:
+    "A stand-in for a class of another program (a Megatron enum or config) named in a file: its values, nothing run"
+    def __init__(self, *args):
+        self.args = args
+
+    def __repr__(self):
+        return f'{type(self).__name__}{self.args}'
+
+_STAND_INS: dict = {}
+
+def _stand_in(name: str):
+    "A getter of the `Foreign` subclass standing for `name` (module.Class), the same class at every call"
+    return lambda: _STAND_INS.setdefault(name, type(name.rsplit('.', 1)[1], (Foreign,), {'__module__': __name__}))
+
+def _imported(module: str, name: str):
+    "A getter of `module.name`, imported only when a file needs it"
+    def get():
+        import importlib
+        return getattr(importlib.import_module(module), name)
+    return get
+
+def _numpy_rebuild():
+    "numpy's array rebuilder (numpy._core.multiarray._reconstruct; numpy.core.multiarray before numpy 2)"
+    return np.zeros(0).__reduce__()[0]
+
+_MEGATRON = ('megatron.core.enums.ModelType', 'megatron.core.transformer.enums.AttnBackend',
+             'megatron.core.transformer.enums.CudaGraphScope', 'megatron.core.optimizer.optimizer_config.OptimizerConfig',
+             'megatron.core.rerun_state_machine.RerunDiagnostic', 'megatron.core.rerun_state_machine.RerunMode',
+             'megatron.core.rerun_state_machine.RerunState')
+
+# name a file gives a type -> how to get it; besides torch's own weights_only set, nothing else is ever built
+SAFE_TYPES = {
+    # numpy's random state: rng_rank_*.pt and Megatron's rng_state (numpy 2 names, and numpy 1's)
+    'numpy._core.multiarray._reconstruct': _numpy_rebuild, 'numpy.core.multiarray._reconstruct': _numpy_rebuild,
+    'numpy.ndarray': lambda: np.ndarray, 'numpy.dtype': lambda: np.dtype,
+    'numpy.dtypes.UInt32DType': lambda: np.dtypes.UInt32DType,
+    # DeepSpeed's optimizer states (ZeRO 1-3, BF16 optimizer, fp16 loss scalers) and its universal checkpoints
+    **{f'{m}.{n}': _imported(m, n) for m, n in (
+        ('deepspeed.runtime.zero.config', 'ZeroStageEnum'), ('deepspeed.utils.tensor_fragment', 'fragment_address'),
+        ('deepspeed.runtime.fp16.loss_scaler', 'LossScaler'),
+        ('deepspeed.runtime.fp16.loss_scaler', 'DynamicLossScaler'))},
+    # Megatron-LM's model_optim_rng.pt: args, and what megatron/core/safe_globals.py lists
+    'argparse.Namespace': lambda: argparse.Namespace, 'types.SimpleNamespace': lambda: types.SimpleNamespace,
+    'pathlib.PosixPath': lambda: PosixPath, 'pathlib._local.PosixPath': lambda: PosixPath,
+    '_io.BytesIO': lambda: io.BytesIO, 'signal.Signals': lambda: signal.Signals,
+    **{n: _stand_in(n) for n in _MEGATRON},
+}
+
+# types a file builds without naming them: numpy.dtype('u4') is a numpy.dtypes.UInt32DType (the random states')
+_BUILT_BY = {'numpy.dtype': ['numpy.dtypes.UInt32DType']}
+
+def _file_name(f) -> str:
+    "A path as given, or an open file's name"
+    return str(f if isinstance(f, (str, os.PathLike)) else getattr(f, 'name', f))
+
+def _refused(f, name: str) -> CheckpointError:
+    return CheckpointError(f'{_file_name(f)} was not loaded: it asks for the Python object {name}, which '
+                           'checkpoint files do not hold and which could run code')
+
+def _unpickle_error(f, e: Exception) -> CheckpointError:
+    "The one sentence for torch's refusal `e` of file `f`: the object it asked for, or torch's reason"
+    text = str(e)
+    asked = re.search(r"GLOBAL (\S+)|but got <class '([^']+)'>|unrecognized function (\S+)", text)
+    if asked:
+        return _refused(f, next(g for g in asked.groups() if g))
+    reason = text.split('WeightsUnpickler error:')[-1].strip() or text
+    return CheckpointError(f'{_file_name(f)} was not loaded: {reason.splitlines()[0][:200]}')
+
+def _wanted(f) -> list[str]:
+    "The types outside torch's weights_only set that file `f` needs (every allowed one for torch's pre-1.6 format)"
+    import torch
+    try:
+        named = torch.serialization.get_unsafe_globals_in_checkpoint(f)
+    except ValueError:                 # not a zip file: torch lists nothing, and every allowed type is offered
+        named = list(SAFE_TYPES)
+    finally:
+        if hasattr(f, 'seek'):
+            f.seek(0)
+    return sorted({*named, *(n for x in named for n in _BUILT_BY.get(x, []))})
+
+def _torch_load(f, map_location, mmap: bool):
+    "torch's weights_only load of `f`; a file in torch's pre-1.6 format, which cannot be mapped, is read whole"
+    import torch
+    try:
+        return torch.serialization.load(f, map_location=map_location, weights_only=True, mmap=mmap)
+    except RuntimeError as e:
+        if not mmap or 'mmap can only be used' not in str(e):
+            raise
+    return torch.serialization.load(f, map_location=map_location, weights_only=True)
+
+def read_torch_file(f, map_location='cpu', mmap: bool = False):
+    "What `torch.save` wrote to `f`, built by torch's weights_only unpickler from tensors, plain values and `SAFE_TYPES`"
+    import pickle
+
+    import torch
+    try:
+        wanted = _wanted(f)
+        unknown = sorted(n for n in wanted if n not in SAFE_TYPES)
+        if unknown:
+            raise _refused(f, unknown[0])
+        with torch.serialization.safe_globals([(SAFE_TYPES[n](), n) for n in wanted]):
+            return _torch_load(f, map_location, mmap)
+    except pickle.UnpicklingError as e:
+        raise _unpickle_error(f, e) from None
+    except (RuntimeError, EOFError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f'{_file_name(f)} cannot be read as a torch file: {reason[:200]}') from None
+
+# %% ../nbs/12b_checkpoint.ipynb #552a6747
+@contextmanager
+def deepspeed_reads_safely():
+    "Inside the block, every `torch.load` (DeepSpeed's, with weights_only=False) reads through `read_torch_file`"
+    import torch
+    before = torch.load
+
+    def guarded(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **kwargs):
+        return read_torch_file(f, map_location=map_location, mmap=bool(mmap))
+
+    torch.load = guarded
+    try:
+        yield
+    finally:
+        torch.load = before
 
 # %% ../nbs/12b_checkpoint.ipynb #ad8b23f1
 def _space_short(root: Path) -> str | None:
@@ -154,7 +283,7 @@ def to_universal(src: str | Path, dst: str | Path) -> Path:
     args = argparse.Namespace(input_folder=str(src), output_folder=str(dst), num_extract_workers=1, num_merge_workers=1,
                               keep_temp_folder=False, strict=True, inject_missing_state=True)
     out = io.StringIO()
-    with redirect_stdout(out), redirect_stderr(out): ds_to_universal.main(args)
+    with redirect_stdout(out), redirect_stderr(out), deepspeed_reads_safely(): ds_to_universal.main(args)
     log.debug('ds_to_universal %s -> %s:\n%s', src, dst, out.getvalue())
     return Path(dst)
 
@@ -168,6 +297,12 @@ def _share(value):
 def _barrier():
     import torch.distributed as dist
     if dist.is_initialized(): dist.barrier()
+
+def _conversion_error(e: Exception) -> tuple[bool, str]:
+    "(whether it is already one sentence, what to say) for a failed conversion: a file refused says so itself"
+    if isinstance(e, CheckpointError):
+        return True, str(e)
+    return False, e.strerror if isinstance(e, OSError) and e.strerror else f'{type(e).__name__}: {e}'
 
 def _universal_copy(folder: Path, rank: int) -> Path:
     "Rank 0 converts `folder` into the hidden folder `.universal-<tag>` beside it; every rank returns that folder"
@@ -183,11 +318,13 @@ def _universal_copy(folder: Path, rank: int) -> Path:
             os.replace(tmp, work)
         except Exception as e:   # reported on every rank below, so that none waits for a folder that never comes
             shutil.rmtree(tmp, ignore_errors=True)
-            error = e.strerror if isinstance(e, OSError) and e.strerror else f'{type(e).__name__}: {e}'
+            error = _conversion_error(e)
     error = _share(error)
+    if error and error[0]:
+        raise CheckpointError(error[1])
     if error:
         raise CheckpointError(f'could not convert {folder} for another number of data-parallel ranks in {work}: '
-                              f'{error}')
+                              f'{error[1]}')
     return work
 
 @contextmanager
@@ -214,8 +351,7 @@ def _repair_zero3(engine, universal: Path):
     import torch
     # It copies param_groups[0]'s hyperparameters into every group, so biases and norms would get the matrices'
     # weight decay; the saved groups are put back one by one.
-    saved = torch.load(universal / 'zero' / 'optimizer_state.pt', map_location='cpu', weights_only=False,
-                       mmap=True)['param_groups']
+    saved = read_torch_file(universal / 'zero' / 'optimizer_state.pt', mmap=True)['param_groups']
     groups = engine.optimizer.optimizer.param_groups
     if len(saved) != len(groups):
         raise CheckpointError(f'{universal.name} holds {len(saved)} optimizer parameter groups '
@@ -235,7 +371,7 @@ def _load_repartitioned(engine, folder: Path, state: dict, was: int, now: int, r
                               f'gptkit checkpoint reshard writes its weights for a resume with a fresh optimizer')
     work = _universal_copy(folder, rank)
     try:
-        with _loading_universal(engine):
+        with _loading_universal(engine), deepspeed_reads_safely():
             path, client = engine.load_checkpoint(str(work), tag=folder.name, load_module_strict=True,
                                                   load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is not None and engine.zero_optimization_stage() == 3: _repair_zero3(engine, work / folder.name)
@@ -274,7 +410,7 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     import torch
     tp, p = (1, None) if parallel is None else (parallel.layout.tp, parallel)
     mp = 0 if p is None else p.tp_rank + tp * p.pp_rank
-    shard = torch.load(folder / f'mp_rank_{mp:02d}_model_states.pt', map_location='cpu', weights_only=False)['module']
+    shard = read_torch_file(folder / f'mp_rank_{mp:02d}_model_states.pt')['module']
     engine.module.load_state_dict(shard, strict=True)
     it, sched = state['iteration'], engine.lr_scheduler
     if sched is not None:
@@ -298,8 +434,9 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
     if was != now and partitioned(folder):
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
     else:
-        path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
-                                              load_optimizer_states=True, load_lr_scheduler_states=True)
+        with deepspeed_reads_safely():
+            path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
+                                                  load_optimizer_states=True, load_lr_scheduler_states=True)
         if was != now and rank == 0:
             log.info('resuming a checkpoint from %d data-parallel ranks on %d: '
                      'its optimizer states are not partitioned and load unchanged', was, now)
@@ -311,7 +448,7 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
     # accumulation steps anyway, so runs with dropout continue reproducibly but not identically).
     rng = folder / f'rng_rank_{rank:03d}.pt'
     if was != now or not rng.is_file(): rng = folder / 'rng_rank_000.pt'
-    set_rng_state(torch.load(rng, weights_only=False))
+    set_rng_state(read_torch_file(rng))
     return {**state, 'client': client}
 
 # %% ../nbs/12b_checkpoint.ipynb #7647c3c9
@@ -365,18 +502,15 @@ def _read_weights(folder: Path) -> dict:
         return merge_weights(shards, read_config(folder).model, tp)
     if _zero_stage(folder) == 3:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
+        with deepspeed_reads_safely():
+            return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
     return dict(_model_file(_model_states(folder))['module'])
 
 def _model_file(f: Path) -> dict:
     """A DeepSpeed model-states file, read through a memory map: weights come from the page cache as they are used,
     so that the processes of a tensor-parallel job loading one checkpoint share one copy (a file in torch's legacy
     format, which cannot be mapped, is read whole)"""
-    import torch
-    try: return torch.load(f, map_location='cpu', weights_only=False, mmap=True)
-    except RuntimeError as e:
-        if 'mmap can only be used' not in str(e): raise
-        return torch.load(f, map_location='cpu', weights_only=False)
+    return read_torch_file(f, mmap=True)
 
 # %% ../nbs/12b_checkpoint.ipynb #82da6b4c
 @dataclass

@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
+import shutil
 from pathlib import Path
 
-from .checkpoint import check_shapes, checkpoint_parts, save
+from .checkpoint import check_shapes, checkpoint_parts, read_torch_file, save
 from .config import ConfigError, ModelConfig, RunConfig, save_config, write_atomic
 from .params import hf_family, param_table, stage_layers
 from .store import CheckpointError, manifest, staged_dir, state_text, tag
@@ -19,9 +21,43 @@ from .store import CheckpointError, manifest, staged_dir, state_text, tag
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'HF_ACTIVATIONS', 'to_hf', 'from_hf', 'config_from_hf', 'config_to_hf', 'write_hf_tokenizer', 'export_hf',
-           'write_run', 'import_hf', 'qkv_to_megatron', 'qkv_from_megatron', 'to_megatron', 'from_megatron',
-           'megatron_args', 'config_from_megatron', 'export_megatron', 'import_megatron', 'reshard']
+__all__ = ['log', 'HF_ACTIVATIONS', 'clear_stale', 'to_hf', 'from_hf', 'config_from_hf', 'config_to_hf', 'write_hf_tokenizer',
+           'export_hf', 'write_run', 'import_hf', 'qkv_to_megatron', 'qkv_from_megatron', 'to_megatron',
+           'from_megatron', 'megatron_args', 'config_from_megatron', 'export_megatron', 'import_megatron', 'reshard']
+
+# %% ../nbs/12c_interop.ipynb #8ec7388d
+_STAGING_RE = re.compile(r'^\..+\.tmp-(\d+)$')
+
+def _alive(pid: int) -> bool:
+    "Whether process `pid` runs on this machine (one of another user counts)"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):     # another user's; or no process id at all: kept
+        return True
+    return True
+
+def _stale(p: Path) -> bool:
+    "Whether `p` is a staging folder whose writing process is gone"
+    m = _STAGING_RE.match(p.name)
+    return bool(m) and p.is_dir() and not p.is_symlink() and int(m[1]) != os.getpid() and not _alive(int(m[1]))
+
+def clear_stale(parent: str | Path) -> list[Path]:
+    "Remove the staging folders (`.NAME.tmp-PID`) in `parent` whose writing process is gone; return them"
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    stale = [p for p in sorted(parent.iterdir()) if _stale(p)]
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+        log.info('removed %s, left by a process stopped while writing it', p)
+    return stale
+
+def _staged(out_dir: str | Path, needed: int | None = None):
+    "The store's `staged_dir` for `out_dir`, once what killed writers left beside it is gone"
+    clear_stale(Path(out_dir).parent)
+    return staged_dir(out_dir, needed)
 
 # %% ../nbs/12c_interop.ipynb #20dc3903
 def _hf_names(cfg: ModelConfig, where: str = 'the model') -> list:
@@ -163,7 +199,7 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     if tok is None: log.warning('%s has no tokenizer/; the export holds the model only', folder)
     tensors = to_hf(weights, cfg.model)
     dtype = str(next(iter(tensors.values())).dtype).removeprefix('torch.')
-    with staged_dir(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
+    with _staged(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
         config = config_to_hf(cfg.model, tok.eod if tok else None, dtype)
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))
         save_file(tensors, tmp / 'model.safetensors', metadata={'format': 'pt'})
@@ -186,7 +222,7 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
     with torch.device('meta'): model = GPT(model_cfg)
     check_shapes({k: list(v.shape) for k, v in weights.items()}, model, where)
     model.load_state_dict({k: v.float().contiguous() for k, v in weights.items()}, strict=True, assign=True)
-    with staged_dir(out) as tmp:
+    with _staged(out) as tmp:
         save_tokenizer(tok, tmp / 'tokenizer')
         save_config(cfg, tmp / 'config.json')
         init_distributed()
@@ -212,7 +248,8 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
             if f.suffix == '.safetensors':
                 from safetensors.torch import load_file
                 sd.update(load_file(f))
-            else: sd.update(torch.load(f, map_location='cpu', weights_only=True))
+            else: sd.update(read_torch_file(f))
+        except CheckpointError: raise
         except Exception as e: raise CheckpointError(f'{f} cannot be read as weights: {e}') from None
     embedding = 'model.embed_tokens.weight'
     if hf_family(m) == 'gpt2':
@@ -374,7 +411,7 @@ def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
     files = tuple(str(out.resolve() / 'tokenizer' / f) if tok else None for f in ('vocab.json', 'merges.txt'))
     ckpt = {'args': megatron_args(cfg.model, it, state.get('consumed_samples', 0), *files), 'checkpoint_version': 3.0,
             'iteration': it, 'model': to_megatron(weights, cfg.model)}
-    with staged_dir(out, sum(t.nbytes for t in weights.values())) as tmp:
+    with _staged(out, sum(t.nbytes for t in weights.values())) as tmp:
         shard = tmp / f'iter_{it:07d}' / 'mp_rank_00'
         shard.mkdir(parents=True)
         torch.save(ckpt, shard / 'model_optim_rng.pt')
@@ -405,19 +442,6 @@ def _megatron_shard(src: Path) -> Path:
     if not (shards[0] / 'model_optim_rng.pt').is_file(): raise CheckpointError(f'{shards[0]} has no model_optim_rng.pt')
     return shards[0] / 'model_optim_rng.pt'
 
-def _load_megatron(path: Path) -> dict:
-    import pickle
-
-    import torch
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError:
-        log.warning('%s holds Python objects besides tensors and args; '
-                    'loading it fully (only do this with checkpoints you trust)', path)
-    try: return torch.load(path, map_location='cpu', weights_only=False)
-    except Exception as e: raise CheckpointError(f'{path} cannot be read: {e}') from None
-
 def _megatron_tokenizer(src: Path, args: dict, tokenizer):
     "The tokenizer for a Megatron checkpoint: given, saved beside it, its args' vocab/merge files, or GPT-2's"
     from gptkit.tokenizer import from_bpe_files, gpt2, load
@@ -435,7 +459,7 @@ def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path 
     from gptkit.config import DataError
     src = Path(src)
     shard = _megatron_shard(src)
-    ckpt = _load_megatron(shard)
+    ckpt = read_torch_file(shard)
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get('model'), dict):
         raise CheckpointError(f"{shard} is not a Megatron model checkpoint: it has no 'model' dict")
     args = ckpt.get('args')
@@ -481,7 +505,7 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
     parallel = dataclasses.replace(cfg.parallel, tp=tp, pp=pp, dp=1, zero=zero, balance=balance, offload=offload)
     new = dataclasses.replace(cfg, parallel=parallel, out=str(Path(out_dir).resolve()))
     name = tag(state['iteration'])
-    with staged_dir(out_dir) as tmp:
+    with _staged(out_dir) as tmp:
         ck = tmp / 'checkpoints' / name
         ck.mkdir(parents=True)
         for p in range(pp):

@@ -206,13 +206,14 @@ def measure_parallel(model: ModelConfig, micro_batch: int = 2, cases=PARALLEL_CA
     import torch.multiprocessing as mp
 
     import gptkit.memory
+    from gptkit.checkpoint import read_torch_file
     env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
            if k in os.environ}
     with tempfile.TemporaryDirectory() as tmp:
         try: mp.spawn(gptkit.memory._parallel_worker, args=(world, model, micro_batch, cases, f'{tmp}/init', tmp),
                       nprocs=world, join=True)
         finally: os.environ.update(env)
-        return [r for rank in range(world) for r in torch.load(f'{tmp}/{rank}.pt')]
+        return [r for rank in range(world) for r in read_torch_file(f'{tmp}/{rank}.pt')]
 
 def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, measured: list[dict]) -> list[Row]:
     "One row per case and pipeline stage: the estimator against the largest rank, with 1F1B's micro-batches in flight"

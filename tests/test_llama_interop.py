@@ -109,7 +109,7 @@ def test_llama_megatron_export_runs_in_megatron_core_with_the_same_logits(llama,
     from megatron.core.transformer.transformer_config import TransformerConfig
     run = llama[2]
     meg = interop.export_megatron(run, tmp_path / 'meg')
-    raw = torch.load(megatron_file(meg), weights_only=False)
+    raw = ck.read_torch_file(megatron_file(meg))
     a = raw['args']
     assert (a.position_embedding_type, a.normalization, a.swiglu, a.num_query_groups) == ('rope', 'RMSNorm', True, 2)
     cfg = TransformerConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
