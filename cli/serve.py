@@ -7,12 +7,19 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from gptkit.config import ConfigError, GptkitError
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
+
+
+def _quoted(text: str) -> str:
+    "`text` quoted and cut to 60 characters, with the braces of a message template doubled"
+    said = repr(text) if len(text) <= 60 else repr(text[:60]) + '...'
+    return said.replace('{', '{{').replace('}', '}}')
 
 
 @app.command()
@@ -33,6 +40,13 @@ def serve(
     device: Annotated[Optional[str], Opt(help='cpu or cuda (default: cuda when there is a GPU).')] = None,
     tp: Annotated[int, Opt(help='Shard the model over this many processes on this machine, as training splits it '
                                 '(torchrun; gloo on CPU, NCCL on GPU); the first serves.')] = 1,
+    api_key: Annotated[Optional[str], Opt(envvar='GPTKIT_API_KEY', show_default=False, help=(
+        'Require this key on /api and /v1 ("Authorization: Bearer KEY", as OpenAI clients send their api_key); '
+        '/health and the web page stay open, and the page asks for the key. Prefer the environment variable: other '
+        "users see a command line in ps."))] = None,
+    allowed_host: Annotated[Optional[list[str]], Opt(help=(
+        'Also answer requests whose Host header names this (repeatable; * for any). Loopback names and --host are '
+        'always answered; others are refused, which stops DNS rebinding.'))] = None,
 ):
     ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
      """and /v1/models, /health, and a web page at /.""")
@@ -41,25 +55,40 @@ def serve(
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
     if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
     if tp < 1: bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
+    if api_key is not None and not api_key.strip():
+        bad.append(('api_key', '{key} (or GPTKIT_API_KEY) is empty; give a key or leave it out'))
+    for h in allowed_host or []:
+        if not h or any(c in h for c in '/ \t'):
+            bad.append(('allowed_host', f'{{key}} {_quoted(h)} must be a host name or address like example.com, '
+                                        'without a scheme or a path'))
     if bad: raise ConfigError(bad)
     import os
+
+    from gptkit.serve import Access, Limits, check_address, serve as run
+    check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'serve', tp))
     if tp > 1: device = join_tp(device)[1]
     from gptkit.generate import Generator
-    from gptkit.serve import Limits, serve as run
-    with out.status(f'loading {checkpoint}'):
+    with out.status(f'loading {escape(str(checkpoint))}'):
         gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
     # the biggest batch the server runs (a request alone may be bigger than max_batch): its KV cache must fit
     gen.check_batch(*max((max_batch, 'max_batch'), (max_prompts, 'max_prompts')))
+    if os.environ.get('RANK', '0') == '0': check_address(host, port)      # the first rank serves; the others follow
     folder = gen.loaded.folder
     name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)
-    out.print(f'[bold]{name}[/]: {folder} (step {gen.loaded.state.get("iteration", "?")}), context {gen.context}, '
-              f'on {gen.model.wte.weight.device}')
-    out.print(f'  web page   http://{host}:{port}/\n  Megatron   PUT  http://{host}:{port}/api\n'
-              f'  OpenAI     POST http://{host}:{port}/v1/completions, /v1/chat/completions  (base_url '
-              f'http://{host}:{port}/v1)\n'
-              f'  schema     http://{host}:{port}/docs')
-    run(gen, host, port, Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch), name)
+    out.print(f'[bold]{escape(name)}[/]: {escape(str(folder))} (step {gen.loaded.state.get("iteration", "?")}), '
+              f'context {gen.context}, on {gen.model.wte.weight.device}')
+    at = escape(f'http://{host}:{port}')
+    out.print(f'  web page   {at}/\n  Megatron   PUT  {at}/api\n'
+              f'  OpenAI     POST {at}/v1/completions, /v1/chat/completions  (base_url {at}/v1)\n'
+              f'  schema     {at}/docs')
+    hosts = ['*'] if '*' in (allowed_host or []) else ['localhost', '127.0.0.1', '::1', host, *(allowed_host or [])]
+    out.print(f'  Host       {escape(", ".join(dict.fromkeys(hosts)))}' + ('' if '*' in hosts else
+              ' (others are refused; add names with --allowed-host)'))
+    key = 'required on /api and /v1' if api_key else 'none (anyone who reaches the server may use it; see --api-key)'
+    out.print(f'  API key    {key}')
+    limits = Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch)
+    run(gen, host, port, limits, name, access=Access(tuple(allowed_host or ()), api_key))
 
 
 @app.command()

@@ -8,30 +8,37 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import hmac
+import html
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Union
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .config import ConfigError
+from .config import ConfigError, GptkitError
 from .generate import Generator, RunningBatch, Sampling, agree
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'Limits', 'Busy', 'Job', 'Work', 'advance', 'follow', 'Worker',
-           'MegatronRequest', 'StreamOptions', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest',
-           'BadRequest', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_prompt', 'chat_job',
-           'GenerationFailed', 'CompletionLogprobs', 'make_app', 'page_html', 'serve', 'Server']
+__all__ = ['log', 'BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'LOOPBACK', 'WILDCARD', 'PAGE_HEADERS',
+           'ASSETS', 'Limits', 'prompt_tokens', 'longest_token', 'prompt_chars', 'body_limit', 'Busy', 'Job', 'Work',
+           'advance', 'follow', 'Worker', 'MegatronRequest', 'StreamOptions', 'CompletionRequest', 'TextPart',
+           'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_prompt',
+           'chat_job', 'Access', 'host_name', 'Gate', 'Guard', 'GenerationFailed', 'CompletionLogprobs', 'make_app',
+           'page_html', 'check_address', 'access_on', 'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -44,6 +51,27 @@ class Limits:
     max_batch: int = 128                   # rows (prompts x samples) generated at once, all requests together
     continuous: bool = True                # requests join the running batch at the next token; False: a batch
                                            # of the requests that arrived together runs to its end first
+
+# %% ../nbs/15_serve.ipynb #e71ba994
+BYTES_PER_TOKEN = 32        # a request body's bytes per prompt token: text averages ~4, JSON escapes take up to 12
+BODY_EXTRA = 64 * 1024      # a body's other fields: sampling settings, stop strings, roles
+
+def prompt_tokens(limits: Limits, context: int) -> int:
+    "The most tokens a prompt may have: `limits.max_prompt_tokens`, and at most the model's context less one"
+    return min(limits.max_prompt_tokens or context - 1, context - 1)
+
+@functools.lru_cache(maxsize=16)
+def longest_token(tok) -> int:
+    "The most characters one token of `tok` stands for: its vocabulary's longest entry"
+    return max(len(t) for t in tok.hf.get_vocab(with_added_tokens=True))
+
+def prompt_chars(tok, limits: Limits, context: int) -> int:
+    "The most characters a prompt that fits in the token limit can have"
+    return prompt_tokens(limits, context) * longest_token(tok)
+
+def body_limit(limits: Limits, context: int) -> int:
+    "The most bytes a request body may have"
+    return limits.max_prompts * prompt_tokens(limits, context) * BYTES_PER_TOKEN + BODY_EXTRA
 
 # %% ../nbs/15_serve.ipynb #594fca64
 class Busy(Exception):
@@ -292,12 +320,16 @@ def _sampling(param_names: dict, **kw) -> Sampling:
         raise BadRequest(m.format(key=param_names.get(k, k)), param_names.get(k, k)) from None
 
 def _encode(gen: Generator, prompts: list[str], limits: Limits, field: str) -> list[list[int]]:
-    most = min(limits.max_prompt_tokens or gen.context - 1, gen.context - 1)
+    "Each prompt's tokens; a prompt too long for the server is refused, by its characters before it is tokenized"
+    most, chars = prompt_tokens(limits, gen.context), prompt_chars(gen.tok, limits, gen.context)
     rows = []
     for i, p in enumerate(prompts):
+        where = field if len(prompts) == 1 else f'{field}[{i}]'
+        if len(p) > chars:
+            raise BadRequest(f'{where} has {len(p):,} characters; this server takes at most {most:,} tokens, which '
+                             f'is at most {chars:,} characters', field, 400)
         ids = gen.tok.encode(p) if p else [gen.tok.eod]
         if len(ids) > most:
-            where = field if len(prompts) == 1 else f'{field}[{i}]'
             raise BadRequest(f'{where} has {len(ids):,} tokens; this server takes at most {most:,}', field, 400)
         rows.append(ids)
     return rows
@@ -414,9 +446,9 @@ def chat_job(gen: Generator, r: ChatRequest, limits: Limits) -> tuple[str, list[
 ERRORS = {400: {'description': 'A request the server refuses, with one sentence saying why'},
           503: {'description': 'Too many requests are waiting'}}
 
-def _openai_error(message: str, param: str | None, status: int = 400) -> JSONResponse:
+def _openai_error(message: str, param: str | None, status: int = 400, code: str | None = None) -> JSONResponse:
     kind = 'invalid_request_error' if status < 500 else 'server_error'
-    return JSONResponse({'error': {'message': message, 'type': kind, 'param': param, 'code': None}}, status_code=status)
+    return JSONResponse({'error': {'message': message, 'type': kind, 'param': param, 'code': code}}, status_code=status)
 
 def _megatron_error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({'message': message}, status_code=status)
@@ -447,6 +479,174 @@ def _http_sentence(method: str, path: str, status: int, body: bytes) -> str:
     except RecursionError: return 'the body nests JSON arrays or objects too deeply to parse'
     except ValueError as e: return f'the body is not valid JSON ({e})'
     return 'the body could not be parsed'
+
+# %% ../nbs/15_serve.ipynb #cc18e224
+LOOPBACK = ('localhost', '127.0.0.1', '::1')    # the names a server on this machine is always reached by
+WILDCARD = ('0.0.0.0', '::', '')                 # addresses that listen on every interface
+PAGE_HEADERS = {'content-security-policy': "default-src 'none'; script-src 'self'; style-src 'self'; "
+                                           "connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; "
+                                           "frame-ancestors 'none'",
+                'x-frame-options': 'DENY', 'referrer-policy': 'no-referrer'}
+
+@dataclass(frozen=True)
+class Access:
+    "Who may use the server: the Host names it answers to besides loopback ones, and the key its APIs need"
+    hosts: tuple[str, ...] = ()                              # '*': any name
+    api_key: str | None = field(default=None, repr=False)    # None: no key
+
+def host_name(value: str) -> str:
+    "A Host header's name without its port, in lower case: 'LocalHost:5000' -> 'localhost', '[::1]:80' -> '::1'"
+    value = value.strip().lower()
+    if value.startswith('['):
+        return value[1:].partition(']')[0]
+    if value.count(':') == 1:
+        value = value.partition(':')[0]
+    return value.rstrip('.')
+
+def _shorten(text: str, most: int = 60) -> str:
+    "`text` quoted, and cut to about `most` characters"
+    said = repr(text)
+    return said if len(said) <= most else said[:most] + '...'
+
+def _needs_key(path: str) -> bool:
+    "Whether `path` is one of the APIs, which an API key guards"
+    return path in ('/api', '/v1') or path.startswith(('/api/', '/v1/'))
+
+class Gate:
+    "What the server lets in (Host names, the API key, body sizes), and whether it is closing"
+    def __init__(self, access: Access, max_body: int):
+        self.max_body = max_body
+        self.hosts = None if '*' in access.hosts else frozenset(host_name(h) for h in LOOPBACK + access.hosts)
+        self.key = access.api_key.encode('utf-8') if access.api_key else None
+        self.closing = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def close(self):
+        "The server is stopping: bodies still arriving are answered 503; safe from a signal handler or another thread"
+        if self.loop is None:
+            return self.closing.set()
+        self.loop.call_soon_threadsafe(self.closing.set)
+
+    def too_big(self, size: int, exact: bool = True) -> str:
+        "The sentence for a body of `size` bytes (`exact`: declared, else counted so far)"
+        said = f'{size:,} bytes' if exact else f'more than {self.max_body:,} bytes'
+        return (f'the body has {said}; this server takes at most {self.max_body:,} bytes (--max-prompts x '
+                f'--max-prompt-tokens x {BYTES_PER_TOKEN} bytes, and {BODY_EXTRA // 1024} KiB for the other fields)')
+
+    def refusal(self, scope) -> tuple[int, str] | None:
+        "Why a request is refused before its body is read, as (status, sentence), or None"
+        headers = scope['headers']
+        for value in (v.decode('latin-1') for k, v in headers if k == b'host'):
+            if self.hosts is not None and host_name(value) not in self.hosts:
+                return 421, (f'the Host header {_shorten(value)} is not a name this server answers to '
+                             f'({", ".join(sorted(self.hosts))}); start it with --allowed-host to add one')
+        said = self._key_problem(scope['path'], [v for k, v in headers if k == b'authorization'])
+        if said:
+            return 401, said
+        for value in (v for k, v in headers if k == b'content-length'):
+            if len(value) > 15 or int(value) > self.max_body:
+                return 413, self.too_big(int(value) if len(value) < 40 else 10**40)
+        return None
+
+    def _key_problem(self, path: str, given: list[bytes]) -> str | None:
+        "Why the API key sent to `path` is refused, or None (none needed there, or the right one)"
+        if self.key is None or not _needs_key(path):
+            return None
+        where = 'the key the server was started with (--api-key or GPTKIT_API_KEY)'
+        if not given:
+            return f'this server needs an API key: send the header "Authorization: Bearer KEY" with {where}'
+        scheme, _, token = given[0].strip().partition(b' ')
+        if scheme.lower() != b'bearer':
+            return f'the Authorization header must be "Bearer KEY" with {where}'
+        if not hmac.compare_digest(token.strip(), self.key):
+            return f'the API key in the Authorization header is wrong; send {where}'
+        return None
+
+# %% ../nbs/15_serve.ipynb #fb42e6c9
+async def _nothing():
+    return {'type': 'http.disconnect'}
+
+def _hardened(send):
+    "`send`, adding X-Content-Type-Options: nosniff to every response"
+    async def hardened(message):
+        if message['type'] == 'http.response.start':
+            message = {**message, 'headers': [*message.get('headers', []), (b'x-content-type-options', b'nosniff')]}
+        await send(message)
+    return hardened
+
+def _replay(body: bytes, receive):
+    "A receive that gives the body read already, then what the connection says next (its disconnect)"
+    given = False
+    async def replay():
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {'type': 'http.request', 'body': body, 'more_body': False}
+    return replay
+
+async def _answer(scope, send, status: int, message: str):
+    "Refuse a request with `status` and one sentence in its API's shape: Megatron's under /api, OpenAI's elsewhere"
+    path = scope['path']
+    if path == '/api' or path.startswith('/api/'):
+        response = _megatron_error(message, status)
+    else:
+        response = _openai_error(message, None, status, 'invalid_api_key' if status == 401 else None)
+    if status == 401:
+        response.headers['www-authenticate'] = 'Bearer'
+    await response(scope, _nothing, _hardened(send))
+
+class Guard:
+    "ASGI middleware in front of the app: the gate's refusals, then the body read within its limit, then the app"
+    def __init__(self, app, gate: Gate):
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope, receive, send):
+        if scope['type'] != 'http':
+            return await self.app(scope, receive, send)
+        self.gate.loop = asyncio.get_running_loop()
+        refused = self.gate.refusal(scope)
+        if refused is not None:
+            return await _answer(scope, send, *refused)
+        body = await self._body(scope, receive, send)
+        if body is None:
+            return
+        try:
+            await self.app(scope, _replay(body, receive), _hardened(send))
+        except asyncio.CancelledError:
+            if not self.gate.closing.is_set():
+                raise
+            log.warning('%s %s was still running when the server stopped', scope['method'], scope['path'])
+
+    async def _body(self, scope, receive, send) -> bytes | None:
+        "The request's whole body; None when it was answered (413, or 503 while closing) or its client left"
+        chunks, size = [], 0
+        while True:
+            message = await self._receive(receive)
+            if message is None:
+                return await _answer(scope, send, 503, 'the server is shutting down; send the request again later')
+            if message['type'] == 'http.disconnect':
+                return None
+            chunk = message.get('body', b'')
+            size += len(chunk)
+            if size > self.gate.max_body:
+                return await _answer(scope, send, 413, self.gate.too_big(size, exact=False))
+            chunks.append(chunk)
+            if not message.get('more_body', False):
+                return b''.join(chunks)
+
+    async def _receive(self, receive) -> dict | None:
+        "The request's next message, or None when the server starts closing first"
+        if self.gate.closing.is_set():
+            return None
+        got = asyncio.ensure_future(receive())
+        closing = asyncio.ensure_future(self.gate.closing.wait())
+        try:
+            await asyncio.wait((got, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            got.cancel()
+        return got.result() if got.done() and not got.cancelled() else None
 
 # %% ../nbs/15_serve.ipynb #904f8350
 class GenerationFailed(Exception):
@@ -489,8 +689,8 @@ class CompletionLogprobs:
                 'top_logprobs': tops if any(t is not None for t in tops) else None,
                 'text_offset': self.text_offset[mark:]}
 
-def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') -> FastAPI:
-    "The FastAPI app serving `gen`"
+def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', access: Access = Access()) -> FastAPI:
+    "The FastAPI app serving `gen`, behind a `Guard` that lets in what `access` and `limits` allow"
     worker = Worker(gen, limits)
 
     from contextlib import asynccontextmanager
@@ -502,6 +702,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
     app = FastAPI(title='gptkit', version='1', lifespan=lifespan,
                   description="A gptkit checkpoint behind Megatron's and OpenAI's text generation APIs")
     app.state.worker, app.state.model_name = worker, name
+    app.state.gate = Gate(access, body_limit(limits, gen.context))
+    app.add_middleware(Guard, gate=app.state.gate)
     created = int(time.time())
 
     def openapi() -> dict:
@@ -700,33 +902,75 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit') ->
         return {**head, 'object': 'chat.completion', 'choices': choices, 'usage': usage(rows, made)}
 
     @app.get('/', response_class=HTMLResponse, include_in_schema=False)
-    async def page(): return HTMLResponse(page_html(name, gen.context))
+    async def page():
+        return HTMLResponse(page_html(name, gen.context, access.api_key is not None), headers=PAGE_HEADERS)
+
+    @app.get('/static/{asset}', include_in_schema=False)
+    async def static(asset: str):
+        if asset not in ASSETS:
+            raise StarletteHTTPException(404)
+        return Response(_asset(asset), media_type=ASSETS[asset], headers=PAGE_HEADERS)
 
     return app
 
 # %% ../nbs/15_serve.ipynb #39825abc
-def page_html(name: str, context: int) -> str:
-    "The web page served at /"
+ASSETS = {'serve.js': 'text/javascript; charset=utf-8', 'serve.css': 'text/css; charset=utf-8'}
+
+def _asset(name: str) -> str:
+    "The text of the web page's file `name`"
     from importlib.resources import files
-    html = (files('gptkit') / 'assets' / 'web' / 'serve.html').read_text(encoding='utf-8')
-    return html.replace('{{MODEL}}', name).replace('{{CONTEXT}}', str(context))
+    return (files('gptkit') / 'assets' / 'web' / name).read_text(encoding='utf-8')
+
+def page_html(name: str, context: int, key: bool = False) -> str:
+    "The web page served at /, with the model's name escaped; `key`: the page asks for the API key"
+    html_text = _asset('serve.html')
+    html_text = html_text.replace('{{MODEL}}', html.escape(name, quote=True)).replace('{{CONTEXT}}', str(int(context)))
+    return html_text.replace('{{KEY}}', 'required' if key else 'none')
 
 # %% ../nbs/15_serve.ipynb #d2a8c1ae
+class _Uvicorn(uvicorn.Server):
+    "uvicorn's server, telling the app's gate as soon as a signal asks it to stop"
+    def handle_exit(self, sig, frame):
+        self.config.app.state.gate.close()
+        super().handle_exit(sig, frame)
+
+def check_address(host: str, port: int):
+    "Refuse, before a model loads, an address the server cannot listen on: one that does not resolve, or is in use"
+    family = socket.AF_INET6 if ':' in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except (socket.gaierror, UnicodeError) as e:
+            why = getattr(e, 'strerror', None) or e
+            said = f'{_shorten(host)} is not an address or a name of this machine ({why})'
+            raise ConfigError([('host', '{key} ' + said.replace('{', '{{').replace('}', '}}'))]) from None
+        except OSError as e:
+            raise GptkitError(f'cannot listen on {_shorten(host)} port {port} ({e.strerror}); choose another --host '
+                              'or --port') from None
+
+def access_on(host: str, access: Access) -> Access:
+    "`access` and the name of `host`, the address the server listens on (on every interface: this machine's name)"
+    return replace(access, hosts=access.hosts + ((socket.gethostname(),) if host in WILDCARD else (host,)))
+
 def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Limits = Limits(), name: str = 'gptkit',
-          log_level: str = 'info'):
+          log_level: str = 'info', access: Access = Access()):
     """Serve `gen` over HTTP until interrupted (graceful: running requests finish). With tensor parallelism every rank
     calls it: the first serves, the others follow its worker"""
     import torch.distributed as dist
     if gen.tp_group is not None and dist.get_rank(gen.tp_group) != 0: return follow(gen)
-    import uvicorn
-    uvicorn.run(make_app(gen, limits, name), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    app = make_app(gen, limits, name, access_on(host, access))
+    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30))
+    try:
+        server.run()
+    except KeyboardInterrupt:      # uvicorn raises Ctrl-C again once it has stopped; it asked to stop, and did
+        pass
 
 class Server:
     "The app on a uvicorn server in a background thread: `with Server(gen) as url: ...`"
     def __init__(self, gen: Generator, limits: Limits = Limits(), host: str = '127.0.0.1', port: int = 0,
-                 name: str = 'gptkit'):
-        import uvicorn
-        self.app = make_app(gen, limits, name)
+                 name: str = 'gptkit', access: Access = Access()):
+        self.app = make_app(gen, limits, name, access_on(host, access))
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level='warning',
                                                     timeout_graceful_shutdown=10))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -741,5 +985,6 @@ class Server:
         return self.url
 
     def __exit__(self, *exc):
+        self.app.state.gate.close()
         self.server.should_exit = True
         self.thread.join(timeout=30)

@@ -232,7 +232,7 @@ def test_openai_bad_requests(url, body, status, message):
 
 
 
-DEEP = b'[' * 100_000 + b']' * 100_000
+DEEP = b'[' * 10_000 + b']' * 10_000     # too deep for Python's parser, within the body limit
 @pytest.mark.parametrize('method,path,body,status,message', [
     ('GET', '/nope', None, 404, 'Invalid URL (GET /nope): this server answers PUT /api, POST /v1/completions'),
     ('GET', '/v1/completions', None, 405, '/v1/completions does not answer GET; use POST'),
@@ -301,7 +301,7 @@ def test_disconnect_mid_stream_does_not_hurt_others(url, gen):
 
     with socket.create_connection((httpx.URL(url).host, httpx.URL(url).port)) as s:
         body = json.dumps({'prompt': 'And', 'max_tokens': 48, 'temperature': 1.0, 'stream': True}).encode()
-        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (len(body), body))
+        s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' % (len(body), body))
         t = threading.Thread(target=steady); t.start()
         received = b''
         while b'data: ' not in received: received += s.recv(4096)   # the stream started ...
