@@ -5,6 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
 
 from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
@@ -40,11 +41,15 @@ def prepare(
     format: InputFormat = 'auto',
     shard: Annotated[str, Opt(help='I/N: prepare only the I-th of N slices of the input files (N parallel runs, '
                                    'then gptkit data merge).')] = '',
+    overwrite: Annotated[bool, Opt('--overwrite', help='Replace a dataset already at the output prefix.')] = False,
+    keep_truncated: Annotated[bool, Opt('--keep-truncated', help='Keep what was read from a truncated or unreadable '
+                                                                  'input instead of failing.')] = False,
 ):
     """Tokenize text into a Megatron indexed dataset (.bin/.idx)."""
     from gptkit.data.prepare import PrepareConfig, prepare as run
     cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
-                        dedupe, clean, fix_unicode, strict, format=format, shard=shard)
+                        dedupe, clean, fix_unicode, strict, format=format, shard=shard, overwrite=overwrite,
+                        keep_truncated=keep_truncated)
     with _bar('preparing') as bar:
         task = bar.add_task('', total=None)
         update = lambda p: bar.update(task, total=p.input_total or None, completed=p.input_bytes,
@@ -62,7 +67,8 @@ def prepare(
     t.add_row('text read', f'{res.tally.bytes / 2**20:,.2f} MB')
     t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s, {res.docs_per_s:,.0f} documents/s)')
     out.print(t)
-    for ex in res.tally.examples: out.print(f'[yellow]  {ex}[/]')
+    for ex in res.tally.examples: out.print(f'[yellow]  {escape(ex)}[/]')
+    for p in res.removed: out.print(f'[dim]removed {escape(str(p))}, left by a run that was killed[/]', soft_wrap=True)
 
 
 @data_app.command()
@@ -120,6 +126,8 @@ def merge(
     input: Annotated[list[str], Opt('--input', '-i', help='Dataset prefix, .bin/.idx file or folder of them, merged '
                                                           'in the order given (repeat for more).')],
     output_prefix: Annotated[str, Opt(help='Writes PREFIX.bin/.idx.')],
+    mixed_tokenizers: Annotated[bool, Opt('--mixed-tokenizers', help='Merge datasets that gptkit prepared with '
+                                                                      'different tokenizers.')] = False,
 ):
     """Join indexed datasets into one, byte for byte as Megatron's tools/merge_datasets.py."""
     from gptkit.data.indexed import merge_datasets
@@ -128,7 +136,7 @@ def merge(
         update = lambda p: bar.update(task, total=p.total or None, completed=p.bytes,
                                       description=f'{p.datasets:,} datasets, {p.bytes / 2**20:,.1f} MB, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
-        res = merge_datasets(input, output_prefix, update)
+        res = merge_datasets(input, output_prefix, update, mixed_tokenizers=mixed_tokenizers)
     t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right')
     t.add_row('datasets merged', f'{res.datasets:,}')

@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from gptkit.config import DataError
+
 from gptkit.data.corpus import read_documents
 from gptkit.data.indexed import IndexedDataset, IndexedWriter
 from gptkit.data.prepare import PrepareConfig, prepare
@@ -28,11 +30,15 @@ def test_interrupted_run_leaves_no_dataset(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_rerun_replaces_the_old_pair(tmp_path):
+def test_rerun_replaces_the_old_pair_only_with_overwrite(tmp_path):
     prepare(PrepareConfig(('builtin:milton',), str(tmp_path / 'out')))
-    prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out')))
+    with pytest.raises(DataError, match=r'out_text_document.bin already exists and holds 7 documents .*--overwrite'):
+        prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out')))
+    assert IndexedDataset(tmp_path / 'out_text_document').num_documents == 7
+    prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out'), overwrite=True))
     assert IndexedDataset(tmp_path / 'out_text_document').num_documents == 1189
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['out_text_document.bin', 'out_text_document.idx']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['out_text_document.bin', 'out_text_document.idx',
+                                                          'out_text_document.metadata']
 
 
 def test_progress_reaches_the_input_size(tmp_path):

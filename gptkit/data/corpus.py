@@ -7,6 +7,7 @@ count every problem."""
 from __future__ import annotations
 
 import bz2
+import codecs
 import contextlib
 import glob
 import gzip
@@ -15,6 +16,7 @@ import io
 import json
 import lzma
 import re
+import stat
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,8 +30,8 @@ from ..config import DataError
 
 # %% auto #0
 __all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'COMPRESSIONS', 'TEXT_FORMATS', 'FORMATS', 'SUFFIXES', 'ACCEPTED',
-           'builtin_path', 'expand_inputs', 'Document', 'Tally', 'input_format', 'read_file', 'read_documents',
-           'clean_text', 'Deduper', 'repair_text']
+           'builtin_path', 'expand_inputs', 'Document', 'Tally', 'text_encoding', 'input_format', 'read_file',
+           'read_documents', 'clean_text', 'Deduper', 'repair_text']
 
 # %% ../../nbs/03_corpus.ipynb #f9051583
 BUILTIN = {
@@ -84,6 +86,17 @@ def _expand_dir(p: Path, fmt: str) -> list[Path]:
                         f'{"|".join(FORMATS)}, or use {ACCEPTED.split(", or")[0]}')
     return found
 
+_SPECIAL = ((stat.S_ISFIFO, 'a named pipe (FIFO)'), (stat.S_ISCHR, 'a character device'),
+            (stat.S_ISBLK, 'a block device'), (stat.S_ISSOCK, 'a socket'))
+
+def _regular(p: Path) -> Path:
+    "`p` if it is a regular file; else a DataError naming what it is (reading a FIFO or a device would never end)"
+    mode = p.stat().st_mode
+    if stat.S_ISREG(mode):
+        return p
+    what = next((w for test, w in _SPECIAL if test(mode)), 'not a regular file')
+    raise DataError(f'{p}: is {what}, not a file; gptkit reads regular files (write the stream to a file first)')
+
 def expand_inputs(inputs: Iterable[str | Path], fmt: str = 'auto') -> list[Path]:
     "Files named by `inputs` (files, directories, globs, builtin:NAME), each checked to be readable as `fmt`"
     out = []
@@ -92,7 +105,7 @@ def expand_inputs(inputs: Iterable[str | Path], fmt: str = 'auto') -> list[Path]
         if s.startswith('builtin:'): out.append(builtin_path(s[len('builtin:'):])); continue
         p = Path(s)
         if p.is_dir(): found = _expand_dir(p, fmt)
-        elif p.exists(): found = [p]
+        elif p.exists(): found = [_regular(p)]
         else: found = sorted(Path(f) for f in glob.glob(s, recursive=True) if Path(f).is_file())
         if not found: raise DataError(f'{s}: no such file, directory or matching file')
         out.extend(found)
@@ -111,6 +124,8 @@ class Document:
 class Tally:
     "What reading and cleaning did: documents kept, and problems by reason with a few examples"
     strict: bool = False
+    fatal: tuple = ()               # reasons that are an error even when not strict (a truncated input, say)
+    hint: str = ''                  # said after such an error: what to do about it
     keep_examples: int = 5
     documents: int = 0
     bytes: int = 0                  # text read, UTF-8
@@ -120,10 +135,12 @@ class Tally:
     inputs: dict = field(default_factory=dict)   # input file -> Counter of its documents and problems by reason
 
     def problem(self, reason: str, source, line: int = 0, detail: str = ''):
-        "Count one problem; in strict mode raise it naming the file and line"
+        "Count one problem; in strict mode, or for a `fatal` reason, raise it naming the file and line"
         where = f'{source}:{line}' if line else str(source)
         what = f'{where}: {reason.replace("_", " ")}{": " + detail if detail else ""}'
         if self.strict: raise DataError(f'{what} (--strict)')
+        if reason in self.fatal:
+            raise DataError(f'{what}{self.hint}')
         self.problems[reason] += 1
         self.inputs.setdefault(str(source), Counter())[reason] += 1
         if len(self.examples) < self.keep_examples: self.examples.append(what)
@@ -206,6 +223,41 @@ def _looks_binary(head: bytes) -> str | None:
     if what is None and _compression(Path(''), head): what = 'compressed data'
     return what or ('binary data (NUL bytes in the first KiB)' if b'\x00' in head else None)
 
+_BOMS = ((b'\x00\x00\xfe\xff', 'utf-32-be'), (b'\xff\xfe\x00\x00', 'utf-32-le'), (b'\xef\xbb\xbf', 'utf-8-sig'),
+         (b'\xfe\xff', 'utf-16-be'), (b'\xff\xfe', 'utf-16-le'))
+_XML_STARTS = {'<?'.encode(e): e for e in ('utf-32-be', 'utf-32-le', 'utf-16-be', 'utf-16-le')}   # no mark
+_DECLARED = re.compile(rb'<\?xml[^>]*?\sencoding\s*=\s*["\']([^"\']{1,40})["\']')
+
+def text_encoding(head: bytes, xml: bool = False) -> str:
+    "The encoding the first bytes say: a byte-order mark; for XML also UTF-16/32 without one, or its declaration"
+    enc = next((e for bom, e in _BOMS if head.startswith(bom)), None)
+    if enc is None and xml:
+        enc = _XML_STARTS.get(head[:8]) or _XML_STARTS.get(head[:4])
+    if enc is None and xml and (m := _DECLARED.match(head)):
+        enc = m[1].decode('ascii', 'replace')
+    return enc or 'utf-8'
+
+def _not_readable(head: bytes, kind: str) -> str | None:
+    "Why `kind`'s reader cannot read text starting with `head` (binary, an encoding it does not read), else None"
+    expected = 'text' if kind == 'txt' else kind
+    binary = lambda what: f'its content is {what}, not {expected} (accepted: {ACCEPTED})'
+    enc = text_encoding(head, xml=kind == 'mediawiki')
+    try:
+        name = codecs.lookup(enc).name
+    except LookupError:
+        return f'its XML declares the encoding {enc!r}, which Python does not know; convert it to UTF-8'
+    if name in ('utf-8', 'utf-8-sig'):
+        what = _looks_binary(head)
+        return binary(what) if what else None
+    if kind != 'mediawiki':   # the text and JSON Lines readers read UTF-8
+        return (f'its content is {name.upper()} text, but gptkit reads {expected} as UTF-8; convert it '
+                f'(iconv -f {name} -t utf-8)')
+    try:
+        text = codecs.getincrementaldecoder(name)().decode(head, final=False)
+    except UnicodeDecodeError:
+        return f'its first bytes are not {name} text, though its XML says they are'
+    return binary('binary data (NUL characters in the first KiB)') if '\x00' in text else None
+
 def input_format(path: Path, fmt: str = 'auto') -> str:
     "The format `path` is read as (the one asked, else what its name or first bytes say); DataError if none fits"
     if fmt != 'auto' and fmt not in FORMATS:
@@ -232,9 +284,8 @@ def input_format(path: Path, fmt: str = 'auto') -> str:
             stream, raw = _open_binary(path, comp)
             with stream, raw: head = stream.read(1024)
         except _READ_ERRORS: return kind        # damaged: counted when it is read
-    if (what := _looks_binary(head)):
-        expected = 'text' if kind == 'txt' else kind
-        raise DataError(f'{path}: its content is {what}, not {expected} (accepted: {ACCEPTED})')
+    if (why := _not_readable(head, kind)):
+        raise DataError(f'{path}: {why}')
     return kind
 
 def _strip(path: Path) -> str:

@@ -5,8 +5,11 @@
 # %% ../../nbs/04_indexed.ipynb #a58fa140
 from __future__ import annotations
 
+import fcntl
 import itertools
+import json
 import os
+import re
 import struct
 import time
 from array import array
@@ -16,11 +19,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..config import DataError
+from ..config import DataError, write_atomic
 
 # %% auto #0
-__all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'token_dtype', 'data_paths', 'IndexedWriter', 'IndexedDataset',
-           'MergeProgress', 'MergeResult', 'merge_datasets']
+__all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'TEMP_RE', 'token_dtype', 'data_paths', 'metadata_path',
+           'read_metadata', 'write_metadata', 'remove_stale', 'IndexedWriter', 'IndexedDataset', 'MergeProgress',
+           'MergeResult', 'merge_datasets']
 
 # %% ../../nbs/04_indexed.ipynb #07921973
 MAGIC = b'MMIDIDX\x00\x00'
@@ -38,11 +42,56 @@ def data_paths(prefix: str | Path) -> tuple[Path, Path]:
     prefix = str(prefix)
     return Path(prefix + '.bin'), Path(prefix + '.idx')
 
+def metadata_path(prefix: str | Path) -> Path:
+    "PREFIX.metadata: what gptkit records beside the .bin/.idx it writes (the tokenizer; the .idx has no room for it)"
+    return Path(str(prefix) + '.metadata')
+
+def read_metadata(prefix: str | Path) -> dict | None:
+    "The metadata gptkit wrote beside dataset `prefix`, or None for a dataset written by another tool"
+    p = metadata_path(prefix)
+    try:
+        meta = json.loads(p.read_text(encoding='utf-8'))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise DataError(f'{p}: cannot be read as JSON ({e}); remove it if its dataset did not come from gptkit') from None
+    return meta if isinstance(meta, dict) else None
+
+def write_metadata(prefix: str | Path, meta: dict | None):
+    "Write (or, for None, remove) the metadata of dataset `prefix`"
+    if meta is None:
+        metadata_path(prefix).unlink(missing_ok=True)
+    else:
+        write_atomic(metadata_path(prefix), json.dumps(meta, indent=1))
+
 # %% ../../nbs/04_indexed.ipynb #e4dda018
 def _fsync_replace(src: Path, dst: Path):
     "Rename `src` over `dst` after its bytes are on disk"
     with open(src, 'rb') as f: os.fsync(f.fileno())
     os.replace(src, dst)
+
+def _temporary(path: Path):
+    "A new file beside `path` named `path.tmp-PID`, open for writing and locked (flock) while this process holds it"
+    f = open(path.with_name(f'{path.name}.tmp-{os.getpid()}'), 'wb')
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    return f
+
+TEMP_RE = re.compile(r'\.(bin|idx)\.tmp(-\d+)?$')   # what IndexedWriter and merge_datasets write before the rename
+
+def remove_stale(folder: str | Path) -> list[Path]:
+    "Remove the .bin/.idx temporaries in `folder` whose writer is gone (no process holds their lock); those removed"
+    removed = []
+    folder = Path(folder)
+    found = sorted(p for p in folder.iterdir() if TEMP_RE.search(p.name) and p.is_file()) if folder.is_dir() else []
+    for p in found:
+        try:
+            with open(p, 'r+b') as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)   # a live writer holds it: left alone
+                p.unlink()
+            removed.append(p)
+        except (BlockingIOError, FileNotFoundError, PermissionError):
+            continue
+    return removed
 
 class IndexedWriter:
     "Write a Megatron .bin/.idx pair under temporary names; `close()` moves both into place"
@@ -51,9 +100,9 @@ class IndexedWriter:
         if self.dtype not in CODES: raise DataError(f'{prefix}: dtype {self.dtype} has no Megatron dtype code')
         self.bin_path, self.idx_path = data_paths(prefix)
         self.bin_path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp_bin = self.bin_path.with_name(self.bin_path.name + '.tmp')
-        self._tmp_idx = self.idx_path.with_name(self.idx_path.name + '.tmp')
-        self._bin = open(self._tmp_bin, 'wb')
+        self._bin = _temporary(self.bin_path)             # locked: `remove_stale` leaves it while this process lives
+        self._tmp_bin = Path(self._bin.name)
+        self._tmp_idx = self.idx_path.with_name(f'{self.idx_path.name}.tmp-{os.getpid()}')
         self.lengths = array('i')          # tokens per sequence (int32, as in the index)
         self.doc_index = array('q', [0])   # running sequence count after each document
         self.tokens = 0
@@ -107,12 +156,14 @@ class IndexedWriter:
     def close(self):
         "Write the index and move both files into place"
         if self._bin.closed: return
-        self._bin.close()
-        with open(self._tmp_idx, 'wb') as f:
+        self._bin.flush()
+        with _temporary(self.idx_path) as f:             # both stay locked until both are in place
             for part in self._index_bytes(): f.write(part if isinstance(part, bytes) else part.tobytes())
-        self.idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
-        _fsync_replace(self._tmp_bin, self.bin_path)
-        _fsync_replace(self._tmp_idx, self.idx_path)
+            f.flush()
+            self.idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
+            _fsync_replace(self._tmp_bin, self.bin_path)
+            _fsync_replace(self._tmp_idx, self.idx_path)
+        self._bin.close()
 
     def abort(self):
         "Discard everything written so far"
@@ -231,10 +282,28 @@ def _copy_bytes(src, dst, n: int, chunk: int):
         yield got
 
 # %% ../../nbs/04_indexed.ipynb #ae477066
+def _describe(meta: dict) -> str:
+    "A dataset's tokenizer as its metadata names it"
+    return f"the tokenizer {meta.get('tokenizer', '?')} ({meta.get('vocab_size', 0):,} entries)"
+
+def _merged_metadata(prefixes: list[Path], mixed: bool) -> dict | None:
+    "The metadata of the merge: the inputs' when they all record one tokenizer; different tokenizers refused unless `mixed`"
+    metas = [read_metadata(p) for p in prefixes]
+    known = [(p, m) for p, m in zip(prefixes, metas) if m and m.get('tokenizer_sha256')]
+    for p, m in known[1:]:
+        first, m0 = known[0]
+        if m['tokenizer_sha256'] != m0['tokenizer_sha256'] and not mixed:
+            raise DataError(f'{p} was prepared with {_describe(m)} but {first} with {_describe(m0)}: the same token id '
+                            'means different text in them; merge datasets of one tokenizer, or add '
+                            '--mixed-tokenizers to merge them anyway')
+    same = len(known) == len(prefixes) and len({m['tokenizer_sha256'] for _, m in known}) == 1
+    return metas[0] if same else None
+
 def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merged in this order
                    output_prefix: str | Path, # writes OUTPUT_PREFIX.bin and .idx
                    progress: Callable[[MergeProgress], None] | None = None, # called after each chunk copied
                    chunk_bytes: int = 2**20, # bytes held in memory at a time (1 MiB copied faster than 64 MiB)
+                   mixed_tokenizers: bool = False, # merge datasets that gptkit prepared with different tokenizers
                   ) -> MergeResult:
     "Concatenate indexed datasets into one, the bytes Megatron's tools/merge_datasets.py writes"
     t0 = time.perf_counter()
@@ -249,20 +318,23 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
     for p, (*_, dt, _) in zip(prefixes, heads):
         if dt != dtype: raise DataError(f'{p} holds {dt} tokens but {prefixes[0]} holds {dtype}: '
                                         'only datasets of one dtype (one tokenizer) can be merged')
+    meta = _merged_metadata(prefixes, mixed_tokenizers)
     bin_path, idx_path = data_paths(output_prefix)
     if {bin_path.resolve(), idx_path.resolve()} & {q.resolve() for p in prefixes for q in data_paths(p)}:
         raise DataError(f'{output_prefix}: the output prefix is also an input; write the merge to a new prefix')
+    remove_stale(bin_path.parent)                 # what a killed merge or prepare left there
+    write_metadata(output_prefix, None)           # an old one must not describe the new pair
     n_all, d_all = sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads)
     total = sum(h[3] for h in heads)
     step = max(1, chunk_bytes // 8)   # index entries per chunk
     bin_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_bin, tmp_idx = (p.with_name(p.name + '.tmp') for p in (bin_path, idx_path))
+    tmp_bin, tmp_idx = (p.with_name(f'{p.name}.tmp-{os.getpid()}') for p in (bin_path, idx_path))
     copied = 0                                  # .bin bytes copied so far
     base, seqs = 0, 0                           # .bin bytes and sequences of the inputs before this one
     docs_at = HEADER.size + 12 * n_all + 8      # where the next document-index entry goes
     report = lambda k: progress and progress(MergeProgress(k, copied, total, time.perf_counter() - t0))
     try:
-        with open(tmp_bin, 'wb') as fb, open(tmp_idx, 'wb') as fi:
+        with _temporary(bin_path) as fb, _temporary(idx_path) as fi:   # locked until both are in place
             fi.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], n_all, d_all))
             fi.seek(docs_at - 8); fi.write(bytes(8))   # the document index's one leading 0
             for k, (p, (n, d, _, size)) in enumerate(zip(prefixes, heads)):
@@ -287,11 +359,14 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
                         report(k)
                 report(k + 1)
             fi.truncate(HEADER.size + 12 * n_all + 8 * d_all)
+            fb.flush()
+            fi.flush()
+            idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
+            _fsync_replace(tmp_bin, bin_path)
+            _fsync_replace(tmp_idx, idx_path)
     except BaseException:
         for t in (tmp_bin, tmp_idx): t.unlink(missing_ok=True)
         raise
-    idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
-    _fsync_replace(tmp_bin, bin_path)
-    _fsync_replace(tmp_idx, idx_path)
+    write_metadata(output_prefix, meta)
     return MergeResult(str(output_prefix), len(prefixes), d_all - 1, n_all, total // dtype.itemsize, dtype,
                        total + idx_path.stat().st_size, time.perf_counter() - t0)

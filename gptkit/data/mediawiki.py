@@ -7,6 +7,7 @@ streaming, with bounded memory."""
 from __future__ import annotations
 
 import bz2
+import codecs
 import html
 import os
 import re
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..config import DataError
-from .corpus import Document, Tally
+from .corpus import Document, Tally, text_encoding
 
 # %% auto #0
 __all__ = ['DROPPED', 'clean_wikitext', 'read_mediawiki', 'index_path', 'bz2_streams', 'read_mediawiki_parallel']
@@ -170,11 +171,50 @@ class _Read1:
     "A stream whose read(n) returns what one decompression step gave, so a cut .bz2 loses no page decoded before it"
     def __init__(self, stream): self.read = getattr(stream, 'read1', stream.read)
 
+# Encodings expat reads itself; the rest (UTF-32, and what an XML declaration names) go through Python's codecs
+_EXPAT = ('utf-8', 'utf-8-sig', 'utf-16-le', 'utf-16-be', 'ascii', 'iso8859-1')
+
+class _Joined:
+    "A stream's first bytes `head`, then the rest of it through `read`"
+    def __init__(self, head: bytes, read):
+        self.head, self.rest = head, read
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.head:
+            return self.rest(n)
+        data, self.head = self.head, b''
+        return data
+
+class _Utf8:
+    "The bytes of `source` decoded from `encoding`, as UTF-8 (an empty read only at the end)"
+    def __init__(self, source, encoding: str):
+        self.source, self.decoder = source, codecs.getincrementaldecoder(encoding)()
+
+    def read(self, n: int = -1) -> bytes:
+        while True:
+            data = self.source.read(n if n > 0 else 1 << 16)
+            text = self.decoder.decode(data, final=not data)
+            if text or not data:
+                return text.encode('utf-8')
+
+def _xml_source(stream) -> tuple:
+    "(what the XML parser reads, its parser or None for expat's own): UTF-32 and other encodings decoded to UTF-8"
+    head = stream.read(1024)
+    source = _Joined(head, _Read1(stream).read)
+    try:
+        enc = codecs.lookup(text_encoding(head, xml=True)).name
+    except LookupError:
+        return source, None                               # expat names the encoding it cannot read
+    if enc in _EXPAT:
+        return source, None
+    return _Utf8(source, enc), ET.XMLParser(encoding='utf-8')   # the declaration's encoding no longer holds
+
 def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
     "Articles of a MediaWiki XML dump as clean text, one Document per article (line = the page's ordinal)"
     n, title = 0, ''
     try:
-        events = ET.iterparse(_Read1(stream), events=('start', 'end'))
+        source, parser = _xml_source(stream)
+        events = ET.iterparse(source, events=('start', 'end'), parser=parser)
         _, root = next(events)
         for event, elem in events:
             if event != 'end': continue

@@ -6,6 +6,8 @@ report everything."""
 # %% ../../nbs/05_prepare.ipynb #621963e2
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import queue
 import threading
@@ -17,10 +19,11 @@ from typing import Callable, Iterable
 
 from ..config import DataError, check, check_folder, written
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
-from .indexed import IndexedWriter, token_dtype
+from .indexed import (IndexedDataset, IndexedWriter, data_paths, read_metadata, remove_stale, token_dtype,
+                                  write_metadata)
 
 # %% auto #0
-__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'shard_inputs', 'prepare']
+__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'shard_inputs', 'tokenizer_digest', 'dataset_metadata', 'prepare']
 
 # %% ../../nbs/05_prepare.ipynb #d78a3d93
 @dataclass(frozen=True)
@@ -41,6 +44,8 @@ class PrepareConfig:
     batch_bytes: int = 1 << 20       # text per tokenizer batch
     format: str = 'auto'             # read every input as one of FORMATS; 'auto': as its name and content say
     shard: str = ''                  # 'I/N': prepare only the I-th (1-based) of N slices of the input files
+    overwrite: bool = False          # replace a dataset already at the prefix (else refused)
+    keep_truncated: bool = False     # keep what was read from a truncated or unreadable input (else an error)
 
     def problems(self):
         out = []
@@ -76,6 +81,7 @@ class PrepareResult:
     documents: int = 0                  # documents written
     tokens: int = 0                     # tokens written (end-of-document tokens included)
     seconds: float = 0.0
+    removed: list = field(default_factory=list)   # temporaries a killed earlier run left in the output folder
 
     @property
     def mb_per_s(self) -> float: return self.tally.bytes / 2**20 / max(self.seconds, 1e-9)
@@ -167,19 +173,46 @@ def shard_inputs(paths: list[Path], shard: str) -> list[Path]:
     return out
 
 # %% ../../nbs/05_prepare.ipynb #c73686cd
+def tokenizer_digest(tok) -> str:
+    "SHA-256 of what a tokenizer's ids mean: its vocabulary (added tokens included) and its BPE merges"
+    model = json.loads(tok.hf.to_str()).get('model') or {}
+    merges = [m if isinstance(m, str) else ' '.join(m) for m in model.get('merges') or []]
+    vocab = sorted(tok.hf.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps([vocab, merges], ensure_ascii=False).encode('utf-8')).hexdigest()
+
+def dataset_metadata(tok, name: str) -> dict:
+    "What `prepare` records beside a dataset: the tokenizer `name` (as given), its size, end-of-document id and digest"
+    return {'tokenizer': str(name), 'vocab_size': tok.vocab_size, 'eod': tok.eod,
+            'tokenizer_sha256': tokenizer_digest(tok), 'dtype': str(token_dtype(tok.vocab_size))}
+
+def _check_new(cfg: PrepareConfig):
+    "Refuse to replace a dataset already at the output prefix unless `cfg.overwrite`"
+    there = [p for p in data_paths(cfg.prefix) if p.exists()]
+    if cfg.overwrite or not there:
+        return
+    try:
+        ds = IndexedDataset(cfg.prefix)
+        what = f'holds {ds.num_documents:,} documents ({ds.num_tokens:,} tokens)'
+    except DataError:
+        what = 'is in the way'
+    raise DataError(f'{there[0]} already exists and {what}; add --overwrite to replace it, or choose another '
+                    '--output-prefix')
+
 def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = None,
             every: float = 0.5) -> PrepareResult:
     "Tokenize `cfg.inputs` into a Megatron .bin/.idx pair; returns counts and timings"
     check(cfg.problems())
     check_folder(Path(cfg.output_prefix).parent, 'output_prefix')   # a file in the way: refused before reading
+    _check_new(cfg)
     paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
     if cfg.shard: paths = shard_inputs(paths, cfg.shard)
     os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
     os.environ.setdefault('TOKENIZERS_PARALLELISM', 'true')
     from gptkit.tokenizer import load
     tok = load(cfg.tokenizer)
-    tally = Tally(strict=cfg.strict)
-    result = PrepareResult(cfg.prefix, tally)
+    damaged = () if cfg.keep_truncated else ('truncated_file', 'unreadable_file')
+    tally = Tally(strict=cfg.strict, fatal=damaged, hint='; nothing was written (--keep-truncated keeps what was read)')
+    result = PrepareResult(cfg.prefix, tally, removed=remove_stale(Path(cfg.prefix).parent))
     start = last = time.perf_counter()
     total = sum(p.stat().st_size for p in paths if p.is_file())
     event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
@@ -206,6 +239,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
             if progress and now - last >= every:
                 progress(event(now - start)); last = now
         if not result.documents: raise _nothing_written(result)   # leaves no .bin/.idx behind
+        write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
+    write_metadata(cfg.prefix, dataset_metadata(tok, cfg.tokenizer))
     result.seconds = time.perf_counter() - start
     if progress: progress(event(result.seconds))
     return result
