@@ -128,7 +128,13 @@ def _unpickle_error(f, e: Exception) -> CheckpointError:
     if asked:
         return _refused(f, next(g for g in asked.groups() if g))
     reason = text.split('WeightsUnpickler error:')[-1].strip() or text
-    return CheckpointError(f'{_file_name(f)} was not loaded: {reason.splitlines()[0][:200]}')
+    return CheckpointError(f'{_file_name(f)} was not loaded: it is not a plain torch file ({reason.splitlines()[0][:160]})')
+
+def _first_sentence(e: Exception) -> str:
+    "The first sentence of `e`'s message (torch's go on for lines), or its type"
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    text = re.split(r'(?<=\.)\s', text)[0]
+    return text if len(text) <= 160 else text[:157] + '...'
 
 def _wanted(f) -> list[str]:
     "The types outside torch's weights_only set that file `f` needs (every allowed one for torch's pre-1.6 format)"
@@ -166,9 +172,10 @@ def read_torch_file(f, map_location='cpu', mmap: bool = False):
             return _torch_load(f, map_location, mmap)
     except pickle.UnpicklingError as e:
         raise _unpickle_error(f, e) from None
-    except (RuntimeError, EOFError) as e:
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f'{_file_name(f)} cannot be read as a torch file: {reason[:200]}') from None
+    except (CheckpointError, OSError, MemoryError):
+        raise
+    except Exception as e:          # not what torch.save writes: torch's reader fails in many ways
+        raise CheckpointError(f'{_file_name(f)} cannot be read as a torch file: {_first_sentence(e)}') from None
 
 # %% ../nbs/12b_checkpoint.ipynb #552a6747
 @contextmanager

@@ -295,3 +295,28 @@ def test_an_export_removes_what_a_killed_export_left(tiny_checkpoint, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_payload_in_torchs_old_file_format_runs_not(runs, tmp_path):
+    "A file in torch's pre-1.6 format cannot be listed before it is read; torch's safe reader refuses the payload itself"
+    from gptkit.checkpoint import read_torch_file
+    run, folder = copy_run(runs(1), tmp_path)
+    f, marker = folder / 'mp_rank_00_model_states.pt', tmp_path / 'ran'
+    torch.save({**read_torch_file(f), 'extra': Payload(marker)}, f, _use_new_zipfile_serialization=False)
+    reseal(folder)
+    r = run_here('checkpoint', 'inspect', run)
+    said = ' '.join((r.stdout + r.stderr).split())
+    assert not marker.exists() and r.returncode == 1, said[-2000:]
+    assert f'{f} was not loaded: it asks for the Python object exec,' in said and 'Traceback' not in said
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'empty', 'not a pickle'])
+def test_a_file_that_is_no_torch_file_is_one_sentence(damage, runs, tmp_path):
+    run, folder = copy_run(runs(1), tmp_path)
+    f = folder / 'mp_rank_00_model_states.pt'
+    f.write_bytes({'truncated': f.read_bytes()[:3000], 'empty': b'', 'not a pickle': b'\x80\x02X' + b'\xff' * 64}[damage])
+    reseal(folder)
+    r = run_here('checkpoint', 'inspect', run)
+    said = ' '.join((r.stdout + r.stderr).split())
+    assert r.returncode == 1 and 'Traceback' not in said, said[-2000:]
+    assert said.startswith(f'error: {f} cannot be read as a torch file: ') or said.startswith(f'error: {f} was not loaded: '), said
