@@ -4,10 +4,11 @@ from __future__ import annotations
 import functools
 import os
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
-from typing import Annotated, List, Optional
+from typing import Annotated, List, Optional, get_type_hints
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gptkit.config import ConfigError, GptkitError
 
@@ -33,21 +34,75 @@ def flag(key: str) -> str:
     return '--' + key.replace('_', '-')
 
 
-def report(e: GptkitError, name=flag) -> int:
+def _key(name):
+    "`name` for keys that are settings; a key that says where it came from ('model.layers (run.yaml, line 3)') as is"
+    return lambda key: key if ' ' in key else name(key)
+
+
+def given(fn, kwargs: dict) -> list[tuple[str, str]]:
+    "(option, value) for each path-like value the command `fn` was given: ('--out', 'runs/a'); arguments as NAME"
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except Exception:                    # a name the annotations use is not importable here: plain flags
+        hints = {}
+    found = []
+    for name, value in kwargs.items():
+        info = [m for m in getattr(hints.get(name), '__metadata__', ()) if isinstance(m, typer.models.ParameterInfo)]
+        option = flag(name)
+        if info and isinstance(info[0], typer.models.ArgumentInfo):
+            option = name.upper()
+        elif info and isinstance(info[0].default, str) and info[0].default.startswith('-'):
+            option = info[0].default
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, (str, os.PathLike)) and os.fspath(v):
+                found.append((option, os.fspath(v)))
+    return found
+
+
+def os_error(e: OSError, options: list[tuple[str, str]] = ()) -> str:
+    "An OSError as one sentence: the option among `options` (see `given`) whose path it concerns, and what went wrong"
+    path = e.filename2 if e.filename2 is not None else e.filename    # a rename: the name it was writing
+    why = e.strerror or str(e)
+    if path is None:
+        return why
+    path = os.fsdecode(path)
+    target = os.path.abspath(path)
+    # the option whose value is the path, lies above it or starts it (an output prefix), or needs it as a folder
+    near = [(o, v) for o, v in options if target.startswith(os.path.abspath(v))
+            or os.path.abspath(v).startswith(target + os.sep)]
+    found = max(((len(os.path.abspath(v)), o, v) for o, v in near), default=None)
+    if found is None:
+        return f'{path}: {why}'
+    if os.path.abspath(found[2]) == target:
+        return f'{found[1]} {path}: {why}'
+    return f'{found[1]} {found[2]}: {path}: {why}'
+
+
+def report(e: GptkitError | OSError, name=flag, options: list[tuple[str, str]] = ()) -> int:
     "Print `e` as one red line naming the flag, file or key (keys shown as `name(key)`); return its exit code"
-    msg = e.render(name) if isinstance(e, ConfigError) else str(e)
-    err.print(f'[bold red]error:[/] {msg}', soft_wrap=True)
-    return e.exit_code
+    if isinstance(e, OSError):
+        msg, code = os_error(e, options), 1
+    else:
+        msg, code = str(e), e.exit_code
+    if isinstance(e, ConfigError):
+        msg = e.render(_key(name))
+    err.print(f'[bold red]error:[/] {escape(msg)}', soft_wrap=True)
+    return code
 
 
-def handles_errors(fn):
-    "Turn expected failures into one red line and an exit code; GPTKIT_DEBUG=1 shows the traceback"
+def handles_errors(fn=None, *, name=flag):
+    "Turn expected failures and OSErrors into one red line and an exit code; GPTKIT_DEBUG=1 shows the traceback"
+    if fn is None:
+        return functools.partial(handles_errors, name=name)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try: return fn(*args, **kwargs)
-        except GptkitError as e:
-            if os.environ.get('GPTKIT_DEBUG'): raise
-            raise typer.Exit(report(e)) from None
+        try:
+            return fn(*args, **kwargs)
+        except (GptkitError, OSError) as e:
+            if os.environ.get('GPTKIT_DEBUG'):
+                raise
+            raise typer.Exit(report(e, name, given(fn, kwargs))) from None
     return wrapper
 
 

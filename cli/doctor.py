@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 
 STYLE = {'ok': '[green]ok[/]', 'failed': '[bold red]FAILED[/]', 'skipped': '[dim]skipped[/]'}
@@ -26,7 +27,8 @@ def doctor(
     def show(checks):
         if as_json: return
         for c in checks:
-            out.print(f'{" " * (7 - len(c.status))}{STYLE[c.status]}  [bold]{c.name}[/]: {c.detail}', soft_wrap=True)
+            out.print(f'{" " * (7 - len(c.status))}{STYLE[c.status]}  [bold]{fmt.text(c.name)}[/]: '
+                      f'{fmt.text(c.detail)}', soft_wrap=True)
 
     if not as_json: out.rule('[bold]gptkit doctor[/]')
     with out.status('checking...') if not as_json else contextlib.nullcontext():

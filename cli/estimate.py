@@ -119,7 +119,7 @@ def _print_estimate(e: Estimate, note: str):
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
     mo = e.model
-    out.print(f'[bold]{note}[/]: {mo.layers} layers, hidden {mo.hidden}, {mo.heads} heads, '
+    out.print(f'[bold]{fmt.text(note)}[/]: {mo.layers} layers, hidden {mo.hidden}, {mo.heads} heads, '
               f'sequence {mo.seq_len}, vocabulary {mo.vocab}')
     out.print(f'[bold]architecture[/]: {family(mo)}')
     stages = ' (stages by parameters)' if par.pp > 1 and par.balance == 'parameters' else ''
@@ -170,10 +170,10 @@ def _print_estimate(e: Estimate, note: str):
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
     if not results:
-        out.print(f'[red]No layout of {note} fits in {gpus} x {gpu}[/]: add GPUs, choose a bigger GPU or a smaller '
-                  f'model.')
+        out.print(f'[red]No layout of {fmt.text(note)} fits in {gpus} x {gpu}[/]: add GPUs, choose a bigger GPU or a '
+                  f'smaller model.')
         return
-    t = Table(title=f'Best layouts for {note} on {gpus} x {gpu}', title_justify='left', title_style='bold')
+    t = Table(title=f'Best layouts for {fmt.text(note)} on {gpus} x {gpu}', title_justify='left', title_style='bold')
     for col in ('#', 'tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'GiB/GPU', 'step s', 'bubble', 'days'):
         t.add_column(col, justify='right')
     for i, e in enumerate(results, 1):

@@ -96,7 +96,7 @@ class _Bar:
 
 
 def _table(res) -> Table:
-    t = Table(title=f'{res.checkpoint}: step {res.iteration if res.iteration is not None else "?"}'
+    t = Table(title=f'{fmt.text(res.checkpoint)}: step {res.iteration if res.iteration is not None else "?"}'
                     + (f', {fmt.count(res.tokens_trained)} tokens trained' if res.tokens_trained else '')
                     + f', {fmt.count(res.parameters)} parameters, on {res.device}',
               title_justify='left', show_header=False, box=None, padding=(0, 2))
@@ -104,7 +104,7 @@ def _table(res) -> Table:
     p = res.perplexity
     if p is not None:
         t.add_row('text', f'{p.words:,} words',
-                  f'{p.source} ({p.documents:,} document{"s" if p.documents != 1 else ""})')
+                  f'{fmt.text(p.source)} ({p.documents:,} document{"s" if p.documents != 1 else ""})')
         t.add_row('tokens scored', f'{p.scored:,}', f'{p.windows:,} windows of {p.context}, stride {p.stride}')
         t.add_row('loss', f'{p.loss:.4f}', 'nats per token')
         t.add_row('perplexity', f'{p.perplexity:,.2f}', 'per token: exp(loss)')
@@ -115,6 +115,6 @@ def _table(res) -> Table:
     c = res.cloze
     if c is not None:
         t.add_row('cloze accuracy', f'{c.accuracy:.2%}',
-                  f'{c.correct:,} of {c.examples:,} last words exact: {c.source}')
+                  f'{c.correct:,} of {c.examples:,} last words exact: {fmt.text(c.source)}')
         t.add_row('time', f'{c.seconds:.2f} s', f'{c.examples / max(c.seconds, 1e-9):,.1f} examples/s')
     return t

@@ -1,7 +1,14 @@
-"""How numbers look in the CLI's tables."""
+"""How numbers look in the CLI's tables, and user text (paths, prompts, names) kept literal inside rich markup."""
 from __future__ import annotations
 
+from rich.markup import escape
+
 GiB = 2**30
+
+
+def text(value) -> str:
+    "`value` as literal text inside rich markup: a path such as 'runs/[bold]x' or 'in[/x].txt' is shown as it is"
+    return escape(str(value))
 
 
 def count(n: float) -> str:

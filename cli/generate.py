@@ -9,8 +9,9 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from gptkit.config import ConfigError, GptkitError
-from gptkit_cli.app import app, err, flag, out, report
+from gptkit.config import ConfigError, read_text
+from gptkit_cli import format as fmt
+from gptkit_cli.app import app, err, flag, handles_errors, out, report
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
@@ -21,14 +22,14 @@ def _name(key: str) -> str:
     return key if ' ' in key else flag(key)
 
 
+PROMPT_FILE_BYTES = 64 * 2**20   # prompts read from one --prompt-file at most; more is a job for a script
+
+
 def read_prompts(prompts: list[str], prompt_file: Optional[Path]) -> list[tuple[str, str]]:
     "(where, prompt) pairs from --prompt and --prompt-file (one prompt per line, \\n for a newline inside)"
     found = [('prompt', p) for p in prompts]
     if prompt_file is not None:
-        try: lines = prompt_file.read_text(encoding='utf-8').splitlines()
-        except OSError as e: raise ConfigError([('prompt_file',
-                                                 f'{{key}} {prompt_file} cannot be read: {e.strerror or e}')])
-        except UnicodeDecodeError: raise ConfigError([('prompt_file', f'{{key}} {prompt_file} is not UTF-8 text')])
+        lines = read_text(prompt_file, 'prompt_file', PROMPT_FILE_BYTES).splitlines()   # a regular file, size checked
         found += [(f'{prompt_file} line {i}', line.replace('\\n', '\n')) for i, line in enumerate(lines,
                                                                                                   1) if line.strip()]
         if not any(w != 'prompt' for w, _ in found):
@@ -63,7 +64,7 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
     for start in range(0, n, batch_size):
         part = list(range(start, min(start + batch_size, n)))
         if n == 1:
-            out.print(f'[bold]{seqs[0][1]}[/]', end='')
+            out.print(seqs[0][1], style='bold', end='', markup=False, highlight=False)
             for c in gen.stream([enc[0]], sampling):
                 out.print(c.text, end='', markup=False, highlight=False)
                 total += c.token is not None
@@ -78,14 +79,15 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
                 status.update(f'generating: {total:,} tokens, {total / (time.perf_counter() - t0):,.1f} tokens/s')
                 if c.finish_reason:
                     sample = f', sample {i % samples + 1}' if samples > 1 else ''
-                    out.print(f'[dim]── {seqs[i][0]}{sample} ({c.finish_reason})[/]', soft_wrap=True)
-                    out.print(f'[bold]{seqs[i][1]}[/]', end='')
+                    out.print(f'[dim]── {fmt.text(seqs[i][0])}{sample} ({c.finish_reason})[/]', soft_wrap=True)
+                    out.print(seqs[i][1], style='bold', end='', markup=False, highlight=False)
                     out.print(texts[i], markup=False, highlight=False)
     dt = time.perf_counter() - t0
     err.print(f'[dim]{total:,} tokens in {dt:.2f} s ({total / max(dt, 1e-9):,.1f} tokens/s)[/]')
 
 
 @app.command()
+@handles_errors(name=_name)
 def generate(
     ctx: typer.Context,
     checkpoint: Annotated[Path, Opt(help='A run folder, its checkpoints/ folder or one iter_XXXXXXX folder.')],
@@ -109,40 +111,37 @@ def generate(
                                 '(torchrun; gloo on CPU, NCCL on GPU).')] = 1,
 ):
     """Generate text from a checkpoint, streamed as it comes (fp32 on CPU, bf16 on GPU)."""
-    try:
-        if tp < 1: raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
-        if tp > 1 and 'RANK' not in os.environ:
-            if not prompt and prompt_file is None:
-                raise ConfigError([('tp', '{key} needs --prompt or --prompt-file: every process reads the same '
-                                          'prompts')])
-            seed = seed if greedy or seed is not None else random.randrange(2**63)   # every rank samples alike
-            raise typer.Exit(launch_tp(ctx, 'generate', tp, [] if seed is None else ['--seed', str(seed)]))
-        if tp > 1: device = join_tp(device)[1]
-        problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
-                                                                             ('batch_size', batch_size)) if v < 1]
-        if num_samples > MAX_SAMPLES:
-            problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
-                                            'gptkit.generate.Generator from a script and write as it goes'))
-        if problems: raise ConfigError(problems)
-        sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                             greedy=greedy, seed=seed, stop=tuple(stop or ()))
-        items = read_prompts(prompt or [], prompt_file)
-        from gptkit.generate import Generator
-        with out.status(f'loading {checkpoint}'):
-            gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
-        p = gen.loaded.state
-        err.print(f'[dim]{gen.loaded.folder} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, hidden '
-                  f'{gen.model.cfg.hidden}, '
-                  f'context {gen.context}) on {gen.model.wte.weight.device}, '
-                  f'{str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
-        if items: return _run(gen, items, sampling, num_samples, batch_size)
-        err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
-        while True:
-            try: text = input('> ')
-            except (EOFError, KeyboardInterrupt): break
-            if not text.strip(): break
-            try: _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
-            except ConfigError as e: report(e, _name)
-    except GptkitError as e:
-        if os.environ.get('GPTKIT_DEBUG'): raise
-        raise typer.Exit(report(e, _name)) from None
+    if tp < 1: raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
+    if tp > 1 and 'RANK' not in os.environ:
+        if not prompt and prompt_file is None:
+            raise ConfigError([('tp', '{key} needs --prompt or --prompt-file: every process reads the same '
+                                      'prompts')])
+        seed = seed if greedy or seed is not None else random.randrange(2**63)   # every rank samples alike
+        raise typer.Exit(launch_tp(ctx, 'generate', tp, [] if seed is None else ['--seed', str(seed)]))
+    if tp > 1: device = join_tp(device)[1]
+    problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
+                                                                         ('batch_size', batch_size)) if v < 1]
+    if num_samples > MAX_SAMPLES:
+        problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
+                                        'gptkit.generate.Generator from a script and write as it goes'))
+    if problems: raise ConfigError(problems)
+    sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                         greedy=greedy, seed=seed, stop=tuple(stop or ()))
+    items = read_prompts(prompt or [], prompt_file)
+    from gptkit.generate import Generator
+    with out.status(f'loading {fmt.text(checkpoint)}'):
+        gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
+    p = gen.loaded.state
+    err.print(f'[dim]{fmt.text(gen.loaded.folder)} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, '
+              f'hidden '
+              f'{gen.model.cfg.hidden}, '
+              f'context {gen.context}) on {gen.model.wte.weight.device}, '
+              f'{str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
+    if items: return _run(gen, items, sampling, num_samples, batch_size)
+    err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
+    while True:
+        try: text = input('> ')
+        except (EOFError, KeyboardInterrupt): break
+        if not text.strip(): break
+        try: _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
+        except ConfigError as e: report(e, _name)

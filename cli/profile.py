@@ -54,9 +54,9 @@ def profile(
     from gptkit_cli.train import RichProgress
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:
-        out.print(f'[bold]{cfg.preset or "custom"}[/]: profiling '
+        out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: profiling '
                   f'step{"s" if len(ranges) > 1 or ranges[0][0] != ranges[0][1] else ""} '
-                  f'{steps} of {ranges[-1][1] + 1 + deepspeed_flops} on {cfg.train.precision} -> {out_dir}')
+                  f'{steps} of {ranges[-1][1] + 1 + deepspeed_flops} on {cfg.train.precision} -> {fmt.text(out_dir)}')
     res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks,
                       force=force)
     if as_json:
@@ -79,7 +79,8 @@ def _report(res, n: int):
         t.add_column(col, justify=j, overflow='fold')
     for o in res.top('time', n):
         us = o.self_device_us if dev else o.self_cpu_us
-        t.add_row(o.name, o.category, f'{o.calls / steps:,.0f}', f'{us / steps / 1e3:,.2f} ms', f'{us / total:.1%}',
+        t.add_row(fmt.text(o.name), o.category, f'{o.calls / steps:,.0f}', f'{us / steps / 1e3:,.2f} ms',
+                  f'{us / total:.1%}',
                   fmt.flops(o.flops / steps) if o.flops else '')
     out.print(t)
     t = Table(title=f'Top operators by self {where} memory (allocated minus freed, per step)', title_justify='left')
@@ -87,7 +88,7 @@ def _report(res, n: int):
                                                                                                      overflow='fold')
     for o in res.top('memory', n):
         b = o.self_device_memory if dev else o.self_cpu_memory
-        t.add_row(o.name, f'{o.calls / steps:,.0f}', f'{b / steps / 2**20:,.1f} MiB')
+        t.add_row(fmt.text(o.name), f'{o.calls / steps:,.0f}', f'{b / steps / 2**20:,.1f} MiB')
     out.print(t)
     if res.categories:
         out.print('[bold]time by category[/] (self time per step, from the traces): '
@@ -109,10 +110,10 @@ def _report(res, n: int):
         ds = (f'{fmt.flops(res.deepspeed_fwd_flops)} forward per micro-batch (formula '
               f'{fmt.flops(res.flops_per_step / 3 / res.micro_batches)})'
               if res.deepspeed_fwd_flops else 'no forward FLOPs found in its report')
-        out.print(f"[bold]DeepSpeed flops profiler[/]: {ds}; report {res.deepspeed_flops}")
-    out.print(f'traces: {", ".join(res.traces)} (chrome://tracing or ui.perfetto.dev); '
-              f'[bold]tensorboard --logdir {res.tensorboard}[/] (profile plugin); summary '
-              f'{Path(res.out) / "summary.json"}', soft_wrap=True)
+        out.print(f"[bold]DeepSpeed flops profiler[/]: {ds}; report {fmt.text(res.deepspeed_flops)}")
+    out.print(f'traces: {fmt.text(", ".join(res.traces))} (chrome://tracing or ui.perfetto.dev); '
+              f'[bold]tensorboard --logdir {fmt.text(res.tensorboard)}[/] (profile plugin); summary '
+              f'{fmt.text(Path(res.out) / "summary.json")}', soft_wrap=True)
 
 
 def _span(r) -> str:

@@ -43,14 +43,15 @@ def quickstart(
     _train_stage(out_dir, iters, preset)
     _estimate_stage()
     run = out_dir / 'run'
+    o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
     out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset {preset} '
               f'--set train.micro_batch={QUICK_BATCH} --set train.global_batch={QUICK_BATCH} --data '
-              f'{out_dir}/data/corpus_text_document '
-              f'--tokenizer {out_dir}/tokenizer --out {run} --resume --iters {2 * iters}[/] to train on, '
-              f'[bold]gptkit generate --checkpoint {run}[/] (an interactive prompt), [bold]gptkit serve --checkpoint '
-              f'{run}[/] '
-              f'(a web page and the Megatron and OpenAI APIs), [bold]gptkit eval --checkpoint {run}[/], '
-              f'[bold]gptkit checkpoint export {run} {out_dir}/hf --to hf[/], [bold]gptkit estimate --help[/], and the '
+              f'{o}/data/corpus_text_document '
+              f'--tokenizer {o}/tokenizer --out {r} --resume --iters {2 * iters}[/] to train on, '
+              f'[bold]gptkit generate --checkpoint {r}[/] (an interactive prompt), [bold]gptkit serve --checkpoint '
+              f'{r}[/] '
+              f'(a web page and the Megatron and OpenAI APIs), [bold]gptkit eval --checkpoint {r}[/], '
+              f'[bold]gptkit checkpoint export {r} {o}/hf --to hf[/], [bold]gptkit estimate --help[/], and the '
               f'notebooks in nbs/.')
     _sample_stage(run)
 
@@ -68,12 +69,12 @@ def _data_stage(out_dir: Path, vocab_size: int):
     held = [d.text for d in read_documents([HELD_OUT])]
     out.print(f'1. tokenizer: {tok.vocab_size:,} entries from {tally.documents:,} documents ({tally.bytes / 2**20:.1f} '
               f'MB) in '
-              f'{time.perf_counter() - t0:.1f} s -> {out_dir / "tokenizer"}; bytes per token on {HELD_OUT}: '
+              f'{time.perf_counter() - t0:.1f} s -> {fmt.text(out_dir / "tokenizer")}; bytes per token on {HELD_OUT}: '
               f'{bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
     with out.status('2. tokenizing the corpus into Megatron .bin/.idx'):
         res = prepare(PrepareConfig(DEFAULT_CORPUS, str(out_dir / 'data' / 'corpus'), str(out_dir / 'tokenizer')))
     out.print(f'2. dataset: {res.documents:,} documents, {res.tokens:,} tokens in {res.seconds:.1f} s '
-              f'({res.mb_per_s:.1f} MB/s) -> {res.prefix}.bin/.idx\n')
+              f'({res.mb_per_s:.1f} MB/s) -> {fmt.text(res.prefix)}.bin/.idx\n')
 
 
 def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
@@ -105,7 +106,7 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
     base = unigram_loss(token_counts(cfg.data.prefix, cfg.data.split, tok.vocab_size), held)
     out.print(f'   trained in {result.seconds:.1f} s: validation loss {result.valid_loss:.3f}, test loss '
               f'{result.test_loss:.3f}; '
-              f'checkpoint {result.checkpoint}')
+              f'checkpoint {fmt.text(result.checkpoint)}')
     out.print(f'4. held-out text (the first {HELD_OUT_ARTICLES} articles of {HELD_OUT}, {len(held):,} tokens): '
               f'loss [bold]{ours:.3f}[/] (perplexity '
               f'{math.exp(ours):,.0f}) '
@@ -118,7 +119,8 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
     "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
     from gptkit.generate import Generator, Sampling
     gen = Generator.from_checkpoint(run, device='cpu')
-    out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {run} --top-k 40 '
+    out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {fmt.text(run)} '
+              '--top-k 40 '
               f'--temperature 0.8 '
               '--seed 0):', soft_wrap=True)
     out.print(f'[bold]{prompt}[/]', end='')

@@ -5,6 +5,7 @@ from typing import Annotated
 
 import typer
 
+from gptkit_cli import format as fmt
 from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
 
 tok_app = typer.Typer(help='Train and use byte-level BPE tokenizers.', no_args_is_help=True)
@@ -50,10 +51,10 @@ def train(
     held = [d_.text for d_ in read_documents([held_out])]
     out.print(f'trained on {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in {seconds:.1f} s: '
               f'{tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}; '
-              f'wrote {d}/vocab.json, merges.txt, tokenizer.json')
-    out.print(f'bytes per token on {held_out}: {bytes_per_token(tok, held):.2f} (GPT-2: '
+              f'wrote {fmt.text(d)}/vocab.json, merges.txt, tokenizer.json')
+    out.print(f'bytes per token on {fmt.text(held_out)}: {bytes_per_token(tok, held):.2f} (GPT-2: '
               f'{bytes_per_token(gpt2(), held):.2f})')
-    for ex in tally.examples: out.print(f'[yellow]  {ex}[/]')
+    for ex in tally.examples: out.print(f'[yellow]  {fmt.text(ex)}[/]')
     if tok.vocab_size < vocab_size:
         out.print(f'[yellow]note[/]: the corpus yields only {tok.vocab_size:,} of the {vocab_size:,} entries asked for '
                   f'(no pair left seen {min_frequency} times); a smaller --vocab-size or more text gives a full one')
@@ -77,4 +78,4 @@ def info(tokenizer: TokenizerName = 'gpt2'):
     from gptkit.tokenizer import load
     tok = load(tokenizer)
     ids = tok.encode('Hello world')
-    out.print(f'{tok.name}: {tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}, "Hello world" -> {ids}')
+    out.print(f'{fmt.text(tok.name)}: {tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}, "Hello world" -> {ids}')

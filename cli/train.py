@@ -10,9 +10,9 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from gptkit.config import ConfigError, GptkitError, RunConfig
+from gptkit.config import CONFIG_BYTES, ConfigError, GptkitError, RunConfig, read_text
 from gptkit_cli import format as fmt
-from gptkit_cli.app import app, flag, out, report
+from gptkit_cli.app import app, flag, handles_errors, out
 from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, run_launcher, train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
@@ -44,10 +44,9 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, t
 
 def _ds_override(path: Optional[Path]) -> dict | None:
     if path is None: return None
-    try: d = json.loads(path.read_text())
-    except OSError as e: raise ConfigError([('deepspeed_config',
-                                             f'{{key}} file {path} cannot be read: {e.strerror or e}')])
-    except ValueError as e: raise ConfigError([('deepspeed_config',
+    text = read_text(path, 'deepspeed_config', CONFIG_BYTES)   # a regular file of at most a MiB, checked first
+    try: d = json.loads(text)
+    except (ValueError, RecursionError) as e: raise ConfigError([('deepspeed_config',
                                                 f'{{key}} file {path} (line {getattr(e, "lineno", "?")}) is not valid '
                                                 f'JSON: {getattr(e, "msg", e)}')])
     if not isinstance(d, dict): raise ConfigError([('deepspeed_config',
@@ -59,12 +58,13 @@ def _summary(cfg: RunConfig):
     from gptkit.estimate import count_params, flops_per_iteration
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
     params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
-    out.print(f'[bold]{cfg.preset or "custom"}[/]: {params:,} parameters ({m.layers} layers, hidden {m.hidden}, '
+    out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: {params:,} parameters ({m.layers} layers, '
+              f'hidden {m.hidden}, '
               f'{m.heads} heads, '
               f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {p.zero}, recompute {t.recompute} | '
               f'tp {p.tp} x pp {p.pp} x dp {p.dp} | {plan.iters:,} steps of {plan.global_batch} x {m.seq_len} = '
               f'{plan.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out '
-              f'{cfg.out}')
+              f'{fmt.text(cfg.out)}')
 
 
 def _data_summary(cfg: RunConfig):
@@ -73,15 +73,16 @@ def _data_summary(cfg: RunConfig):
     if not (cfg.data.prefix or cfg.data.train_prefix): return
     try: plan = data_plan(cfg)
     except GptkitError as e:
-        out.print(f'[yellow]data: {e}[/]'); return
+        out.print(f'[yellow]data: {fmt.text(e)}[/]'); return
     for name, parts in plan.items():
         for p in parts:
             weight = 'whole' if p.weight is None else f'weight {p.weight:.4g}'
-            out.print(f'{name} data: {p.prefix} | {weight} | {p.samples:,} samples | {p.epochs} epoch'
+            out.print(f'{name} data: {fmt.text(p.prefix)} | {weight} | {p.samples:,} samples | {p.epochs} epoch'
                       f'{"s" if p.epochs != 1 else ""}')
 
 
 @app.command(context_settings={'help_option_names': ['-h', '--help']})
+@handles_errors(name=key_name)
 def train(
     ctx: typer.Context,
     preset: Annotated[Optional[str], typer.Option(
@@ -148,40 +149,36 @@ def train(
     SIGINT, SIGTERM or SIGUSR1 (a scheduler's preemption, SLURM's --signal=USR1@120) finish the step, save a
     checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it. A hang
     exits 124 after --watchdog-minutes; --max-restarts K restarts a run whose process died or hung."""
-    try:
-        cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                          (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes)
-        override = _ds_override(deepspeed_config)
-        launched = 'RANK' in os.environ or local_rank is not None
-        from gptkit.engine import world_size
-        per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
-        launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
-        problems = launch.problems(launching=emit is None)
-        if problems: raise ConfigError(problems)
-        world = world_size(cfg, launch.world)
-        cfg = cfg.for_world(world)
-        rank = int(os.environ.get('RANK', 0))
-        argv = train_argv(ctx)
-        if emit is not None:
-            print(emit_job(emit, launch, argv, cfg.out, image), end=''); return
-        if dry_run: return _dry_run(cfg, override, world, launch, argv)
-        if (world > 1 or max_restarts) and not launched:
-            from gptkit.engine import _free_port
-            from gptkit.train import check_run
-            check_run(cfg, resume)                  # once here, not in every process the launcher would start
-            port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else _free_port()))
-            cmd = launch.command(argv, port)
-            out.print(f'[dim]$ {shlex.join(cmd)}[/]')
-            raise typer.Exit(run_launcher(cmd))
-        restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
-        if rank == 0 and restart:
-            out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '
-                      'checkpoint')
-        elif rank == 0: _summary(cfg); _data_summary(cfg)
-        _run(cfg, override, resume or restart > 0, force, rank)
-    except GptkitError as e:
-        if os.environ.get('GPTKIT_DEBUG'): raise
-        raise typer.Exit(report(e, key_name)) from None
+    cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
+                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes)
+    override = _ds_override(deepspeed_config)
+    launched = 'RANK' in os.environ or local_rank is not None
+    from gptkit.engine import world_size
+    per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
+    launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
+    problems = launch.problems(launching=emit is None)
+    if problems: raise ConfigError(problems)
+    world = world_size(cfg, launch.world)
+    cfg = cfg.for_world(world)
+    rank = int(os.environ.get('RANK', 0))
+    argv = train_argv(ctx)
+    if emit is not None:
+        print(emit_job(emit, launch, argv, cfg.out, image), end=''); return
+    if dry_run: return _dry_run(cfg, override, world, launch, argv)
+    if (world > 1 or max_restarts) and not launched:
+        from gptkit.engine import _free_port
+        from gptkit.train import check_run
+        check_run(cfg, resume)                  # once here, not in every process the launcher would start
+        port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else _free_port()))
+        cmd = launch.command(argv, port)
+        out.print(f'[dim]$ {fmt.text(shlex.join(cmd))}[/]')
+        raise typer.Exit(run_launcher(cmd))
+    restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
+    if rank == 0 and restart:
+        out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '
+                  'checkpoint')
+    elif rank == 0: _summary(cfg); _data_summary(cfg)
+    _run(cfg, override, resume or restart > 0, force, rank)
 
 
 def _dry_run(cfg, override, world, launch, argv):
@@ -193,7 +190,7 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print_json(json.dumps(ds_config(cfg, override=override)))
     cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)
-    out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True)
+    out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True, markup=False)
 
 
 class RichProgress:
@@ -215,7 +212,8 @@ class RichProgress:
     def on_start(self, info):
         self.progress.start()
         self.task = self.progress.add_task('train', total=info.iters, completed=info.start, stats='')
-        if info.resumed_from: self.progress.console.print(f'resumed from {info.resumed_from} (step {info.start})')
+        if info.resumed_from:
+            self.progress.console.print(f'resumed from {fmt.text(info.resumed_from)} (step {info.start})')
 
     def on_step(self, m):
         loss = 'no loss (NaN)' if m.loss is None else f'loss {m.loss:.3f}'
@@ -232,7 +230,7 @@ class RichProgress:
                                     f'{math.exp(min(loss, 50)):,.1f}')
 
     def on_checkpoint(self, path, iteration):
-        self.progress.console.print(f'[dim]step {iteration}: checkpoint {path}[/]')
+        self.progress.console.print(f'[dim]step {iteration}: checkpoint {fmt.text(path)}[/]')
 
     def on_end(self, result):
         self.progress.stop()
@@ -247,11 +245,12 @@ def _run(cfg, override, resume, force, rank):
     parts = [f'{result.iteration:,} steps, {result.tokens:,} tokens in {fmt.duration(result.seconds)}']
     if result.valid_loss is not None: parts.append(f'validation loss {result.valid_loss:.3f}')
     if result.test_loss is not None: parts.append(f'test loss {result.test_loss:.3f}')
-    out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {result.checkpoint}')
+    out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {fmt.text(result.checkpoint)}')
     if result.interrupted:
         import signal
         name = signal.Signals(result.signal).name if result.signal else 'a signal'
         out.print(f'[yellow]interrupted[/] by {name}, checkpoint saved: continue with [bold]gptkit train --resume '
-                  f'--out {cfg.out}[/] and the same settings (exit code {result.exit_code}: 128 + the signal)')
+                  f'--out {fmt.text(cfg.out)}[/] and the same settings (exit code {result.exit_code}: 128 + the '
+                  'signal)')
         raise typer.Exit(result.exit_code)
     return result

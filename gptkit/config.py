@@ -13,18 +13,20 @@ import math
 import os
 import re
 import shutil
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 # %% auto #0
-__all__ = ['ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE',
-           'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError',
-           'ConfigError', 'check', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig',
-           'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig',
-           'from_dict', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'free_space', 'written', 'write_atomic',
-           'check_folder', 'finite_or_none', 'json_text', 'save_config']
+__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS',
+           'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES',
+           'CONFIG_DEPTH', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError', 'ConfigError', 'check', 'shorten',
+           'shown', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'Layout',
+           'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig', 'from_dict',
+           'read_text', 'read_config', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'free_space', 'written',
+           'write_atomic', 'check_folder', 'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -49,12 +51,27 @@ class ConfigError(GptkitError, ValueError):
 
     def render(self, name: Callable[[str], str] = str) -> str:
         "All problems in one line, each key shown as `name(key)`"
-        return '; '.join(msg.format(key=name(key)) for key, msg in self.problems)
+        return '; '.join(msg.replace('{key}', name(key)) for key, msg in self.problems)
 
 # %% ../nbs/00_config.ipynb #9b117049
 def check(problems: list[tuple[str, str]]):
     "Raise a `ConfigError` if `problems` is not empty"
     if problems: raise ConfigError(problems)
+
+# %% ../nbs/00_config.ipynb #5b0c7e21
+def shorten(text: str, most: int = 60) -> str:
+    "`text` cut to its first `most` characters and its length when it is longer, for a one-line message"
+    if len(text) <= most:
+        return text
+    return f'{text[:most]}... ({len(text):,} characters)'
+
+def shown(value, most: int = 60) -> str:
+    "`repr(value)` for a message, shortened"
+    try:
+        text = repr(value)
+    except ValueError:                      # an integer of more than 4,300 digits has no repr
+        text = f'a whole number of {value.bit_length():,} bits'
+    return shorten(text, most)
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -67,19 +84,31 @@ def parse_size(text: str | int | float, key: str = 'size') -> int:
         m = _SIZE_RE.match(str(text))
         if not m:
             raise ConfigError([(key, f"{{key}} must be a number with an optional K, M, B or T suffix (like 13B), "
-                                     f"not {str(text)!r}")])
+                                     f"not {shown(str(text))}")])
         value = float(m[1].replace(',', '').replace('_', '')) * _SUFFIX[m[2].lower()]
-    if value <= 0 or not math.isfinite(value): raise ConfigError([(key, f'{{key}} must be positive, not {text!r}')])
+    if value <= 0 or not math.isfinite(value):
+        raise ConfigError([(key, f'{{key}} must be positive, not {shown(text)}')])
     return round(value)
 
 # %% ../nbs/00_config.ipynb #c16a779d
+# The most each whole-number setting may be: far beyond any real model, run or cluster
+MOST = {'layers': 10_000, 'hidden': 1_000_000, 'heads': 100_000, 'kv_heads': 100_000, 'ffn_hidden': 10_000_000,
+        'seq_len': 2**24, 'vocab': 2**24, 'make_vocab_size_divisible_by': 2**16,
+        'tp': 100_000, 'pp': 10_000, 'dp': 10_000_000, 'world': 100_000_000,
+        'micro_batch': 1_000_000, 'global_batch': 100_000_000, 'iters': 10**9, 'tokens': 10**16,
+        'eval_iters': 10**6, 'seed': 2**63 - 1}
+MOST_COUNT = 10**12   # any other count: intervals, checkpoints kept, bad steps in a row
+
 def _positive(values: dict) -> list[tuple[str, str]]:
-    "Problems for the `values` (name -> value) that are set but are not positive integers"
+    "Problems for the `values` (name -> value) that are set but are not positive integers up to their `MOST`"
     out = []
     for n, v in values.items():
-        if v is None: continue
+        if v is None:
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            out.append((n, f'{{key}} must be a positive whole number, not {v!r}'))
+            out.append((n, f'{{key}} must be a positive whole number, not {shown(v)}'))
+        elif v > MOST.get(n, MOST_COUNT):
+            out.append((n, f'{{key}} must be at most {MOST.get(n, MOST_COUNT):,}, not {shown(v)}'))
     return out
 
 # %% ../nbs/00_config.ipynb #e873145a
@@ -128,17 +157,17 @@ class ModelConfig:
         if not bad & {'heads', 'kv_heads'} and self.kv_heads and self.heads % self.kv_heads:
             out.append(('kv_heads', f'{{key}} = {self.kv_heads} must divide the {self.heads} attention heads'))
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
-            out.append(('dropout', f'{{key}} must be a probability in [0, 1), not {self.dropout!r}'))
+            out.append(('dropout', f'{{key}} must be a probability in [0, 1), not {shown(self.dropout)}'))
         for k in ('init_std', 'rope_theta', 'norm_eps'):
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
-                out.append((k, f'{{key}} must be a positive number, not {v!r}'))
+                out.append((k, f'{{key}} must be a positive number, not {shown(v)}'))
         for k, choices in (('activation', ACTIVATIONS), ('kernels', KERNELS), ('position', POSITIONS), ('norm', NORMS)):
             if getattr(self, k) not in choices:
-                out.append((k, f"{{key}} must be one of {', '.join(choices)}, not {getattr(self, k)!r}"))
+                out.append((k, f"{{key}} must be one of {', '.join(choices)}, not {shown(getattr(self, k))}"))
         for k in ('bias', 'tie_embeddings'):
             if not isinstance(getattr(self, k), bool):
-                out.append((k, f'{{key}} must be true or false, not {getattr(self, k)!r}'))
+                out.append((k, f'{{key}} must be true or false, not {shown(getattr(self, k))}'))
         if self.position == 'rotary' and not bad & {'hidden', 'heads'} and self.head_dim % 2:
             out.append(('position', f'{{key}} rotary needs an even head size, not {self.hidden} / {self.heads}'))
         return out
@@ -209,7 +238,8 @@ LLAMA_PRESETS = ('llama-3.2-1b', 'tinyllama-1.1b')
 def get_preset(name: str, key: str = 'preset') -> Preset:
     "The preset called `name` (case-insensitive), or a `ConfigError` listing the choices"
     p = PRESETS.get(str(name).lower())
-    if p is None: raise ConfigError([(key, f"{{key}} {name!r} is not a preset; choose one of {', '.join(PRESETS)}")])
+    if p is None:
+        raise ConfigError([(key, f"{{key}} {shown(name)} is not a preset; choose one of {', '.join(PRESETS)}")])
     return p
 
 # %% ../nbs/00_config.ipynb #08183000
@@ -233,9 +263,9 @@ class ParallelConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         out = _positive({'tp': self.tp, 'pp': self.pp, 'dp': self.dp})
-        if self.zero not in (0, 1, 2, 3): out.append(('zero', f'{{key}} must be 0, 1, 2 or 3, not {self.zero!r}'))
+        if self.zero not in (0, 1, 2, 3): out.append(('zero', f'{{key}} must be 0, 1, 2 or 3, not {shown(self.zero)}'))
         if self.offload not in OFFLOADS:
-            out.append(('offload', f"{{key}} must be one of {', '.join(OFFLOADS)}, not {self.offload!r}"))
+            out.append(('offload', f"{{key}} must be one of {', '.join(OFFLOADS)}, not {shown(self.offload)}"))
         elif self.offload == 'optimizer' and self.zero == 0:
             out.append(('offload', '{key} optimizer needs ZeRO stage 1, 2 or 3 '
                                    '(DeepSpeed offloads the sharded optimizer)'))
@@ -248,7 +278,7 @@ class ParallelConfig:
             out.append(('zero', '{key} 3 cannot be combined with tensor parallelism in gptkit; '
                                 'use ZeRO 1 or 2 with tp > 1'))
         if self.balance not in ('layers', 'parameters'):
-            out.append(('balance', f"{{key}} must be 'layers' or 'parameters', not {self.balance!r}"))
+            out.append(('balance', f"{{key}} must be 'layers' or 'parameters', not {shown(self.balance)}"))
         return out
 
 # %% ../nbs/00_config.ipynb #9dd244c9
@@ -278,20 +308,20 @@ class TrainConfig:
         out = _positive({k: getattr(self, k) for k in ('micro_batch', 'global_batch', 'iters', 'tokens',
                                                         'eval_interval', 'log_interval', 'save_interval', 'keep',
                                                         'max_bad_steps')})
-        if not isinstance(self.eval_iters, int) or isinstance(self.eval_iters, bool) or self.eval_iters < 0:
-            out.append(('eval_iters', f'{{key}} must be a whole number >= 0, not {self.eval_iters!r}'))
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            out.append(('seed', f'{{key}} must be a whole number >= 0, not {self.seed!r}'))
+        for k in ('eval_iters', 'seed'):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MOST[k]:
+                out.append((k, f'{{key}} must be a whole number from 0 to {MOST[k]:,}, not {shown(v)}'))
         if self.precision not in PRECISIONS:
-            out.append(('precision', f"{{key}} must be one of {', '.join(PRECISIONS)}, not {self.precision!r}"))
+            out.append(('precision', f"{{key}} must be one of {', '.join(PRECISIONS)}, not {shown(self.precision)}"))
         for k in ('save_interval_minutes', 'watchdog_minutes'):
             m = getattr(self, k)
             if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float('inf')):
-                out.append((k, f'{{key}} must be a positive number of minutes, not {m!r}'))
+                out.append((k, f'{{key}} must be a positive number of minutes, not {shown(m)}'))
         if not isinstance(self.compile, bool):
-            out.append(('compile', f'{{key}} must be true or false, not {self.compile!r}'))
+            out.append(('compile', f'{{key}} must be true or false, not {shown(self.compile)}'))
         if self.recompute not in RECOMPUTE:
-            out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {self.recompute!r}"))
+            out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {shown(self.recompute)}"))
         return out
 
 # %% ../nbs/00_config.ipynb #1980faaa
@@ -307,7 +337,7 @@ class Layout:
     def __post_init__(self):
         bad = [(k, v) for k, v in (('tp', self.tp), ('pp', self.pp), ('dp', self.dp))
                if not isinstance(v, int) or isinstance(v, bool) or v < 1]
-        check([(k, f'{{key}} must be a whole number of at least 1, not {v!r}') for k, v in bad])
+        check([(k, f'{{key}} must be a whole number of at least 1, not {shown(v)}') for k, v in bad])
 
     @classmethod
     def build(cls, par: ParallelConfig, world: int | None = None, model: ModelConfig | None = None,
@@ -443,15 +473,16 @@ class OptimConfig:
             v = getattr(self, k); return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         for k in ('lr', 'eps'):
             if not num(k) or getattr(self, k) <= 0:
-                out.append((k, f'{{key}} must be positive, not {getattr(self, k)!r}'))
+                out.append((k, f'{{key}} must be positive, not {shown(getattr(self, k))}'))
         for k in ('warmup', 'weight_decay', 'grad_clip'):
-            if not num(k) or getattr(self, k) < 0: out.append((k, f'{{key}} must be >= 0, not {getattr(self, k)!r}'))
+            if not num(k) or getattr(self, k) < 0:
+                out.append((k, f'{{key}} must be >= 0, not {shown(getattr(self, k))}'))
         for k in ('beta1', 'beta2'):
             if not num(k) or not 0 <= getattr(self, k) < 1:
-                out.append((k, f'{{key}} must be in [0, 1), not {getattr(self, k)!r}'))
+                out.append((k, f'{{key}} must be in [0, 1), not {shown(getattr(self, k))}'))
         if self.min_lr is not None:
             if not num('min_lr') or self.min_lr < 0:
-                out.append(('min_lr', f'{{key}} must be >= 0, not {self.min_lr!r}'))
+                out.append(('min_lr', f'{{key}} must be >= 0, not {shown(self.min_lr)}'))
             elif num('lr') and self.min_lr > self.lr:
                 out.append(('min_lr', f'{{key}} {self.min_lr} must not exceed lr {self.lr}'))
         return out
@@ -469,12 +500,12 @@ def parse_blend(text: str | None, key: str = 'prefix') -> tuple[tuple[str, ...],
         except ValueError: return None
     if len(items) == 1 or number(items[0]) is None: return (str(text),), None   # a plain prefix, spaces and all
     bad = lambda why: ConfigError([(key, f"{{key}} must be one PREFIX or weight-prefix pairs like '0.3 A 0.7 B' "
-                                         f"(positive weights); {why} in {text!r}")])
+                                         f"(positive weights); {why} in {shown(text)}")])
     if len(items) % 2: raise bad(f'{len(items)} items are not pairs')
     weights, prefixes = items[0::2], tuple(items[1::2])
     for w in weights:
-        if number(w) is None: raise bad(f'weight {w!r} is not a number')
-        if not math.isfinite(number(w)) or number(w) <= 0: raise bad(f'weight {w!r} is not positive')
+        if number(w) is None: raise bad(f'weight {shown(w)} is not a number')
+        if not math.isfinite(number(w)) or number(w) <= 0: raise bad(f'weight {shown(w)} is not positive')
     return prefixes, tuple(number(w) for w in weights)
 
 
@@ -498,7 +529,7 @@ class DataConfig:
         except ValueError: weights = None
         if not weights or len(weights) > 3 or any(w < 0 for w in weights) or not weights[0] > 0:
             out.append(('split', f"{{key}} must be up to three weights like '949,50,1' with a positive first one, "
-                                 f"not {self.split!r}"))
+                                 f"not {shown(self.split)}"))
         for k in ('prefix', *_PER_SPLIT):
             try: parse_blend(getattr(self, k), k)
             except ConfigError as e: out += e.problems
@@ -573,11 +604,13 @@ def _section_keys(fn: Callable):
 def _section(cls, name: str, values, problems: list):
     "Build section `name` from `values`, adding its problems (under dotted keys) to `problems`"
     if not isinstance(values, dict):
-        problems.append((name, f'{{key}} must be a mapping of settings, not {values!r}')); return None
+        problems.append((name, f'{{key}} must be a mapping of settings, not {shown(values)}'))
+        return None
     known = {f.name for f in dataclasses.fields(cls)}
     for k in values:
         if k not in known:
-            problems.append((f'{name}.{k}', f"{{key}} is not a setting; {name} has {', '.join(sorted(known))}"))
+            problems.append((f'{name}.{shorten(str(k))}',
+                             f"{{key}} is not a setting; {name} has {', '.join(sorted(known))}"))
     values = {k: v for k, v in values.items() if k in known}
     if name == 'train' and isinstance(values.get('tokens'), str):   # sizes like '300B' read as numbers
         try: values['tokens'] = parse_size(values['tokens'], 'train.tokens')
@@ -592,7 +625,7 @@ def from_dict(d: dict) -> RunConfig:
     "A validated `RunConfig` from a (possibly partial) nested dict; every problem is reported at once"
     if not isinstance(d, dict):
         raise ConfigError([('config', f'{{key}} must be a mapping of sections, not {type(d).__name__}')])
-    problems = [(k, f"{{key}} is not a section; a run config has {', '.join(SECTIONS)}, out and preset")
+    problems = [(shorten(str(k)), f"{{key}} is not a section; a run config has {', '.join(SECTIONS)}, out and preset")
                 for k in d if k not in (*SECTIONS, 'out', 'preset')]
     parts = {name: _section(cls, name, d.get(name, {}), problems) for name, cls in _CLASSES.items()}
     if not problems:
@@ -602,26 +635,110 @@ def from_dict(d: dict) -> RunConfig:
     return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'))
 
 # %% ../nbs/00_config.ipynb #c27c10b8
-def load_file(path: str | Path) -> dict:
-    "The nested dict in a JSON or YAML config file; errors name the file"
+CONFIG_BYTES = 2**20    # a run config is a few hundred bytes; a file over a MiB is not one
+CONFIG_NODES = 10_000   # values in a YAML document with its aliases expanded; a run config has about a hundred
+CONFIG_DEPTH = 32       # levels of nesting, aliases expanded; a run config has three
+
+def _size(n: float) -> str:
+    for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB': return f'{n:,.0f} {unit}' if unit == 'bytes' else f'{n:,.1f} {unit}'
+        n /= 1024
+
+def read_text(path: str | Path, key: str, most: int) -> str:
+    "The UTF-8 text of the regular file `path`, refused (naming `key`) before reading when it is not one or is too big"
     path = Path(path)
-    try: text = path.read_text()
-    except OSError as e: raise ConfigError([('config', f'{{key}} file {path} cannot be read: {e.strerror or e}')])
+    too_big = lambda n: ConfigError([(key, f'{{key}} {path} holds {_size(n)}, more than the {_size(most)} read')])
     try:
-        if path.suffix.lower() in ('.yaml', '.yml'):
-            import yaml
-            d = yaml.safe_load(text)
-        else: d = json.loads(text)
+        mode = path.stat()
+        if stat.S_ISDIR(mode.st_mode):
+            raise ConfigError([(key, f'{{key}} {path} is a folder, not a file')])
+        if not stat.S_ISREG(mode.st_mode):
+            raise ConfigError([(key, f'{{key}} {path} is not a regular file (a device, pipe or socket is not read)')])
+        if mode.st_size > most:
+            raise too_big(mode.st_size)
+        with open(path, 'rb') as f:
+            data = f.read(most + 1)                 # a file that grew since: still no more than this
+    except OSError as e:
+        raise ConfigError([(key, f'{{key}} {path} cannot be read: {e.strerror or e}')]) from None
+    if len(data) > most:
+        raise too_big(len(data))
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError as e:
+        raise ConfigError([(key, f'{{key}} {path} is not UTF-8 text (byte {e.start:,})')]) from None
+
+# %% ../nbs/00_config.ipynb #5b0c7e25
+def _yaml_size(node, most: int, depth: int) -> int:
+    "Values the YAML `node` stands for, aliases expanded, counted until past `most` (so is nesting past `depth`)"
+    sizes, open_ = {}, set()
+    def size(n, level: int) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in open_ or level > depth:     # an alias inside its own anchor is endless
+            return most + 1
+        open_.add(id(n))
+        total = 1
+        for kid in n.value if isinstance(n.value, list) else []:
+            for k in kid if isinstance(kid, tuple) else (kid,):   # a mapping's (key, value) pairs
+                if total <= most:
+                    total += size(k, level + 1)
+        open_.discard(id(n))
+        sizes[id(n)] = total
+        return total
+    return size(node, 1)
+
+def _yaml(text: str, key: str, source: str):
+    "(value, node) of the YAML `text` (`source` in errors), read safely; too many values aliases expand to are refused"
+    import yaml
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        if _yaml_size(node, CONFIG_NODES, CONFIG_DEPTH) > CONFIG_NODES:
+            raise ConfigError([(key, f'{{key}} {source} stands for more than {CONFIG_NODES:,} values or '
+                                     f'{CONFIG_DEPTH} levels once its aliases are expanded; a run config has about '
+                                     'a hundred: write the values out')])
+        return loader.construct_document(node), node
+    finally:
+        loader.dispose()
+
+def _lines(node) -> dict[str, int]:
+    "The line of each section and `section.key` in a YAML config's node"
+    out = {}
+    for k, v in node.value if node is not None and node.id == 'mapping' else []:
+        out[str(k.value)] = k.start_mark.line + 1
+        for k2, _ in v.value if v.id == 'mapping' else []:
+            out[f'{k.value}.{k2.value}'] = k2.start_mark.line + 1
+    return out
+
+def read_config(path: str | Path) -> tuple[dict, dict[str, int]]:
+    "The nested dict in a JSON or YAML config file and the line of each key (YAML); errors name the file"
+    path = Path(path)
+    text = read_text(path, 'config', CONFIG_BYTES)
+    yaml_file = path.suffix.lower() in ('.yaml', '.yml')
+    node = None
+    try:
+        if yaml_file:
+            d, node = _yaml(text, 'config', f'file {path}')
+        else:
+            d = json.loads(text)
+    except ConfigError:
+        raise
     except Exception as e:
         where = f' (line {e.lineno})' if getattr(e, 'lineno', None) else ''
         mark = getattr(e, 'problem_mark', None)
         if mark is not None: where = f' (line {mark.line + 1})'
-        kind = 'YAML' if path.suffix.lower() in ('.yaml', '.yml') else 'JSON'
         why = getattr(e, 'msg', None) or getattr(e, 'problem', None) or e
-        raise ConfigError([('config', f'{{key}} file {path}{where} is not valid {kind}: {why}')])
+        raise ConfigError([('config', f'{{key}} file {path}{where} is not valid {"YAML" if yaml_file else "JSON"}: '
+                                      f'{shorten(str(why))}')]) from None
     if not isinstance(d, dict):
         raise ConfigError([('config', f'{{key}} file {path} must hold a mapping of sections, not {type(d).__name__}')])
-    return d
+    return d, _lines(node)
+
+def load_file(path: str | Path) -> dict:
+    "The nested dict in a JSON or YAML config file; errors name the file"
+    return read_config(path)[0]
 
 def _merge(base: dict, extra: dict) -> dict:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
@@ -637,10 +754,16 @@ def apply_sets(d: dict, sets: Iterable[str]) -> dict:
         key, eq, value = str(item).partition('=')
         section, dot, name = key.strip().partition('.')
         if not eq or not dot or not name or section not in SECTIONS:
-            problems.append(('set', f"{{key}} {item!r} must look like section.key=value "
-                                    f"with a section among {', '.join(SECTIONS)}")); continue
-        try: parsed = yaml.safe_load(value) if value.strip() else None
-        except yaml.YAMLError: parsed = value
+            problems.append(('set', f"{{key}} {shown(item)} must look like section.key=value "
+                                    f"with a section among {', '.join(SECTIONS)}"))
+            continue
+        try:
+            parsed = _yaml(value, 'set', shown(item))[0] if value.strip() else None
+        except ConfigError as e:
+            problems += e.problems
+            continue
+        except (yaml.YAMLError, ValueError, RecursionError):   # not YAML (or a number too long to read): the text
+            parsed = value
         if isinstance(parsed, str) and re.fullmatch(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+', parsed.strip()):
             parsed = float(parsed)          # YAML 1.1 reads 3e-3 as a string; people mean the number
         d.setdefault(section, {})[name] = parsed
@@ -654,22 +777,42 @@ def preset_dict(name: str) -> dict:
     return {'preset': name.lower(), 'model': p.model.to_dict(), 'optim': {'lr': p.lr},
             'train': {'global_batch': p.global_batch}}
 
+def _keys(d: dict) -> set[str]:
+    "Every section and `section.key` a nested config dict sets"
+    out = set(d)
+    for s, v in d.items():
+        if isinstance(v, dict):
+            out |= {f'{s}.{k}' for k in v}
+    return out
+
+def _from_file(problems: list, keys: set[str], file, lines: dict[str, int]) -> list:
+    "`problems` with each key in `keys` (set by the config `file`) named with the file and its line"
+    out = []
+    for k, m in problems:
+        if k in keys:
+            k = f'{k} ({file}, line {lines[k]})' if k in lines else f'{k} ({file})'
+        out.append((k, m))
+    return out
+
 def resolve(preset: str | None = None, file: str | Path | None = None, sets: Iterable[str] = (),
             overrides: dict | None = None, defaults: dict | None = None, **top) -> RunConfig:
     "The `RunConfig` from `defaults`, a preset, a file, `section.key=value` strings, `overrides`, then `top` (out=)"
     d = _merge(defaults or {}, preset_dict(preset) if preset else {})
-    if file is not None: d = _merge(d, load_file(file))
+    from_file, lines = {}, {}
+    if file is not None:
+        from_file, lines = read_config(file)
+        d = _merge(d, from_file)
     d = apply_sets(d, sets)
     if overrides: d = _merge(d, overrides)
-    d.update({k: v for k, v in top.items() if v is not None})
-    return from_dict(d)
+    top = {k: v for k, v in top.items() if v is not None}
+    d.update(top)
+    later = {str(s).partition('=')[0].strip() for s in sets} | _keys(overrides or {}) | set(top)
+    try:
+        return from_dict(d)
+    except ConfigError as e:
+        raise ConfigError(_from_file(e.problems, _keys(from_file) - later, file, lines)) from None
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)   # no space left; over the user's quota
-
-def _size(n: float) -> str:
-    for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
-        if n < 1024 or unit == 'GiB': return f'{n:,.0f} {unit}' if unit == 'bytes' else f'{n:,.1f} {unit}'
-        n /= 1024
 
 def free_space(path: str | Path) -> int:
     "Bytes free to this user where `path` is (or would be)"
@@ -709,11 +852,14 @@ def write_atomic(path: str | Path, text: str):
             tmp.unlink(missing_ok=True); raise
 
 def check_folder(path: str | Path, key: str) -> Path:
-    "`path` for an output folder (made later if missing), refused with `key` named when it or a parent is a file"
+    "`path` for an output folder (made later if missing), refused naming `key` if a file blocks it or it is unwritable"
     p = Path(path)
     for q in (p, *p.parents):
         if q.exists():
-            if q.is_dir(): return p
+            if q.is_dir() and not os.access(q, os.W_OK | os.X_OK):
+                raise ConfigError([(key, f'{{key}} {path} cannot be written: {q} is read-only for this user')])
+            if q.is_dir():
+                return p
             where = f'{{key}} {path} is a file' if q == p else f'{{key}} {path} lies under {q}, which is a file'
             raise ConfigError([(key, where + ', not a folder')])
     return p
