@@ -37,8 +37,8 @@ __all__ = ['log', 'BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'ERRORS', 
            'ASSETS', 'Limits', 'prompt_tokens', 'longest_token', 'prompt_chars', 'body_limit', 'Busy', 'Job', 'Work',
            'advance', 'follow', 'Worker', 'MegatronRequest', 'StreamOptions', 'CompletionRequest', 'TextPart',
            'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_prompt',
-           'chat_job', 'Access', 'host_name', 'Gate', 'Guard', 'GenerationFailed', 'CompletionLogprobs', 'make_app',
-           'page_html', 'check_address', 'access_on', 'serve', 'Server']
+           'chat_job', 'Access', 'host_name', 'Gate', 'Reply', 'Guard', 'GenerationFailed', 'CompletionLogprobs',
+           'make_app', 'page_html', 'check_address', 'access_on', 'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -144,7 +144,12 @@ class Worker:
             self.waiting.append(job); self.cv.notify()
 
     def stop(self):
-        with self.cv: self.stopping = True; self.cv.notify()
+        "End the worker once the HTTP tasks have ended: a job still queued or running has nobody left to answer"
+        with self.cv:
+            self.stopping = True
+            for job in [*self.waiting, *(job for job, _ in list(self.owner.values()))]:
+                job.cancelled = True
+            self.cv.notify()
         self.thread.join(timeout=30)
 
     def _admit(self) -> list[Job]:
@@ -566,13 +571,18 @@ class Gate:
 async def _nothing():
     return {'type': 'http.disconnect'}
 
-def _hardened(send):
-    "`send`, adding X-Content-Type-Options: nosniff to every response"
-    async def hardened(message):
+class Reply:
+    "The app's `send`, adding X-Content-Type-Options: nosniff to the response and noting how far it got"
+    def __init__(self, send):
+        self.send, self.started, self.ended = send, False, False
+
+    async def __call__(self, message):
         if message['type'] == 'http.response.start':
             message = {**message, 'headers': [*message.get('headers', []), (b'x-content-type-options', b'nosniff')]}
-        await send(message)
-    return hardened
+            self.started = True
+        elif message['type'] == 'http.response.body' and not message.get('more_body', False):
+            self.ended = True
+        await self.send(message)
 
 def _replay(body: bytes, receive):
     "A receive that gives the body read already, then what the connection says next (its disconnect)"
@@ -594,7 +604,7 @@ async def _answer(scope, send, status: int, message: str):
         response = _openai_error(message, None, status, 'invalid_api_key' if status == 401 else None)
     if status == 401:
         response.headers['www-authenticate'] = 'Bearer'
-    await response(scope, _nothing, _hardened(send))
+    await response(scope, _nothing, Reply(send))
 
 class Guard:
     "ASGI middleware in front of the app: the gate's refusals, then the body read within its limit, then the app"
@@ -611,12 +621,21 @@ class Guard:
         body = await self._body(scope, receive, send)
         if body is None:
             return
+        reply = Reply(send)
         try:
-            await self.app(scope, _replay(body, receive), _hardened(send))
+            await self.app(scope, _replay(body, receive), reply)
         except asyncio.CancelledError:
             if not self.gate.closing.is_set():
                 raise
             log.warning('%s %s was still running when the server stopped', scope['method'], scope['path'])
+            await self._end(scope, reply)
+
+    async def _end(self, scope, reply: Reply):
+        "End a response the server stopped in the middle of: 503 if it had not started, else its body as it stands"
+        if not reply.started:
+            return await _answer(scope, reply.send, 503, 'the server stopped before this request finished')
+        if not reply.ended:
+            await reply.send({'type': 'http.response.body', 'body': b'', 'more_body': False})
 
     async def _body(self, scope, receive, send) -> bytes | None:
         "The request's whole body; None when it was answered (413, or 503 while closing) or its client left"
@@ -969,10 +988,10 @@ def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Lim
 class Server:
     "The app on a uvicorn server in a background thread: `with Server(gen) as url: ...`"
     def __init__(self, gen: Generator, limits: Limits = Limits(), host: str = '127.0.0.1', port: int = 0,
-                 name: str = 'gptkit', access: Access = Access()):
-        self.app = make_app(gen, limits, name, access_on(host, access))
+                 name: str = 'gptkit', access: Access = Access(), grace: float = 10):
+        self.app = make_app(gen, limits, name, access_on(host, access))    # grace: seconds requests get to finish
         self.server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level='warning',
-                                                    timeout_graceful_shutdown=10))
+                                                    timeout_graceful_shutdown=grace))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> str:

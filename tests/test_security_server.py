@@ -19,7 +19,7 @@ import pytest
 
 from conftest import run_here
 from gptkit.serve import Access, Limits, Server, body_limit, prompt_chars
-from test_serve import _chromium, _free_port, gen, greedy  # noqa: F401  (gen: the module's in-process model fixture)
+from test_serve import SlowGenerator, _chromium, _free_port, gen, greedy  # noqa: F401  (gen: a module-scoped fixture)
 
 KEY = 's3cret-Key'
 NAME = '[/]oops <img src=x onerror=alert(document.domain)>'
@@ -294,6 +294,34 @@ def test_sigterm_with_requests_still_arriving_stops_at_once_without_a_traceback(
     log = served.log()
     no_traceback(log)
     assert 'Finished server process' in log
+
+
+def test_requests_still_running_after_the_grace_period_end_without_a_traceback(gen, capfd, caplog):
+    "Stopping waits `grace` seconds for running requests, then ends them: 503 if nothing was sent yet, else the stream"
+    import threading
+    slow, got = SlowGenerator(gen), {}
+    server = Server(slow, Limits(max_new_tokens=48, max_prompts=16), grace=0.5)
+    u = server.__enter__()
+    def plain():
+        got['plain'] = httpx.post(u + '/v1/completions', json={'prompt': 'And', 'max_tokens': 48, 'n': 16}, timeout=60)
+    def stream():
+        with httpx.stream('POST', u + '/v1/completions', timeout=60,
+                          json={'prompt': 'And', 'max_tokens': 48, 'stream': True}) as r:
+            got['stream'] = list(r.iter_lines())
+    threads = [threading.Thread(target=f) for f in (plain, stream)]
+    for t in threads: t.start()
+    while slow.rows < 34: time.sleep(0.01)                    # both run: 17 rows a token, 48 tokens take ~8 s
+    t0 = time.perf_counter()
+    server.__exit__(None, None, None)
+    for t in threads: t.join(30)
+    assert time.perf_counter() - t0 < 5
+    assert (got['plain'].status_code, got['plain'].json()['error']['message']) == (503, 'the server stopped before this '
+                                                                                        'request finished')
+    events = [e for e in got['stream'] if e.startswith('data: ')]
+    assert events and 'data: [DONE]' not in events                 # cut short, but a well-formed stream
+    assert 'Traceback' not in capfd.readouterr().err
+    assert [r.getMessage() for r in caplog.records if r.name == 'gptkit.serve'] == [
+        'POST /v1/completions was still running when the server stopped'] * 2
 
 
 def test_cli_refuses_bad_addresses_keys_and_hosts_in_one_sentence(tiny_checkpoint):
