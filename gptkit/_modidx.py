@@ -132,7 +132,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'gptkit.config.parse_blend': ('config.html#parse_blend', 'gptkit/config.py'),
                                'gptkit.config.parse_size': ('config.html#parse_size', 'gptkit/config.py'),
                                'gptkit.config.preset_dict': ('config.html#preset_dict', 'gptkit/config.py'),
-                               'gptkit.config.read_config': ('config.html#read_config', 'gptkit/config.py'),
+                               'gptkit.config.read_config_file': ('config.html#read_config_file', 'gptkit/config.py'),
                                'gptkit.config.read_text': ('config.html#read_text', 'gptkit/config.py'),
                                'gptkit.config.resolve': ('config.html#resolve', 'gptkit/config.py'),
                                'gptkit.config.save_config': ('config.html#save_config', 'gptkit/config.py'),

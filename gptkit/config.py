@@ -25,8 +25,8 @@ __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS',
            'CONFIG_DEPTH', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError', 'ConfigError', 'check', 'shorten',
            'shown', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'Layout',
            'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig', 'from_dict',
-           'read_text', 'read_config', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'free_space', 'written',
-           'write_atomic', 'check_folder', 'finite_or_none', 'json_text', 'save_config']
+           'read_text', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'free_space',
+           'written', 'write_atomic', 'check_folder', 'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -712,7 +712,7 @@ def _lines(node) -> dict[str, int]:
             out[f'{k.value}.{k2.value}'] = k2.start_mark.line + 1
     return out
 
-def read_config(path: str | Path) -> tuple[dict, dict[str, int]]:
+def read_config_file(path: str | Path) -> tuple[dict, dict[str, int]]:
     "The nested dict in a JSON or YAML config file and the line of each key (YAML); errors name the file"
     path = Path(path)
     text = read_text(path, 'config', CONFIG_BYTES)
@@ -738,7 +738,7 @@ def read_config(path: str | Path) -> tuple[dict, dict[str, int]]:
 
 def load_file(path: str | Path) -> dict:
     "The nested dict in a JSON or YAML config file; errors name the file"
-    return read_config(path)[0]
+    return read_config_file(path)[0]
 
 def _merge(base: dict, extra: dict) -> dict:
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
@@ -800,7 +800,7 @@ def resolve(preset: str | None = None, file: str | Path | None = None, sets: Ite
     d = _merge(defaults or {}, preset_dict(preset) if preset else {})
     from_file, lines = {}, {}
     if file is not None:
-        from_file, lines = read_config(file)
+        from_file, lines = read_config_file(file)
         d = _merge(d, from_file)
     d = apply_sets(d, sets)
     if overrides: d = _merge(d, overrides)
