@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import json
 import math
 import os
@@ -690,15 +691,22 @@ def _yaml_size(node, most: int, depth: int) -> int:
 def _yaml(text: str, key: str, source: str):
     "(value, node) of the YAML `text` (`source` in errors), read safely; too many values aliases expand to are refused"
     import yaml
+    too_many = ConfigError([(key, f'{{key}} {source} stands for more than {CONFIG_NODES:,} values or {CONFIG_DEPTH} '
+                                  'levels once its aliases are expanded; a run config has about a hundred: write the '
+                                  'values out')])
     loader = yaml.SafeLoader(text)
+    compose, composed = loader.compose_node, itertools.count(1)
+    def counted(parent, index):                 # stop composing a long document at once, not after building it
+        if next(composed) > CONFIG_NODES:
+            raise too_many
+        return compose(parent, index)
+    loader.compose_node = counted
     try:
         node = loader.get_single_node()
         if node is None:
             return None, None
         if _yaml_size(node, CONFIG_NODES, CONFIG_DEPTH) > CONFIG_NODES:
-            raise ConfigError([(key, f'{{key}} {source} stands for more than {CONFIG_NODES:,} values or '
-                                     f'{CONFIG_DEPTH} levels once its aliases are expanded; a run config has about '
-                                     'a hundred: write the values out')])
+            raise too_many
         return loader.construct_document(node), node
     finally:
         loader.dispose()

@@ -56,6 +56,13 @@ def test_a_yaml_alias_bomb_in_a_set_value_is_refused():
     one_sentence(out)
 
 
+def test_a_config_of_half_a_million_values_is_refused_while_it_is_read(tmp_path):
+    (tmp_path / 'many.yaml').write_text('model: {layers: [' + ','.join(['1'] * 500_000) + ']}\n')   # under a MiB
+    code, out = gptkit('train', '--config', tmp_path / 'many.yaml', '--dry-run', timeout=30)
+    assert code == 2 and 'many.yaml stands for more than 10,000 values' in out, out[:3000]
+    one_sentence(out)
+
+
 def test_a_recursive_alias_is_refused(tmp_path):
     (tmp_path / 'loop.yaml').write_text('model: &m\n  layers: 2\n  more: *m\n')
     code, out, _ = run('train', '--config', tmp_path / 'loop.yaml', '--dry-run')
