@@ -64,7 +64,7 @@ def serve(
     if bad: raise ConfigError(bad)
     import os
 
-    from gptkit.serve import Access, Limits, check_address, serve as run
+    from gptkit.serve import LOOPBACK, Access, Limits, access_on, check_address, serve as run
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'serve', tp))
     if tp > 1: device = join_tp(device)[1]
@@ -82,13 +82,14 @@ def serve(
     out.print(f'  web page   {at}/\n  Megatron   PUT  {at}/api\n'
               f'  OpenAI     POST {at}/v1/completions, /v1/chat/completions  (base_url {at}/v1)\n'
               f'  schema     {at}/docs')
-    hosts = ['*'] if '*' in (allowed_host or []) else ['localhost', '127.0.0.1', '::1', host, *(allowed_host or [])]
-    out.print(f'  Host       {escape(", ".join(dict.fromkeys(hosts)))}' + ('' if '*' in hosts else
-              ' (others are refused; add names with --allowed-host)'))
+    access = Access(tuple(allowed_host or ()), api_key)
+    hosts = access_on(host, access).hosts
+    said = 'any' if '*' in hosts else ', '.join(dict.fromkeys(LOOPBACK + hosts)) + ' (add others with --allowed-host)'
+    out.print(f'  Host       {escape(said)}')
     key = 'required on /api and /v1' if api_key else 'none (anyone who reaches the server may use it; see --api-key)'
     out.print(f'  API key    {key}')
     limits = Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch)
-    run(gen, host, port, limits, name, access=Access(tuple(allowed_host or ()), api_key))
+    run(gen, host, port, limits, name, access=access)
 
 
 @app.command()
@@ -99,15 +100,22 @@ def client(
     temperature: Annotated[float, Opt(help='0 for greedy.')] = 0.8,
     top_p: Annotated[float, Opt(help='Nucleus sampling.')] = 0.95,
     stop: Annotated[Optional[str], Opt(help='Stop before this text.')] = None,
+    api_key: Annotated[Optional[str], Opt(envvar='GPTKIT_API_KEY', show_default=False,
+                                          help='The key of a server started with --api-key.')] = None,
 ):
     """An interactive prompt against a running gptkit server (streams each answer)."""
     import httpx
     url = url.rstrip('/')
     if not url.startswith(('http://', 'https://')): url = 'http://' + url
-    try: model = httpx.get(f'{url}/v1/models', timeout=10).json()['data'][0]['id']
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+    headers = {'Authorization': f'Bearer {api_key}'} if api_key else {}
+    try:
+        r = httpx.get(f'{url}/v1/models', headers=headers, timeout=10)
+        if r.status_code != 200: raise GptkitError(f'{url} refused the request: {_said(r)}')
+        model = r.json()['data'][0]['id']
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
         raise GptkitError(f'{url} does not answer as a gptkit server ({type(e).__name__}: {e})') from None
-    err.print(f'[dim]{url}, model {model}. Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
+    err.print(f'[dim]{escape(url)}, model {escape(str(model))}. Type a prompt and press Enter; an empty line or Ctrl-D '
+              'quits.[/]')
     while True:
         try: prompt = input('> ')
         except (EOFError, KeyboardInterrupt): break
@@ -115,19 +123,29 @@ def client(
         body = {'model': model, 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': temperature, 'top_p': top_p,
                 'stream': True, **({'stop': stop} if stop else {})}
         try:
-            with httpx.stream('POST', f'{url}/v1/completions', json=body, timeout=None) as r:
+            with httpx.stream('POST', f'{url}/v1/completions', json=body, headers=headers, timeout=None) as r:
                 if r.status_code != 200:
                     r.read()
-                    err.print(f'[bold red]error:[/] {r.json().get("error", {}).get("message", r.text)}')
+                    err.print(f'[bold red]error:[/] {escape(_said(r))}')
                     continue
                 finish = None
                 for line in r.iter_lines():
                     if not line.startswith('data: ') or line == 'data: [DONE]': continue
                     msg = json.loads(line[6:])
-                    if 'error' in msg: err.print(f'\n[bold red]error:[/] {msg["error"]["message"]}'); break
+                    if 'error' in msg: err.print(f'\n[bold red]error:[/] {escape(str(msg["error"]["message"]))}'); break
                     choice = msg['choices'][0]
                     out.print(choice['text'], end='', markup=False, highlight=False)
                     finish = choice['finish_reason'] or finish
-                out.print(f'\n[dim]({finish})[/]')
+                out.print(f'\n[dim]({escape(str(finish))})[/]')
         except httpx.HTTPError as e:
-            err.print(f'[bold red]error:[/] the connection to {url} failed: {e}')
+            err.print(f'[bold red]error:[/] the connection to {escape(url)} failed: {escape(str(e))}')
+
+
+def _said(r) -> str:
+    "The sentence of a server's error answer (OpenAI's or Megatron's shape), or its status and the start of its text"
+    try: body = r.json()
+    except ValueError: body = None
+    if isinstance(body, dict) and isinstance(body.get('error'), dict) and 'message' in body['error']:
+        return str(body['error']['message'])
+    if isinstance(body, dict) and 'message' in body: return str(body['message'])
+    return f'HTTP {r.status_code} {r.text[:200]!r}'

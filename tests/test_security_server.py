@@ -264,6 +264,19 @@ def test_the_right_key_works_with_the_openai_client_and_megatrons_api(served, ge
     assert r.status_code == 200 and r.json()['text'][0] == 'And God said' + greedy(gen, 'And God said', 8).text
 
 
+def test_the_client_sends_the_key_and_prints_the_servers_text_as_text(served, gen):
+    "gptkit client takes --api-key/GPTKIT_API_KEY; a model name or an error holding rich markup is printed as written"
+    env = {k: v for k, v in os.environ.items() if k != 'GPTKIT_API_KEY'}
+    client = [sys.executable, '-m', 'gptkit_cli.main', 'client', served.url, '--max-tokens', '8', '--temperature', '0']
+    r = subprocess.run(client, input='And God said\n\n', capture_output=True, text=True, timeout=60,
+                       env={**env, 'GPTKIT_API_KEY': KEY, 'COLUMNS': '300'})
+    assert r.returncode == 0 and NAME in r.stderr and greedy(gen, 'And God said', 8).text in r.stdout, r.stderr
+    r = subprocess.run(client + ['--api-key', 'wrong'], input='', capture_output=True, text=True, timeout=60,
+                       env={**env, 'COLUMNS': '300'})
+    assert r.returncode == 1 and 'Traceback' not in r.stderr, r.stderr
+    assert f'error: {served.url} refused the request: the API key in the Authorization header is wrong' in r.stderr
+
+
 def test_clients_that_leave_mid_body_leave_no_traceback(served):
     for method, path in [('POST', '/v1/completions'), ('PUT', '/api'), ('POST', '/v1/chat/completions')] * 3:
         s = send_raw(served.port, f'{method} {path} HTTP/1.1\nHost: 127.0.0.1\nAuthorization: Bearer {KEY}\n'
