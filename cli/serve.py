@@ -44,7 +44,7 @@ def serve(
         'Require this key on /api and /v1 ("Authorization: Bearer KEY", as OpenAI clients send their api_key); '
         '/health and the web page stay open, and the page asks for the key. Prefer the environment variable: other '
         "users see a command line in ps."))] = None,
-    allowed_host: Annotated[Optional[list[str]], Opt(help=(
+    allowed_host: Annotated[Optional[list[str]], Opt(metavar='<host>', help=(
         'Also answer requests whose Host header names this (repeatable; * for any). Loopback names and --host are '
         'always answered; others are refused, which stops DNS rebinding.'))] = None,
 ):
