@@ -548,9 +548,10 @@ class Gate:
         said = self._key_problem(scope['path'], [v for k, v in headers if k == b'authorization'])
         if said:
             return 401, said
-        for value in (v for k, v in headers if k == b'content-length'):
-            if len(value) > 15 or int(value) > self.max_body:
-                return 413, self.too_big(int(value) if len(value) < 40 else 10**40)
+        for value in (v for k, v in headers if k == b'content-length' and v.isdigit()):
+            size = int(value) if len(value) <= 18 else 10**18
+            if size > self.max_body:
+                return 413, self.too_big(size)
         return None
 
     def _key_problem(self, path: str, given: list[bytes]) -> str | None:
