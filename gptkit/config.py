@@ -692,8 +692,7 @@ def _yaml(text: str, key: str, source: str):
     "(value, node) of the YAML `text` (`source` in errors), read safely; too many values aliases expand to are refused"
     import yaml
     too_many = ConfigError([(key, f'{{key}} {source} stands for more than {CONFIG_NODES:,} values or {CONFIG_DEPTH} '
-                                  'levels once its aliases are expanded; a run config has about a hundred: write the '
-                                  'values out')])
+                                  'levels, counting each value its aliases repeat; a run config has about a hundred')])
     loader = yaml.SafeLoader(text)
     compose, composed = loader.compose_node, itertools.count(1)
     def counted(parent, index):                 # stop composing a long document at once, not after building it
