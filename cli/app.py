@@ -50,7 +50,7 @@ def given(fn, kwargs: dict) -> list[tuple[str, str]]:
         info = [m for m in getattr(hints.get(name), '__metadata__', ()) if isinstance(m, typer.models.ParameterInfo)]
         option = flag(name)
         if info and isinstance(info[0], typer.models.ArgumentInfo):
-            option = name.upper()
+            option = info[0].metavar or name.upper()
         elif info and isinstance(info[0].default, str) and info[0].default.startswith('-'):
             option = info[0].default
         for v in value if isinstance(value, (list, tuple)) else [value]:
