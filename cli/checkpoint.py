@@ -10,6 +10,7 @@ from rich.table import Table
 
 from gptkit.config import ConfigError
 from gptkit_cli.app import app, err, handles_errors, out
+from gptkit_cli.format import text
 
 checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face (GPT-2, Llama) and '
                                   'Megatron-LM, and between parallel layouts.',
@@ -43,7 +44,7 @@ def inspect(path: CheckpointPath,
     if as_json:
         typer.echo(json.dumps(info, indent=2)); return
     m, lay, tok = info['model'], info['layout'], info['tokenizer']
-    t = Table(title=info['folder'], title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t = Table(title=text(info['folder']), title_justify='left', show_header=False, box=None, padding=(0, 2))
     t.add_column(style='cyan'); t.add_column()
     t.add_row('iteration', f"{info['iteration']:,}")
     t.add_row('tokens seen', 'unknown' if info['tokens'] is None else f"{info['tokens']:,}")
@@ -62,7 +63,8 @@ def inspect(path: CheckpointPath,
     out.print(t)
     f = Table(box=None, padding=(0, 2))
     f.add_column('file', style='dim'); f.add_column('size', justify='right')
-    for name, size in info['files'].items(): f.add_row(name, _size(size))
+    for name, size in info['files'].items():
+        f.add_row(text(name), _size(size))
     out.print(f)
 
 
@@ -75,11 +77,12 @@ def export(path: CheckpointPath,
     """Write a gptkit checkpoint as a Hugging Face folder (GPT-2 or Llama) or a Megatron-LM legacy checkpoint."""
     fmt = _format(to, 'to')
     from gptkit.interop import export_hf, export_megatron
-    with err.status(f'exporting {path} to {FORMATS[fmt]} ...'):
+    with err.status(f'exporting {text(path)} to {FORMATS[fmt]} ...'):
         done = (export_hf if fmt == 'hf' else export_megatron)(path, out_dir)
-    hint = (f"load it with AutoModelForCausalLM.from_pretrained('{done}') and AutoTokenizer" if fmt == 'hf'
-            else f'load it in Megatron-LM with --load {done} --no-load-optim --no-load-rng')
-    out.print(f'[bold green]exported[/] {path} to {done} ({FORMATS[fmt]}); {hint}', soft_wrap=True)
+    shown = text(done)
+    hint = (f"load it with AutoModelForCausalLM.from_pretrained('{shown}') and AutoTokenizer" if fmt == 'hf'
+            else f'load it in Megatron-LM with --load {shown} --no-load-optim --no-load-rng')
+    out.print(f'[bold green]exported[/] {text(path)} to {shown} ({FORMATS[fmt]}); {hint}', soft_wrap=True)
 
 
 @checkpoint_app.command('import')
@@ -96,10 +99,11 @@ def import_(src: Annotated[Path, Arg(metavar='SRC',
     if tokenizer is not None and fmt != 'megatron':
         raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
     from gptkit.interop import import_hf, import_megatron
-    with err.status(f'importing {src} from {FORMATS[fmt]} ...'):
+    with err.status(f'importing {text(src)} from {FORMATS[fmt]} ...'):
         done = import_hf(src, out_dir) if fmt == 'hf' else import_megatron(src, out_dir, tokenizer)
-    out.print(f'[bold green]imported[/] {src} into {done}; continue training with '
-              f'[bold]gptkit train --config {done}/config.json --out {done} --resume --data PREFIX --iters N[/]',
+    shown = text(done)
+    out.print(f'[bold green]imported[/] {text(src)} into {shown}; continue training with '
+              f'[bold]gptkit train --config {shown}/config.json --out {shown} --resume --data PREFIX --iters N[/]',
               soft_wrap=True)
 
 
@@ -113,9 +117,10 @@ def reshard(path: CheckpointPath,
             balance: Annotated[str, Opt(help="Pipeline stages balanced by 'layers' or 'parameters'.")] = 'layers'):
     """Convert a checkpoint of any tensor/pipeline layout into another one (weights, step and data position)."""
     from gptkit.interop import reshard as run
-    with err.status(f'resharding {path} to tp {tp} x pp {pp} ...'):
+    with err.status(f'resharding {text(path)} to tp {tp} x pp {pp} ...'):
         done = run(path, out_dir, tp, pp, balance)
-    out.print(f'[bold green]resharded[/] {path} into {done} for tp {tp} x pp {pp}; continue training with '
-              f'[bold]gptkit train --out {done} --config {done}/config.json --resume --tp {tp} --pp {pp} '
+    shown = text(done)
+    out.print(f'[bold green]resharded[/] {text(path)} into {shown} for tp {tp} x pp {pp}; continue training with '
+              f'[bold]gptkit train --out {shown} --config {shown}/config.json --resume --tp {tp} --pp {pp} '
               '--data PREFIX[/] '
               '(the optimizer restarts at the saved step)', soft_wrap=True)

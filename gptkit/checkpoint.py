@@ -88,7 +88,8 @@ def _numpy_rebuild():
     return np.zeros(0).__reduce__()[0]
 
 _MEGATRON = ('megatron.core.enums.ModelType', 'megatron.core.transformer.enums.AttnBackend',
-             'megatron.core.transformer.enums.CudaGraphScope', 'megatron.core.optimizer.optimizer_config.OptimizerConfig',
+             'megatron.core.transformer.enums.CudaGraphScope',
+             'megatron.core.optimizer.optimizer_config.OptimizerConfig',
              'megatron.core.rerun_state_machine.RerunDiagnostic', 'megatron.core.rerun_state_machine.RerunMode',
              'megatron.core.rerun_state_machine.RerunState')
 
@@ -128,7 +129,8 @@ def _unpickle_error(f, e: Exception) -> CheckpointError:
     if asked:
         return _refused(f, next(g for g in asked.groups() if g))
     reason = text.split('WeightsUnpickler error:')[-1].strip() or text
-    return CheckpointError(f'{_file_name(f)} was not loaded: it is not a plain torch file ({reason.splitlines()[0][:160]})')
+    first = reason.splitlines()[0][:160]
+    return CheckpointError(f'{_file_name(f)} was not loaded: it is not a plain torch file ({first})')
 
 def _first_sentence(e: Exception) -> str:
     "The first sentence of `e`'s message (torch's go on for lines), or its type"
@@ -159,7 +161,7 @@ def _torch_load(f, map_location, mmap: bool):
     return torch.serialization.load(f, map_location=map_location, weights_only=True)
 
 def read_torch_file(f, map_location='cpu', mmap: bool = False):
-    "What `torch.save` wrote to `f`, built by torch's weights_only unpickler from tensors, plain values and `SAFE_TYPES`"
+    "What `torch.save` wrote to `f`, built by torch's weights_only unpickler from tensors, plain values, `SAFE_TYPES`"
     import pickle
 
     import torch
@@ -414,7 +416,6 @@ def _same_split(folder: Path, state: dict, layout: Layout | None):
 
 def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     "Load this rank's shard of a weights-only checkpoint (from reshard); a fresh optimizer, the lr schedule at the step"
-    import torch
     tp, p = (1, None) if parallel is None else (parallel.layout.tp, parallel)
     mp = 0 if p is None else p.tp_rank + tp * p.pp_rank
     shard = read_torch_file(folder / f'mp_rank_{mp:02d}_model_states.pt')['module']
@@ -433,7 +434,6 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
     state = read_state(folder)
     _same_split(folder, state, layout)
     check_shapes(state['shapes'], shapes or engine.module, str(folder))
-    import torch
     if state.get('weights_only'):
         path, client = _load_weights_only(engine, folder, state, parallel)
         return {**state, 'client': client}

@@ -179,6 +179,24 @@ def test_markup_in_a_prompt_and_a_text_path_is_shown_literally(tiny_checkpoint, 
     assert code == 0 and str(text) in out, out
 
 
+def test_markup_in_checkpoint_paths_is_shown_literally(tiny_checkpoint, tmp_path):
+    "inspect, export, import and reshard print the folders they read and write as they are named"
+    import shutil
+    run_dir = tmp_path / 'run[/]a'
+    shutil.copytree(tiny_checkpoint, run_dir)
+    code, out, r = run('checkpoint', 'inspect', run_dir)
+    assert code == 0 and str(run_dir) in out, (out, r.exception)
+    hf = tmp_path / 'hf[bold]b'
+    code, out, r = run('checkpoint', 'export', run_dir, hf, '--to', 'hf')
+    assert code == 0 and f'exported {run_dir} to {hf}' in out, (out, r.exception)
+    back = tmp_path / 'back[/]c'
+    code, out, r = run('checkpoint', 'import', hf, back, '--from', 'hf')
+    assert code == 0 and f'imported {hf} into {back}' in out, (out, r.exception)
+    split = tmp_path / 'tp[/x]d'
+    code, out, r = run('checkpoint', 'reshard', run_dir, split, '--tp', '2')
+    assert code == 0 and f'resharded {run_dir} into {split}' in out, (out, r.exception)
+
+
 # Outputs that cannot be written: one sentence naming the option and the path. The tests run as root, whom file
 # permissions do not stop, so these use what stops root too: sysfs refuses new entries (EPERM), a file in the way
 # (ENOTDIR), and an output file name taken by a folder (EISDIR).
