@@ -5,22 +5,28 @@
 # %% ../nbs/12a_store.ipynb #42f62c78
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+import shlex
 import shutil
+import socket
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import GptkitError, written
+from .config import ConfigError, GptkitError, written
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TAG_RE', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'state_text', 'verify', 'read_state',
-           'checkpoints', 'newest', 'find', 'staged_dir']
+__all__ = ['log', 'TAG_RE', 'LOCK_NAME', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'state_text', 'verify', 'read_state',
+           'checkpoints', 'newest', 'find', 'staged_dir', 'RunLockedError', 'RunLock', 'lock_path', 'lock_run',
+           'lock_holder', 'stale_temporaries', 'remove_temporaries']
 
 # %% ../nbs/12a_store.ipynb #e3ba69ce
 class CheckpointError(GptkitError):
@@ -131,3 +137,129 @@ def staged_dir(out_dir: str | Path, needed: int | None = None):
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True); raise
+
+# %% ../nbs/12a_store.ipynb #eae07ea1
+LOCK_NAME = '.gptkit.lock'
+
+class RunLockedError(GptkitError):
+    "A run folder that another process is writing"
+
+_HELD: dict = {}                # lock file -> the RunLock this process holds on it
+
+class RunLock:
+    "This process's hold on a run folder's lock (an flock, which the kernel drops however the process ends)"
+    def __init__(self, path: Path, file):
+        self.path, self.file, self.count = path, file, 1
+
+    def release(self):
+        "Let go once; the lock is freed when every holder in this process has let go"
+        self.count -= 1
+        if self.count > 0:
+            return
+        _HELD.pop(str(self.path), None)
+        self.file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+def lock_path(folder: str | Path) -> Path:
+    "The lock file of run `folder`"
+    return (Path(folder) / LOCK_NAME).resolve()
+
+def _holder(path: Path) -> str:
+    "The process holding the lock at `path`, as it wrote itself there"
+    for _ in range(20):
+        try:
+            info = json.loads(path.read_text(encoding='utf-8'))
+        except (OSError, ValueError):
+            info = None
+        if isinstance(info, dict):
+            command = str(info.get('command', '?'))
+            command = command if len(command) <= 120 else command[:60] + ' ... ' + command[-55:]
+            return f"process {info.get('pid')} on {info.get('host')} ({command}), since {info.get('since')}"
+        time.sleep(0.05)        # it holds the lock but has not written its name yet
+    return 'another process'
+
+def _command() -> str:
+    "This process's command line, its program by name (`gptkit` for `python -m gptkit_cli.main`)"
+    prog = Path(sys.argv[0])
+    name = 'gptkit' if prog.name == 'main.py' and prog.parent.name in ('cli', 'gptkit_cli') else prog.name
+    return shlex.join([name, *sys.argv[1:]])
+
+def lock_run(folder: str | Path) -> RunLock:
+    "Hold run `folder`'s lock in this process (again if it holds it already); RunLockedError naming another holder"
+    path = lock_path(folder)
+    held = _HELD.get(str(path))
+    if held is not None:
+        held.count += 1
+        return held
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, 'a+b', buffering=0)     # not truncated before it is ours; unbuffered: no write left for close
+    except OSError as e:
+        raise ConfigError([('out', f'{{key}} {folder} cannot be written ({e.strerror or e}); choose a folder you '
+                                   'can write')]) from None
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise RunLockedError(f'{folder} is in use by {_holder(path)}: two processes writing one run folder would mix '
+                             'their checkpoints and metrics; wait for it to end or stop it, or use another --out') from None
+    try:                                       # who holds it, for the message of the next one (best effort)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), 'command': _command(),
+                            'since': time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}).encode('utf-8'))
+    except OSError:                            # a full disk: the lock holds all the same
+        pass
+    _HELD[str(path)] = RunLock(path, f)
+    return _HELD[str(path)]
+
+def lock_holder(folder: str | Path) -> str | None:
+    "Who holds run `folder`'s lock when another process does; None when it is free or this process holds it"
+    path = lock_path(folder)
+    if str(path) in _HELD or not path.is_file():
+        return None
+    with open(path, encoding='utf-8') as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(path)
+    return None
+
+# %% ../nbs/12a_store.ipynb #6cf50f77
+_TEMP_RE = re.compile(r'^\.(tmp-iter_\d{7,}|universal-iter_\d{7,}\.tmp-\d+|.+\.tmp)$')
+
+def _run_folder(path: str | Path) -> Path:
+    "The run folder of a run folder, its checkpoints/ folder or one of its iter_XXXXXXX folders"
+    p = Path(path)
+    if TAG_RE.match(p.name):
+        p = p.parent
+    if p.name == 'checkpoints':
+        p = p.parent
+    return p
+
+def _temporaries(run: Path) -> list[Path]:
+    "The temporaries in run folder `run` and its checkpoints/"
+    folders = [d for d in (run, run / 'checkpoints') if d.is_dir()]
+    return [p for d in folders for p in sorted(d.iterdir()) if _TEMP_RE.match(p.name)]
+
+def stale_temporaries(path: str | Path) -> list[Path]:
+    "Temporaries a killed writer left in a run folder and its checkpoints/ (none while another process holds its lock)"
+    run = _run_folder(path)
+    if lock_holder(run) is not None:
+        return []
+    return _temporaries(run)
+
+def remove_temporaries(path: str | Path) -> list[Path]:
+    "Remove the temporaries of the run folder of `path`, for a writer holding its lock (so they are stale); those removed"
+    stale = _temporaries(_run_folder(path))
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return stale

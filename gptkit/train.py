@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 __all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo',
            'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops',
            'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'cpp_compiler', 'tokenizer_vocab',
-           'run_config', 'Window', 'Loop', 'check_run', 'setup', 'restore', 'train_step', 'report', 'is_due',
-           'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts', 'unigram_loss',
-           'text_loss']
+           'run_config', 'Window', 'Loop', 'check_run', 'hold_run', 'setup', 'restore', 'train_step', 'report',
+           'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts',
+           'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -475,6 +475,22 @@ def _blends(data) -> dict:
             out[name] = (tuple(Path(p).name for p in b[1]), weights)
     return {'split': None if data.per_split else data.split, **out}
 
+def _check_same_tokenizer(cfg: RunConfig, tok, resume_from: Path):
+    "Refuse to continue a checkpoint with another tokenizer than the one it saved: its token ids would mean other text"
+    saved = resume_from / 'tokenizer'
+    if tok is None or not saved.is_dir():
+        return
+    from gptkit.data.prepare import tokenizer_digest
+    from gptkit.tokenizer import load
+    old = load(saved)
+    if tokenizer_digest(old) == tokenizer_digest(tok):
+        return
+    what = (f'{tok.vocab_size:,} entries, not its {old.vocab_size:,}' if tok.vocab_size != old.vocab_size
+            else f'the same {tok.vocab_size:,} entries but other tokens')
+    raise ConfigError([('data.tokenizer', f'{{key}} {cfg.data.tokenizer} is not the tokenizer {resume_from} was '
+                                          f'trained with ({what}), so its token ids would mean other text; resume '
+                                          f'with --tokenizer {saved}, or train into a new --out')])
+
 def _check_same_data(cfg: RunConfig, resume_from: Path):
     "Refuse to continue a checkpoint on another blend than the one it was trained on (an import names none: any goes)"
     old = ckpt.read_config(resume_from).data
@@ -617,20 +633,32 @@ def _write_run_folder(cfg: RunConfig, tok, out: Path):
     save_config(cfg, out / 'config.json')
     save_tokenizer(tok, out / 'tokenizer')
 
-def _check_plan(cfg: RunConfig, resume) -> tuple:
+def _check_plan(cfg: RunConfig, resume, tok=None) -> tuple:
     "(each split's data plan, the checkpoint to resume from or None): every split of every dataset holds data"
     plan = data_plan(cfg)
     resume_from = _resume_from(Path(cfg.out) / 'checkpoints', resume)
-    if resume_from is not None: _check_same_data(cfg, resume_from)
+    if resume_from is not None:
+        _check_same_data(cfg, resume_from)
+        _check_same_tokenizer(cfg, tok, resume_from)
     return plan, resume_from
 
 def check_run(cfg: RunConfig, resume: bool | str | Path = False):
     """What can be checked before any process starts: --out, the tokenizer, every split's data, the checkpoint to
     resume from. `gptkit train --nproc N` checks this once before it launches N processes that would each fail alike"""
-    _check_plan(tokenizer_vocab(cfg, _setup_data(cfg)), resume)
+    tok = _setup_data(cfg)
+    _check_plan(tokenizer_vocab(cfg, tok), resume, tok)
+
+def hold_run(cfg: RunConfig, rank: int):
+    "The run folder's lock, held by its rank 0 (the one writer of a run folder), and a killed writer's temporaries gone"
+    if rank != 0:
+        return contextlib.nullcontext()
+    lock = store.lock_run(cfg.out)
+    for p in store.remove_temporaries(cfg.out):         # every writer holds the lock: these are a killed one's
+        log.warning('removed %s, left by a run that was killed', p)
+    return lock
 
 def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
-          force: bool = False) -> Loop:
+          force: bool = False, hold: contextlib.ExitStack | None = None) -> Loop:
     "Everything before the first step: checks, the run folder, this rank's part of the model, its engine, the data"
     import torch
 
@@ -643,10 +671,12 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's
     device = device_type()
     _check_precision(cfg)
-    plan_data, resume_from = _check_plan(cfg, resume)
+    plan_data, resume_from = _check_plan(cfg, resume, tok)
     if rank == 0: _warn_repeats(plan_data)
     check_fits(cfg, device, force)
     out = Path(cfg.out)
+    lock = hold_run(cfg, rank)                           # held until `hold` closes (default: this process ends)
+    if hold is not None: hold.enter_context(lock)
     if rank == 0: _write_run_folder(cfg, tok, out)
 
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
@@ -828,7 +858,12 @@ def finish(loop: Loop) -> TrainResult:
 def train(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
           force: bool = False, stop_after: int | None = None) -> TrainResult:
     "Train `cfg` in this process (alone or as one rank of a launcher): set up, restore, then step until the run is done"
-    loop = restore(setup(cfg, callbacks, resume, ds_override, force))
+    with contextlib.ExitStack() as hold:                 # the run folder's lock, let go however the run ends
+        return _train(cfg, callbacks, resume, ds_override, force, stop_after, hold)
+
+def _train(cfg: RunConfig, callbacks, resume, ds_override, force, stop_after, hold) -> TrainResult:
+    "`train`, the run folder's lock in `hold`"
+    loop = restore(setup(cfg, callbacks, resume, ds_override, force, hold))
     with _Stop() as stop, _Watchdog(cfg.train.watchdog_minutes, loop.rank) as dog:
         while loop.iteration < loop.plan.iters:
             dog.beat(f'step {loop.iteration + 1}')

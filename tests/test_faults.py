@@ -336,7 +336,7 @@ def test_a_full_disk_on_every_write_path_is_one_sentence_and_keeps_what_was_ther
     assert run('data', 'prepare', '-i', tmp_path / 'small.txt', '--output-prefix', disk / 'kjv', '--tokenizer', tok,
                '--format', 'txt').exit_code == 0
     before = {p.name: p.read_bytes() for p in disk.iterdir()}
-    r = run('data', 'prepare', '-i', 'builtin:kjv', '--output-prefix', disk / 'kjv', '--tokenizer', tok)
+    r = run('data', 'prepare', '-i', 'builtin:kjv', '--output-prefix', disk / 'kjv', '--tokenizer', tok, '--overwrite')
     _one_sentence(r, f'{disk}/kjv_text_document.bin: the disk is full (at least', 'needed,', 'free), so it was not '
                   'written; the existing kjv_text_document.bin/.idx are as they were; free some space and run again')
     assert {p.name: p.read_bytes() for p in disk.iterdir()} == before

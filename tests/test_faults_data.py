@@ -1,0 +1,261 @@
+"""Hostile and careless cases around the data and the run folder, run as a user runs them (the CLI, real processes):
+two writers of one run, resuming with another tokenizer, replacing a dataset, merging tokenizers, truncated and
+non-regular inputs, temporaries a SIGKILL left, and XML in the encodings the MediaWiki reader reads."""
+import bz2
+import gzip
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_SETS, run_here
+
+ROOT = Path(__file__).resolve().parents[1]
+BG = ROOT / 'tests' / 'data' / 'mediawiki' / 'bgwiki-latest-pages-articles-shortened.xml.bz2'
+DIST_ENV = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'LOCAL_WORLD_SIZE')
+
+
+def _env():
+    return {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, 'PYTHONUNBUFFERED': '1'}
+
+
+def _gptkit(*args, **kw):
+    "A real `gptkit ARGS` process (Popen)"
+    return subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', *map(str, args)], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _train_args(tiny_data, out, *extra):
+    prefix, tok = tiny_data
+    return ['train', '--data', prefix, '--tokenizer', tok, '--out', out, *[a for s in TINY_SETS for a in ('--set', s)],
+            *extra]
+
+
+def _one_line_error(r) -> str:
+    "The error a command printed: one line, no traceback"
+    err = re.sub(r'SystemExit\(\d+\)$', '', r.stderr.strip()).strip()   # run_here adds the exit it caught
+    assert 'Traceback' not in r.stderr and err.startswith('error:') and len(err.splitlines()) == 1, r.stderr
+    return err
+
+
+@pytest.fixture(scope='module')
+def other_tokenizers(tmp_path_factory):
+    "(a 512-entry BPE trained on Milton: same size as tiny_data's, other tokens; a 600-entry one)"
+    from gptkit.data.corpus import clean_text, read_documents
+    from gptkit.tokenizer import save, train_bpe
+    d = tmp_path_factory.mktemp('tokenizers')
+    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:milton'])), 512), d / 'milton512')
+    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:milton'])), 600), d / 'milton600')
+    return d / 'milton512', d / 'milton600'
+
+
+# --- item 4: one writer per run folder ---------------------------------------------------------------------------
+
+def test_second_training_on_a_run_folder_is_refused_naming_the_holder(tiny_data, tmp_path):
+    from gptkit.store import lock_holder
+    run = tmp_path / 'run'
+    first = _gptkit(*_train_args(tiny_data, run, '--iters', '100000'))
+    try:
+        deadline = time.time() + 120
+        while lock_holder(run) is None:
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.1)
+        r = run_here(*_train_args(tiny_data, run, '--iters', '4', '--resume'))
+        assert r.returncode == 1, r.stdout + r.stderr
+        msg = _one_line_error(r)
+        assert f'{run} is in use by process {first.pid} on ' in msg and '(gptkit train --data ' in msg, msg
+        assert 'since 20' in msg and '--out' in msg, msg
+        r = run_here(*_train_args(tiny_data, run, '--iters', '4', '--resume', '--nproc', '2'))   # the launching side
+        assert r.returncode == 1 and f'is in use by process {first.pid}' in r.stderr, r.stdout + r.stderr
+    finally:
+        first.kill()
+        first.communicate()
+    assert lock_holder(run) is None                    # SIGKILL: the kernel dropped the lock
+
+
+def test_resume_with_another_tokenizer_is_refused_naming_the_flag(tiny_data, other_tokenizers, tmp_path):
+    run = tmp_path / 'run'
+    r = run_here(*_train_args(tiny_data, run, '--iters', '2'))
+    assert r.returncode == 0, r.stdout + r.stderr
+    before = (run / 'tokenizer' / 'tokenizer.json').read_bytes()
+    same_size, other_size = other_tokenizers
+    for tok, what in ((same_size, 'the same 512 entries but other tokens'), (other_size, '600 entries, not its 512')):
+        args = _train_args(tiny_data, run, '--iters', '4', '--resume')
+        args[args.index('--tokenizer') + 1] = str(tok)
+        r = run_here(*args)
+        assert r.returncode == 2, r.stdout + r.stderr
+        msg = _one_line_error(r)
+        assert msg.startswith(f'error: --tokenizer {tok} is not the tokenizer') and what in msg, msg
+        assert 'wte.weight' not in msg
+    assert (run / 'tokenizer' / 'tokenizer.json').read_bytes() == before       # the run's tokenizer kept
+    r = run_here(*_train_args(tiny_data, run, '--iters', '3', '--resume'))    # its own tokenizer: continues
+    assert r.returncode == 0 and 'resumed from' in r.stdout, r.stdout + r.stderr
+
+
+def test_a_killed_saves_staging_folder_is_removed_by_the_next_training(tiny_data, tmp_path):
+    run = tmp_path / 'run'
+    r = run_here(*_train_args(tiny_data, run, '--iters', '2'))
+    assert r.returncode == 0, r.stdout + r.stderr
+    ckpts = run / 'checkpoints'
+    staged = ckpts / '.tmp-iter_0000003'      # what SIGKILL during a save leaves: the folder, without state.json
+    shutil.copytree(ckpts / 'iter_0000002', staged)
+    (staged / 'state.json').unlink()
+    (run / '.config.json.tmp').write_text('{"half": ')
+    from gptkit.store import stale_temporaries
+    assert [p.name for p in stale_temporaries(run)] == ['.config.json.tmp', '.tmp-iter_0000003']
+    r = run_here(*_train_args(tiny_data, run, '--iters', '3', '--resume'))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not staged.exists() and not (run / '.config.json.tmp').exists()
+    assert sorted(p.name for p in ckpts.iterdir()) == ['iter_0000002', 'iter_0000003', 'latest']
+
+
+# --- item 4: datasets ------------------------------------------------------------------------------------------
+
+def _prepare(*args):
+    return run_here('data', 'prepare', *args)
+
+
+def test_prepare_onto_an_existing_dataset_is_refused_unless_overwrite(tmp_path):
+    from gptkit.data.indexed import IndexedDataset
+    out = tmp_path / 'corpus'
+    assert _prepare('--input', 'builtin:kjv', '--output-prefix', out).returncode == 0
+    r = _prepare('--input', 'builtin:milton', '--output-prefix', out)
+    assert r.returncode == 1
+    msg = _one_line_error(r)
+    assert f'{out}_text_document.bin already exists and holds 1,189 documents' in msg and '--overwrite' in msg, msg
+    assert IndexedDataset(f'{out}_text_document').num_documents == 1189
+    r = _prepare('--input', 'builtin:milton', '--output-prefix', out, '--overwrite')
+    assert r.returncode == 0, r.stderr
+    assert IndexedDataset(f'{out}_text_document').num_documents == 7
+
+
+def test_merge_of_different_tokenizers_is_refused_unless_asked(tiny_data, tmp_path):
+    from gptkit.data.indexed import IndexedDataset, read_metadata
+    prefix, tok = tiny_data
+    gpt2 = tmp_path / 'gpt2'
+    assert _prepare('--input', 'builtin:milton', '--output-prefix', gpt2).returncode == 0
+    assert IndexedDataset(prefix).dtype == IndexedDataset(f'{gpt2}_text_document').dtype   # uint16 both
+    r = run_here('data', 'merge', '-i', f'{gpt2}_text_document', '-i', prefix, '--output-prefix', tmp_path / 'm')
+    assert r.returncode == 1
+    msg = _one_line_error(r)
+    assert f'{prefix} was prepared with the tokenizer {tok} (512 entries)' in msg, msg
+    assert 'the tokenizer gpt2 (50,257 entries)' in msg and '--mixed-tokenizers' in msg, msg
+    assert not list(tmp_path.glob('m.*'))
+    r = run_here('data', 'merge', '-i', f'{gpt2}_text_document', '-i', prefix, '--output-prefix', tmp_path / 'm',
+                 '--mixed-tokenizers')
+    assert r.returncode == 0, r.stderr
+    assert read_metadata(tmp_path / 'm') is None                        # a mix records no tokenizer
+    r = run_here('data', 'merge', '-i', prefix, '-i', prefix, '--output-prefix', tmp_path / 'same')
+    assert r.returncode == 0 and read_metadata(tmp_path / 'same')['vocab_size'] == 512, r.stderr
+
+
+def test_truncated_gzip_fails_unless_keep_truncated(tmp_path):
+    from gptkit.data.indexed import IndexedDataset
+    text = ''.join(json.dumps({'text': f'document {i} ' * 20}) + '\n' for i in range(5000))
+    cut = tmp_path / 'cut.jsonl.gz'
+    cut.write_bytes(gzip.compress(text.encode())[:-2000])
+    r = _prepare('--input', cut, '--output-prefix', tmp_path / 'out')
+    assert r.returncode == 1
+    msg = _one_line_error(r)
+    assert msg.startswith(f'error: {cut}: truncated file: EOFError') and '--keep-truncated' in msg, msg
+    assert not list(tmp_path.glob('out*'))
+    r = _prepare('--input', cut, '--output-prefix', tmp_path / 'out', '--keep-truncated')
+    assert r.returncode == 0 and 'truncated file' in r.stdout, r.stdout + r.stderr
+    assert 0 < IndexedDataset(tmp_path / 'out_text_document').num_documents < 5000
+
+
+def test_temporaries_of_a_killed_prepare_are_removed_by_the_next_one(tmp_path):
+    out = tmp_path / 'data'
+    out.mkdir()
+    proc = _gptkit('data', 'prepare', *['--input', 'builtin:kjv'] * 6, '--output-prefix', out / 'big',
+                   '--workers', '1')
+    deadline = time.time() + 120
+    while not list(out.glob('big_text_document.bin.tmp-*')):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    left = list(out.glob('big_text_document.*'))
+    assert [p.name for p in left] == [f'big_text_document.bin.tmp-{proc.pid}']
+    r = _prepare('--input', 'builtin:milton', '--output-prefix', out / 'small')
+    assert r.returncode == 0, r.stderr
+    assert not left[0].exists() and f'removed {left[0]}, left by a run that was killed' in r.stdout, r.stdout
+
+
+# --- item 3 (data): non-regular input ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize('kind', ['fifo', 'device'])
+def test_non_regular_input_is_refused_without_hanging(tmp_path, kind):
+    if kind == 'fifo':
+        src = tmp_path / 'stream.jsonl'
+        os.mkfifo(src)
+        what = 'a named pipe (FIFO)'
+    else:
+        src, what = Path('/dev/zero'), 'a character device'
+    try:
+        r = subprocess.run([sys.executable, '-m', 'gptkit_cli.main', 'data', 'prepare', '--input', str(src),
+                            '--output-prefix', str(tmp_path / 'out')], capture_output=True, text=True, env=_env(),
+                           timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f'gptkit data prepare hung on {src}')
+    assert r.returncode == 1
+    msg = _one_line_error(r)
+    assert msg == f'error: {src}: is {what}, not a file; gptkit reads regular files (write the stream to a file first)'
+
+
+# --- item 6: what the readers read, the CLI accepts ------------------------------------------------------------
+
+def test_shipped_bgwiki_sample_prepares_through_the_cli(tmp_path):
+    from gptkit.data.indexed import IndexedDataset
+    from gptkit.tokenizer import gpt2
+    assert bz2.decompress(BG.read_bytes())[:2] == b'\xff\xfe'          # UTF-16 with a byte-order mark
+    for extra in ([], ['--format', 'mediawiki']):
+        out = tmp_path / f'bg{len(extra)}'
+        r = _prepare('--input', BG, '--output-prefix', out, *extra)
+        assert r.returncode == 0, r.stdout + r.stderr
+        ds = IndexedDataset(f'{out}_text_document')
+        assert ds.num_documents == 1
+        assert gpt2().decode(ds.document(0)).startswith('Григорианският календар')
+
+
+PAGE = ('<mediawiki><page><title>T</title><ns>0</ns><revision><text>{}</text></revision></page>'
+        '</mediawiki>')
+
+
+@pytest.mark.parametrize('encoding,declared,text', [
+    ('utf-32', False, 'Привет, café'),                 # a byte-order mark
+    ('utf-16-be', False, 'Привет, café'),              # no mark: the XML's first bytes say it
+    ('iso-8859-1', True, 'déjà vu, café'),             # what the XML declaration names
+    ('windows-1251', True, 'Привет, мир'),
+])
+def test_xml_in_other_encodings_prepares_through_the_cli(tmp_path, encoding, declared, text):
+    from gptkit.data.indexed import IndexedDataset
+    from gptkit.tokenizer import gpt2
+    decl = f'<?xml version="1.0" encoding="{encoding}"?>' if declared else '<?xml version="1.0"?>'
+    src = tmp_path / 'dump.xml'
+    src.write_bytes((decl + PAGE.format(text)).encode(encoding))
+    r = _prepare('--input', src, '--output-prefix', tmp_path / 'out')
+    assert r.returncode == 0, r.stdout + r.stderr
+    ds = IndexedDataset(tmp_path / 'out_text_document')
+    assert gpt2().decode(ds.document(0)[:-1]) == text
+
+
+def test_text_in_an_encoding_the_reader_does_not_read_is_refused_in_one_sentence(tmp_path):
+    src = tmp_path / 'notes.txt'
+    src.write_bytes('hello'.encode('utf-16'))
+    r = _prepare('--input', src, '--output-prefix', tmp_path / 'out')
+    assert r.returncode == 1
+    msg = _one_line_error(r)
+    assert msg == (f'error: {src}: its content is UTF-16-LE text, but gptkit reads text as UTF-8; convert it '
+                   '(iconv -f utf-16-le -t utf-8)')
+    src = tmp_path / 'dump.xml'
+    src.write_bytes(b'<?xml version="1.0" encoding="klingon-8"?><mediawiki/>')
+    r = _prepare('--input', src, '--output-prefix', tmp_path / 'out')
+    assert r.returncode == 1 and "declares the encoding 'klingon-8', which Python does not know" in r.stderr
