@@ -166,6 +166,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'gptkit.data.corpus._regular': ('corpus.html#_regular', 'gptkit/data/corpus.py'),
                                     'gptkit.data.corpus._rows': ('corpus.html#_rows', 'gptkit/data/corpus.py'),
                                     'gptkit.data.corpus._strip': ('corpus.html#_strip', 'gptkit/data/corpus.py'),
+                                    'gptkit.data.corpus._utf8': ('corpus.html#_utf8', 'gptkit/data/corpus.py'),
                                     'gptkit.data.corpus.builtin_path': ('corpus.html#builtin_path', 'gptkit/data/corpus.py'),
                                     'gptkit.data.corpus.clean_text': ('corpus.html#clean_text', 'gptkit/data/corpus.py'),
                                     'gptkit.data.corpus.expand_inputs': ('corpus.html#expand_inputs', 'gptkit/data/corpus.py'),

@@ -260,3 +260,18 @@ def test_prepare_workers_read_a_multistream_dump_in_processes(dump, tmp_path, mo
     assert (one.documents, one.tokens) == (two.documents, two.tokens) and one.documents == 7
     for suffix in ('.bin', '.idx'):
         assert Path(one.prefix + suffix).read_bytes() == Path(two.prefix + suffix).read_bytes()
+
+
+@pytest.mark.parametrize('encoding', ['utf-16', 'utf-32'])
+def test_multistream_dump_in_utf16_or_utf32_reads_as_the_serial_reader(tmp_path, encoding):
+    "A multistream .xml.bz2 that is not UTF-8 is read by the serial reader (the parallel one splits bytes at <page>)"
+    text = bz2.decompress(BG.read_bytes()).decode('utf-16') if encoding == 'utf-32' else None
+    raw = bz2.decompress(BG.read_bytes()) if text is None else text.encode('utf-32')
+    unit = 2 if encoding == 'utf-16' else 4
+    cut = len(raw) // 2 // unit * unit
+    path = tmp_path / 'bg-multistream.xml.bz2'
+    path.write_bytes(bz2.compress(raw[:cut]) + bz2.compress(raw[cut:]))      # two bz2 streams
+    serial, t1 = Tally(), Tally()
+    want = [d.text for d in read_mediawiki(io.BytesIO(raw), path, serial)]
+    got = [d.text for d in read_documents([path], t1, workers=2)]
+    assert len(want) == 1 and got == want and t1.problems == {}

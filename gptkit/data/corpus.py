@@ -371,7 +371,7 @@ def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str =
                 with open(path, 'rb') as f: head = f.read(16)
                 comp = _compression(path, head)
                 docs = None   # a multistream .bz2 dump is read by `workers` processes, anything else streams here
-                if kind == 'mediawiki' and comp == '.bz2' and workers > 1:
+                if kind == 'mediawiki' and comp == '.bz2' and workers > 1 and _utf8(path, comp):
                     docs = _read_mediawiki_parallel(path, tally, workers, seen); tell = lambda: seen[0]
                 if docs is None:
                     stream, raw = _open_binary(path, comp)
@@ -390,6 +390,13 @@ def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str =
         tally.problem('truncated_file' if isinstance(e, EOFError) else 'unreadable_file', path, 0,
                       f'{type(e).__name__}: {e}')
     tally.input_bytes = done + (path.stat().st_size if path.is_file() else 0)
+
+def _utf8(path: Path, comp: str | None) -> bool:
+    "Whether the XML in `path` is UTF-8, which the parallel MediaWiki reader needs (it splits the bytes at <page>)"
+    stream, raw = _open_binary(path, comp)
+    with stream, raw:
+        head = stream.read(1024)
+    return codecs.lookup(text_encoding(head, xml=True)).name in ('utf-8', 'utf-8-sig')
 
 def read_documents(inputs: Iterable[str | Path], tally: Tally | None = None, text_key: str = 'text',
                    txt_split: str = 'file', fmt: str = 'auto', workers: int = 1) -> Iterator[Document]:
