@@ -676,7 +676,8 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     check_fits(cfg, device, force)
     out = Path(cfg.out)
     lock = hold_run(cfg, rank)                           # held until `hold` closes (default: this process ends)
-    if hold is not None: hold.enter_context(lock)
+    if hold is not None:
+        hold.enter_context(lock)
     if rank == 0: _write_run_folder(cfg, tok, out)
 
     random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
