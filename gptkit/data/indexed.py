@@ -156,13 +156,17 @@ class IndexedWriter:
     def close(self):
         "Write the index and move both files into place"
         if self._bin.closed: return
-        self._bin.flush()
-        with _temporary(self.idx_path) as f:             # both stay locked until both are in place
-            for part in self._index_bytes(): f.write(part if isinstance(part, bytes) else part.tobytes())
-            f.flush()
-            self.idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
-            _fsync_replace(self._tmp_bin, self.bin_path)
-            _fsync_replace(self._tmp_idx, self.idx_path)
+        try:
+            self._bin.flush()
+            with _temporary(self.idx_path) as f:         # both stay locked until both are in place
+                for part in self._index_bytes(): f.write(part if isinstance(part, bytes) else part.tobytes())
+                f.flush()
+                self.idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
+                _fsync_replace(self._tmp_bin, self.bin_path)
+                _fsync_replace(self._tmp_idx, self.idx_path)
+        except BaseException:
+            self.abort()                                 # a full disk while writing the index: nothing left
+            raise
         self._bin.close()
 
     def abort(self):
