@@ -45,7 +45,7 @@ def inspect(path: CheckpointPath,
         typer.echo(json.dumps(info, indent=2)); return
     m, lay, tok = info['model'], info['layout'], info['tokenizer']
     t = Table(title=text(info['folder']), title_justify='left', show_header=False, box=None, padding=(0, 2))
-    t.add_column(style='cyan'); t.add_column()
+    t.add_column(style='cyan'); t.add_column(overflow='fold')   # long paths folded, not cut
     t.add_row('iteration', f"{info['iteration']:,}")
     t.add_row('tokens seen', 'unknown' if info['tokens'] is None else f"{info['tokens']:,}")
     t.add_row('consumed samples', 'unknown' if info['consumed_samples'] is None else f"{info['consumed_samples']:,}")
@@ -60,6 +60,9 @@ def inspect(path: CheckpointPath,
     t.add_row('tokenizer',
               'none saved' if tok is None else f"{tok['vocab_size']:,} entries, end of document = {tok['eod']}")
     t.add_row('files', f"{len(info['files'])}, {_size(info['bytes'])}")
+    if info['stale_temporaries']:
+        left = text(', '.join(info['stale_temporaries']))
+        t.add_row('[yellow]temporaries[/]', f'{left}: left by a killed run; the next train --resume removes them')
     out.print(t)
     f = Table(box=None, padding=(0, 2))
     f.add_column('file', style='dim'); f.add_column('size', justify='right')

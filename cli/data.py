@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
@@ -57,7 +57,7 @@ def prepare(
                                                   f'tokens, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
         res = run(cfg, update)
-    t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t = Table(title=escape(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None, padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right')
     t.add_row('documents read', f'{res.tally.documents:,}')
     for reason, n in sorted(res.dropped.items()): t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
@@ -85,8 +85,8 @@ def inspect(
     from gptkit.data.indexed import IndexedDataset
     ds = IndexedDataset(prefix)
     doc_lengths = np.diff(np.concatenate([[0], np.cumsum(ds.sequence_lengths, dtype=np.int64)])[ds.document_indices])
-    out.print(f'[bold]{prefix}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, {ds.num_tokens:,} tokens of '
-              f'{ds.dtype}')
+    out.print(f'[bold]{escape(str(prefix))}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, '
+              f'{ds.num_tokens:,} tokens of {ds.dtype}')
     if ds.num_documents:
         out.print(f'document length: min {doc_lengths.min():,}, median {int(np.median(doc_lengths)):,}, max '
                   f'{doc_lengths.max():,} tokens')
@@ -103,7 +103,7 @@ def inspect(
         for j in range(min(show, ds.num_documents)):
             text = tok.decode(ds.document(j))
             out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): '
-                      f'{text[:300]!r}{"..." if len(text) > 300 else ""}')
+                      f'{escape(repr(text[:300]))}{"..." if len(text) > 300 else ""}')
 
 
 @data_app.command()
@@ -128,6 +128,7 @@ def merge(
     output_prefix: Annotated[str, Opt(help='Writes PREFIX.bin/.idx.')],
     mixed_tokenizers: Annotated[bool, Opt('--mixed-tokenizers', help='Merge datasets that gptkit prepared with '
                                                                       'different tokenizers.')] = False,
+    overwrite: Annotated[bool, Opt('--overwrite', help='Replace a dataset already at the output prefix.')] = False,
 ):
     """Join indexed datasets into one, byte for byte as Megatron's tools/merge_datasets.py."""
     from gptkit.data.indexed import merge_datasets
@@ -136,8 +137,8 @@ def merge(
         update = lambda p: bar.update(task, total=p.total or None, completed=p.bytes,
                                       description=f'{p.datasets:,} datasets, {p.bytes / 2**20:,.1f} MB, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
-        res = merge_datasets(input, output_prefix, update, mixed_tokenizers=mixed_tokenizers)
-    t = Table(title=f'{res.prefix}.bin/.idx', title_justify='left', show_header=False, box=None, padding=(0, 2))
+        res = merge_datasets(input, output_prefix, update, mixed_tokenizers=mixed_tokenizers, overwrite=overwrite)
+    t = Table(title=escape(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None, padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right')
     t.add_row('datasets merged', f'{res.datasets:,}')
     t.add_row('documents written', f'{res.documents:,}')

@@ -72,7 +72,9 @@ def _data_stage(out_dir: Path, vocab_size: int):
               f'{time.perf_counter() - t0:.1f} s -> {fmt.text(out_dir / "tokenizer")}; bytes per token on {HELD_OUT}: '
               f'{bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
     with out.status('2. tokenizing the corpus into Megatron .bin/.idx'):
-        res = prepare(PrepareConfig(DEFAULT_CORPUS, str(out_dir / 'data' / 'corpus'), str(out_dir / 'tokenizer')))
+        data = PrepareConfig(DEFAULT_CORPUS, str(out_dir / 'data' / 'corpus'), str(out_dir / 'tokenizer'),
+                             overwrite=True)        # a rerun on one --out: the dataset of the tokenizer just trained
+        res = prepare(data)
     out.print(f'2. dataset: {res.documents:,} documents, {res.tokens:,} tokens in {res.seconds:.1f} s '
               f'({res.mb_per_s:.1f} MB/s) -> {fmt.text(res.prefix)}.bin/.idx\n')
 

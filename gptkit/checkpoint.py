@@ -24,7 +24,7 @@ from pathlib import Path, PosixPath
 import numpy as np
 
 from .config import ConfigError, Layout, RunConfig, _full_disk, _size, free_space, save_config, write_atomic
-from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newest, read_state, tag
+from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newest, read_state, stale_temporaries, tag
 
 log = logging.getLogger(__name__)
 
@@ -614,4 +614,5 @@ def inspect(path: str | Path) -> dict:
                        'zero': ds.get('zero_optimization', {}).get('stage', cfg.parallel.zero), 'world_size': world,
                        'precision': cfg.train.precision, 'micro_batch': ds.get('train_micro_batch_size_per_gpu'),
                        'global_batch': ds.get('train_batch_size')},
-            'tokenizer': tok, 'files': files, 'bytes': sum(files.values()), 'config': cfg.to_dict()}
+            'tokenizer': tok, 'files': files, 'bytes': sum(files.values()), 'config': cfg.to_dict(),
+            'stale_temporaries': [str(p) for p in stale_temporaries(folder)]}   # left by a killed writer

@@ -316,7 +316,7 @@ def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | No
         from gptkit.data.corpus import clean_text, read_documents
         from gptkit.tokenizer import save, train_bpe
         save(train_bpe((clean_text(d.text) for d in read_documents([corpus])), vocab_size), out / 'tokenizer')
-    res = prepare(PrepareConfig((corpus,), str(out / name), tok_dir))
+    res = prepare(PrepareConfig((corpus,), str(out / name), tok_dir, overwrite=True))   # of the tokenizer just made
     return str(res.prefix), tok_dir
 
 # %% ../nbs/13_profile.ipynb #a4bbb9c7

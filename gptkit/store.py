@@ -206,8 +206,9 @@ def lock_run(folder: str | Path) -> RunLock:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        raise RunLockedError(f'{folder} is in use by {_holder(path)}: two processes writing one run folder would mix '
-                             'their checkpoints and metrics; wait for it to end or stop it, or use another --out') from None
+        why = (f'{folder} is in use by {_holder(path)}: two processes writing one run folder would mix '
+               'their checkpoints and metrics; wait for it to end or stop it, or use another --out')
+        raise RunLockedError(why) from None
     try:                                       # who holds it, for the message of the next one (best effort)
         f.seek(0)
         f.truncate()
@@ -255,7 +256,7 @@ def stale_temporaries(path: str | Path) -> list[Path]:
     return _temporaries(run)
 
 def remove_temporaries(path: str | Path) -> list[Path]:
-    "Remove the temporaries of the run folder of `path`, for a writer holding its lock (so they are stale); those removed"
+    "Remove the temporaries of `path`'s run folder, for a writer holding its lock (so they are stale); those removed"
     stale = _temporaries(_run_folder(path))
     for p in stale:
         if p.is_dir():

@@ -132,6 +132,8 @@ def test_quickstart(tmp_path):
     sample = Generator.from_checkpoint(tmp_path / 'qs' / 'run').complete(['And the king said unto'], Sampling(80, 0.8, 40, seed=0))[0].text
     tail = r.output[r.output.index('9. A sample from the model trained above'):]
     assert ' '.join(tail.split()).endswith(' '.join(('And the king said unto' + sample).split()))
+    again = run('quickstart', '--out', str(tmp_path / 'qs'), '--vocab-size', '1024', '--iters', '2')   # one --out, twice
+    assert again.exit_code == 0 and 'Done in' in again.output, again.output
 
 
 def test_estimate_balances_pipeline_stages_by_parameters():

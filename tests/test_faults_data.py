@@ -110,6 +110,11 @@ def test_a_killed_saves_staging_folder_is_removed_by_the_next_training(tiny_data
     (run / '.config.json.tmp').write_text('{"half": ')
     from gptkit.store import stale_temporaries
     assert [p.name for p in stale_temporaries(run)] == ['.config.json.tmp', '.tmp-iter_0000003']
+    r = run_here('checkpoint', 'inspect', run)                     # shown before anything removes them
+    shown = ''.join(r.stdout.split())                               # the table wraps at 80 columns
+    assert r.returncode == 0 and 'leftbyakilledrun' in shown and '.tmp-iter_0000003' in shown, r.stdout + r.stderr
+    r = run_here('checkpoint', 'inspect', run, '--json')
+    assert [Path(p).name for p in json.loads(r.stdout)['stale_temporaries']] == ['.config.json.tmp', '.tmp-iter_0000003']
     r = run_here(*_train_args(tiny_data, run, '--iters', '3', '--resume'))
     assert r.returncode == 0, r.stdout + r.stderr
     assert not staged.exists() and not (run / '.config.json.tmp').exists()
@@ -154,6 +159,25 @@ def test_merge_of_different_tokenizers_is_refused_unless_asked(tiny_data, tmp_pa
     assert read_metadata(tmp_path / 'm') is None                        # a mix records no tokenizer
     r = run_here('data', 'merge', '-i', prefix, '-i', prefix, '--output-prefix', tmp_path / 'same')
     assert r.returncode == 0 and read_metadata(tmp_path / 'same')['vocab_size'] == 512, r.stderr
+
+
+def test_merge_onto_an_existing_dataset_is_refused_unless_overwrite(tiny_data, tmp_path):
+    "The merge's output prefix is checked as prepare's is; the dataset there stays whole"
+    from gptkit.data.indexed import IndexedDataset
+    prefix, _ = tiny_data
+    out = tmp_path / 'out[/]m'                       # rich markup in the name: printed as written
+    assert run_here('data', 'merge', '-i', prefix, '--output-prefix', out).returncode == 0
+    before = IndexedDataset(out).num_documents
+    r = run_here('data', 'merge', '-i', prefix, '-i', prefix, '--output-prefix', out)
+    assert r.returncode == 1
+    msg = _one_line_error(r)
+    assert f'{out}.bin already exists and holds {before:,} documents' in msg and '--overwrite' in msg, msg
+    assert IndexedDataset(out).num_documents == before
+    r = run_here('data', 'merge', '-i', prefix, '-i', prefix, '--output-prefix', out, '--overwrite')
+    assert r.returncode == 0 and 'out[/]m.bin/.idx' in r.stdout, r.stdout + r.stderr
+    assert IndexedDataset(out).num_documents == 2 * before
+    r = run_here('data', 'inspect', out)
+    assert r.returncode == 0 and 'out[/]m' in r.stdout, r.stdout + r.stderr
 
 
 def test_truncated_gzip_fails_unless_keep_truncated(tmp_path):

@@ -24,7 +24,7 @@ from ..config import DataError, write_atomic
 # %% auto #0
 __all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'TEMP_RE', 'token_dtype', 'data_paths', 'metadata_path',
            'read_metadata', 'write_metadata', 'remove_stale', 'IndexedWriter', 'IndexedDataset', 'MergeProgress',
-           'MergeResult', 'merge_datasets']
+           'MergeResult', 'check_new', 'merge_datasets']
 
 # %% ../../nbs/04_indexed.ipynb #07921973
 MAGIC = b'MMIDIDX\x00\x00'
@@ -54,7 +54,8 @@ def read_metadata(prefix: str | Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise DataError(f'{p}: cannot be read as JSON ({e}); remove it if its dataset did not come from gptkit') from None
+        why = f'{p}: cannot be read as JSON ({e}); remove it if its dataset did not come from gptkit'
+        raise DataError(why) from None
     return meta if isinstance(meta, dict) else None
 
 def write_metadata(prefix: str | Path, meta: dict | None):
@@ -286,12 +287,25 @@ def _copy_bytes(src, dst, n: int, chunk: int):
         yield got
 
 # %% ../../nbs/04_indexed.ipynb #ae477066
+def check_new(prefix: str | Path, overwrite: bool):
+    "Refuse to replace a dataset already at the output `prefix` unless `overwrite`"
+    there = [p for p in data_paths(prefix) if p.exists()]
+    if overwrite or not there:
+        return
+    try:
+        ds = IndexedDataset(prefix)
+        what = f'holds {ds.num_documents:,} documents ({ds.num_tokens:,} tokens)'
+    except DataError:
+        what = 'is in the way'
+    raise DataError(f'{there[0]} already exists and {what}; add --overwrite to replace it, or choose another '
+                    '--output-prefix')
+
 def _describe(meta: dict) -> str:
     "A dataset's tokenizer as its metadata names it"
     return f"the tokenizer {meta.get('tokenizer', '?')} ({meta.get('vocab_size', 0):,} entries)"
 
 def _merged_metadata(prefixes: list[Path], mixed: bool) -> dict | None:
-    "The metadata of the merge: the inputs' when they all record one tokenizer; different tokenizers refused unless `mixed`"
+    "The inputs' metadata when they all record one tokenizer; different tokenizers refused unless `mixed`"
     metas = [read_metadata(p) for p in prefixes]
     known = [(p, m) for p, m in zip(prefixes, metas) if m and m.get('tokenizer_sha256')]
     for p, m in known[1:]:
@@ -308,6 +322,7 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
                    progress: Callable[[MergeProgress], None] | None = None, # called after each chunk copied
                    chunk_bytes: int = 2**20, # bytes held in memory at a time (1 MiB copied faster than 64 MiB)
                    mixed_tokenizers: bool = False, # merge datasets that gptkit prepared with different tokenizers
+                   overwrite: bool = False, # replace a dataset already at the output prefix (else refused)
                   ) -> MergeResult:
     "Concatenate indexed datasets into one, the bytes Megatron's tools/merge_datasets.py writes"
     t0 = time.perf_counter()
@@ -326,6 +341,7 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
     bin_path, idx_path = data_paths(output_prefix)
     if {bin_path.resolve(), idx_path.resolve()} & {q.resolve() for p in prefixes for q in data_paths(p)}:
         raise DataError(f'{output_prefix}: the output prefix is also an input; write the merge to a new prefix')
+    check_new(output_prefix, overwrite)
     remove_stale(bin_path.parent)                 # what a killed merge or prepare left there
     write_metadata(output_prefix, None)           # an old one must not describe the new pair
     n_all, d_all = sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads)

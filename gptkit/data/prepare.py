@@ -19,8 +19,7 @@ from typing import Callable, Iterable
 
 from ..config import DataError, check, check_folder, written
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
-from .indexed import (IndexedDataset, IndexedWriter, data_paths, read_metadata, remove_stale, token_dtype,
-                                  write_metadata)
+from .indexed import IndexedWriter, check_new, remove_stale, token_dtype, write_metadata
 
 # %% auto #0
 __all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'shard_inputs', 'tokenizer_digest', 'dataset_metadata', 'prepare']
@@ -185,25 +184,12 @@ def dataset_metadata(tok, name: str) -> dict:
     return {'tokenizer': str(name), 'vocab_size': tok.vocab_size, 'eod': tok.eod,
             'tokenizer_sha256': tokenizer_digest(tok), 'dtype': str(token_dtype(tok.vocab_size))}
 
-def _check_new(cfg: PrepareConfig):
-    "Refuse to replace a dataset already at the output prefix unless `cfg.overwrite`"
-    there = [p for p in data_paths(cfg.prefix) if p.exists()]
-    if cfg.overwrite or not there:
-        return
-    try:
-        ds = IndexedDataset(cfg.prefix)
-        what = f'holds {ds.num_documents:,} documents ({ds.num_tokens:,} tokens)'
-    except DataError:
-        what = 'is in the way'
-    raise DataError(f'{there[0]} already exists and {what}; add --overwrite to replace it, or choose another '
-                    '--output-prefix')
-
 def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = None,
             every: float = 0.5) -> PrepareResult:
     "Tokenize `cfg.inputs` into a Megatron .bin/.idx pair; returns counts and timings"
     check(cfg.problems())
     check_folder(Path(cfg.output_prefix).parent, 'output_prefix')   # a file in the way: refused before reading
-    _check_new(cfg)
+    check_new(cfg.prefix, cfg.overwrite)
     paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
     if cfg.shard: paths = shard_inputs(paths, cfg.shard)
     os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
