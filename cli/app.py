@@ -8,9 +8,9 @@ from typing import Annotated, List, Optional, get_type_hints
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from gptkit.config import ConfigError, GptkitError
+from gptkit_cli.format import text
 
 # Options several commands share
 Inputs = Annotated[List[str], typer.Option('--input', '-i',
@@ -86,7 +86,7 @@ def report(e: GptkitError | OSError, name=flag, options: list[tuple[str, str]] =
         msg, code = str(e), e.exit_code
     if isinstance(e, ConfigError):
         msg = e.render(_key(name))
-    err.print(f'[bold red]error:[/] {escape(msg)}', soft_wrap=True)
+    err.print(f'[bold red]error:[/] {text(msg)}', soft_wrap=True)
     return code
 
 

@@ -6,9 +6,14 @@ from rich.markup import escape
 GiB = 2**30
 
 
+# C0 and C1 control characters but tab and newline: a name holding ESC ] 0 ; ... or ESC [ 2 J would retitle or clear
+# the user's terminal when printed, so they are shown as \x1b and the like
+CONTROLS = {c: f'\\x{c:02x}' for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}
+
+
 def text(value) -> str:
-    "`value` as literal text inside rich markup: a path such as 'runs/[bold]x' or 'in[/x].txt' is shown as it is"
-    return escape(str(value))
+    "`value` as literal text inside rich markup: 'runs/[bold]x' is shown as it is, control characters as \\x1b"
+    return escape(str(value).translate(CONTROLS))
 
 
 def count(n: float) -> str:

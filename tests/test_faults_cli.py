@@ -179,6 +179,19 @@ def test_markup_in_a_prompt_and_a_text_path_is_shown_literally(tiny_checkpoint, 
     assert code == 0 and str(text) in out, out
 
 
+def test_control_characters_in_names_reach_no_terminal(tiny_checkpoint, tmp_path):
+    "A name holding ESC ] 0 ; (retitle) or ESC [ 2 J (clear screen) is shown as \\x1b..., in errors and in tables"
+    import shutil
+    hostile = 'nope\x1b]0;PWN\x07\x1b[2J'
+    code, out = gptkit('checkpoint', 'inspect', tmp_path / hostile)
+    assert code == 1 and '\x1b' not in out and '\x07' not in out, repr(out)
+    assert 'nope\\x1b]0;PWN\\x07\\x1b[2J does not exist' in out, out
+    run_dir = tmp_path / f'run{hostile}'
+    shutil.copytree(tiny_checkpoint, run_dir)
+    code, out = gptkit('checkpoint', 'inspect', run_dir)
+    assert code == 0 and '\x1b' not in out and 'run' + 'nope\\x1b]0;PWN' in out.replace(' ', ''), repr(out)
+
+
 def test_markup_in_checkpoint_paths_is_shown_literally(tiny_checkpoint, tmp_path):
     "inspect, export, import and reshard print the folders they read and write as they are named"
     import shutil
