@@ -82,7 +82,16 @@ def inspect(
     """Documents, tokens, dtype, length histogram and a few decoded documents of a .bin/.idx pair."""
     import numpy as np
 
-    from gptkit.data.indexed import IndexedDataset
+    from gptkit.config import DataError
+    from gptkit.data.indexed import IndexedDataset, data_paths, dataset_writer, stale_temporaries
+    writer, stale = dataset_writer(prefix), stale_temporaries(prefix)
+    missing = [p for p in data_paths(prefix) if not p.is_file()]
+    left = ', '.join(f'{p.name} ({p.stat().st_size / 2**20:,.1f} MB)' for p in stale)
+    if missing and writer:
+        raise DataError(f'{prefix}: not written yet, it is being written by {writer}; inspect it when that ends')
+    if missing and stale:
+        raise DataError(f'{missing[0]}: no such file, only {left}, left by a prepare or merge of {prefix} that was '
+                        'killed; run it again (it removes what was left)')
     ds = IndexedDataset(prefix)
     doc_lengths = np.diff(np.concatenate([[0], np.cumsum(ds.sequence_lengths, dtype=np.int64)])[ds.document_indices])
     out.print(f'[bold]{escape(str(prefix))}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, '
@@ -97,6 +106,11 @@ def inspect(
         for lo, hi, c in zip(edges[:-1], edges[1:], counts):
             t.add_row(f'{lo:,}-{hi - 1:,}', f'{c:,}', '█' * int(40 * c / max(1, counts.max())))
         out.print(t)
+    if writer:
+        out.print(f'[yellow]{escape(str(prefix))} is being written again by {escape(writer)}[/]', soft_wrap=True)
+    if stale:
+        out.print(f'[yellow]{escape(left)}: left by a prepare or merge of this prefix that was killed; delete it (a '
+                  'prepare or merge into this folder removes it too)[/]', soft_wrap=True)
     if tokenizer and show:
         from gptkit.tokenizer import load
         tok = load(tokenizer)

@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'TAG_RE', 'LOCK_NAME', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'state_text', 'verify', 'read_state',
-           'checkpoints', 'newest', 'find', 'staged_dir', 'RunLockedError', 'RunLock', 'lock_path', 'lock_run',
-           'lock_holder', 'stale_temporaries', 'remove_temporaries']
+           'checkpoints', 'newest', 'find', 'staged_dir', 'RunLockedError', 'RunLock', 'lock_path', 'lock_file',
+           'lock_run', 'file_holder', 'lock_holder', 'stale_temporaries', 'remove_temporaries']
 
 # %% ../nbs/12a_store.ipynb #e3ba69ce
 class CheckpointError(GptkitError):
@@ -189,9 +189,8 @@ def _command() -> str:
     name = 'gptkit' if prog.name == 'main.py' and prog.parent.name in ('cli', 'gptkit_cli') else prog.name
     return shlex.join([name, *sys.argv[1:]])
 
-def lock_run(folder: str | Path) -> RunLock:
-    "Hold run `folder`'s lock in this process (again if it holds it already); RunLockedError naming another holder"
-    path = lock_path(folder)
+def lock_file(path: Path, name: str, why: str, key: str) -> RunLock:
+    "Hold the lock file `path` of `name` (flag `key`) in this process; RunLockedError naming another holder, then `why`"
     held = _HELD.get(str(path))
     if held is not None:
         held.count += 1
@@ -200,15 +199,13 @@ def lock_run(folder: str | Path) -> RunLock:
         path.parent.mkdir(parents=True, exist_ok=True)
         f = open(path, 'a+b', buffering=0)     # not truncated before it is ours; unbuffered: no write left for close
     except OSError as e:
-        raise ConfigError([('out', f'{{key}} {folder} cannot be written ({e.strerror or e}); choose a folder you '
-                                   'can write')]) from None
+        raise ConfigError([(key, f'{{key}} {name} cannot be written ({e.strerror or e}); choose a folder you '
+                                 'can write')]) from None
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        why = (f'{folder} is in use by {_holder(path)}: two processes writing one run folder would mix '
-               'their checkpoints and metrics; wait for it to end or stop it, or use another --out')
-        raise RunLockedError(why) from None
+        raise RunLockedError(f'{name} is in use by {_holder(path)}: {why}') from None
     try:                                       # who holds it, for the message of the next one (best effort)
         f.seek(0)
         f.truncate()
@@ -219,9 +216,14 @@ def lock_run(folder: str | Path) -> RunLock:
     _HELD[str(path)] = RunLock(path, f)
     return _HELD[str(path)]
 
-def lock_holder(folder: str | Path) -> str | None:
-    "Who holds run `folder`'s lock when another process does; None when it is free or this process holds it"
-    path = lock_path(folder)
+def lock_run(folder: str | Path) -> RunLock:
+    "Hold run `folder`'s lock in this process (again if it holds it already); RunLockedError naming another holder"
+    why = ('two processes writing one run folder would mix their checkpoints and metrics; wait for it to end or stop '
+           'it, or use another --out')
+    return lock_file(lock_path(folder), folder, why, 'out')
+
+def file_holder(path: Path) -> str | None:
+    "Who holds the lock file `path` when another process does; None when it is free or this process holds it"
     if str(path) in _HELD or not path.is_file():
         return None
     with open(path, encoding='utf-8') as f:
@@ -230,6 +232,10 @@ def lock_holder(folder: str | Path) -> str | None:
         except BlockingIOError:
             return _holder(path)
     return None
+
+def lock_holder(folder: str | Path) -> str | None:
+    "Who holds run `folder`'s lock when another process does; None when it is free or this process holds it"
+    return file_holder(lock_path(folder))
 
 # %% ../nbs/12a_store.ipynb #6cf50f77
 _TEMP_RE = re.compile(r'^\.(tmp-iter_\d{7,}|universal-iter_\d{7,}\.tmp-\d+|.+\.tmp)$')

@@ -20,11 +20,12 @@ from typing import Callable
 import numpy as np
 
 from ..config import DataError, write_atomic
+from ..store import RunLock, file_holder, lock_file
 
 # %% auto #0
 __all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'TEMP_RE', 'token_dtype', 'data_paths', 'metadata_path',
-           'read_metadata', 'write_metadata', 'remove_stale', 'IndexedWriter', 'IndexedDataset', 'MergeProgress',
-           'MergeResult', 'check_new', 'merge_datasets']
+           'read_metadata', 'write_metadata', 'remove_stale', 'IndexedWriter', 'lock_dataset', 'dataset_writer',
+           'stale_temporaries', 'IndexedDataset', 'MergeProgress', 'MergeResult', 'check_new', 'merge_datasets']
 
 # %% ../../nbs/04_indexed.ipynb #07921973
 MAGIC = b'MMIDIDX\x00\x00'
@@ -180,7 +181,67 @@ class IndexedWriter:
         if exc_type is None: self.close()
         else: self.abort()
 
+# %% ../../nbs/04_indexed.ipynb #389a2984
+def _lock_path(prefix: str | Path) -> Path:
+    "The hidden .NAME.lock beside dataset `prefix` (NAME its last part), held by the prepare or merge that writes it"
+    path = Path(prefix)
+    return path.with_name(f'.{path.name}.lock').resolve()
+
+def lock_dataset(prefix: str | Path) -> RunLock:
+    "Hold dataset `prefix`'s lock in this process while writing it; RunLockedError naming another holder"
+    why = ('two processes writing one dataset would keep only the one that ends last; wait for it to end or stop it, '
+           'or choose another --output-prefix')
+    return lock_file(_lock_path(prefix), str(prefix), why, 'output_prefix')
+
+def dataset_writer(prefix: str | Path) -> str | None:
+    "The other process writing dataset `prefix` (holding its lock), or None"
+    return file_holder(_lock_path(prefix))
+
+def _writer_gone(path: Path) -> bool:
+    "Whether no process holds temporary `path`'s lock (its writer was killed)"
+    try:
+        with open(path, 'rb') as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except (BlockingIOError, FileNotFoundError, PermissionError):
+        return False
+    return True
+
+def stale_temporaries(prefix: str | Path) -> list[Path]:
+    "The .bin/.idx temporaries of dataset `prefix` whose writer is gone (a prepare or merge that was killed)"
+    stale = []
+    for path in data_paths(prefix):
+        mine = re.compile(re.escape(path.name) + r'\.tmp(-\d+)?')
+        there = sorted(path.parent.iterdir()) if path.parent.is_dir() else []
+        stale.extend(p for p in there if mine.fullmatch(p.name) and p.is_file() and _writer_gone(p))
+    return stale
+
 # %% ../../nbs/04_indexed.ipynb #d432b809
+def _index_problem(lengths, pointers, docs, itemsize: int, step: int = 2**22) -> str | None:
+    "What is wrong in an index: pointers not the bytes of the sequences before each, a document index not 0 up to n"
+    n = len(lengths)
+    base = 0                                    # bytes of the sequences before this chunk
+    for i in range(0, n, step):                 # in chunks: a few MB of memory for any size
+        part = lengths[i:i + step].astype(np.int64)
+        if part.min() < 0:
+            k = i + int(np.argmin(part))
+            return f'sequence {k:,} has length {part.min():,}'
+        ends = np.cumsum(part) * itemsize + base
+        bad = np.flatnonzero(ends - part * itemsize != pointers[i:i + step])
+        if bad.size:
+            k = int(bad[0])
+            return (f'sequence {i + k:,} points at byte {int(pointers[i + k]):,}, but the sequences before it end '
+                    f'at byte {int(ends[k] - part[k] * itemsize):,}')
+        base = int(ends[-1])
+    if docs[0] != 0 or docs[-1] != n:
+        return f'its document index runs from {int(docs[0]):,} to {int(docs[-1]):,}, not from 0 to {n:,} sequences'
+    for i in range(0, len(docs) - 1, step):
+        seg = docs[i:i + step + 1]
+        down = np.flatnonzero(seg[1:] < seg[:-1])
+        if down.size:
+            k = i + int(down[0]) + 1
+            return f'its document index goes down at entry {k:,} (from {int(docs[k - 1]):,} to {int(docs[k]):,})'
+    return None
+
 class IndexedDataset:
     "A Megatron .bin/.idx pair, memory-mapped: `ds[i]` is sequence i, `ds.document(j)` document j"
     def __init__(self, prefix: str | Path):
@@ -212,8 +273,12 @@ class IndexedDataset:
             raise DataError(f'{self.bin_path}: holds {bin_size:,} bytes but {self.idx_path.name} describes '
                             f'{self.num_tokens:,} tokens of {self.dtype} '
                             f'({self.num_tokens * self.dtype.itemsize:,} bytes)')
-        if d == 0 or self.document_indices[0] != 0 or self.document_indices[-1] != n:
-            raise DataError(f'{self.idx_path}: corrupt document index (it must run from 0 to {n})')
+        if d == 0:
+            raise DataError(f'{self.idx_path}: corrupt document index (it has no entries; it must run from 0 to {n})')
+        problem = _index_problem(self.sequence_lengths, self.sequence_pointers, self.document_indices,
+                                 self.dtype.itemsize)
+        if problem:
+            raise DataError(f'{self.idx_path}: corrupt index, {problem}; prepare or merge the dataset again')
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode='r') if bin_size else np.zeros(0, self.dtype)
 
     def __len__(self) -> int: return len(self.sequence_lengths)
@@ -341,18 +406,19 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
     bin_path, idx_path = data_paths(output_prefix)
     if {bin_path.resolve(), idx_path.resolve()} & {q.resolve() for p in prefixes for q in data_paths(p)}:
         raise DataError(f'{output_prefix}: the output prefix is also an input; write the merge to a new prefix')
-    check_new(output_prefix, overwrite)
-    remove_stale(bin_path.parent)                 # what a killed merge or prepare left there
-    write_metadata(output_prefix, None)           # an old one must not describe the new pair
-    n_all, d_all = sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads)
-    total = sum(h[3] for h in heads)
-    step = max(1, chunk_bytes // 8)   # index entries per chunk
-    bin_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_bin, tmp_idx = (p.with_name(f'{p.name}.tmp-{os.getpid()}') for p in (bin_path, idx_path))
-    copied = 0                                  # .bin bytes copied so far
-    base, seqs = 0, 0                           # .bin bytes and sequences of the inputs before this one
-    docs_at = HEADER.size + 12 * n_all + 8      # where the next document-index entry goes
-    report = lambda k: progress and progress(MergeProgress(k, copied, total, time.perf_counter() - t0))
+    with lock_dataset(output_prefix):              # a second writer of this prefix is refused until it ends
+        check_new(output_prefix, overwrite)
+        remove_stale(bin_path.parent)                 # what a killed merge or prepare left there
+        write_metadata(output_prefix, None)           # an old one must not describe the new pair
+        n_all, d_all = sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads)
+        total = sum(h[3] for h in heads)
+        step = max(1, chunk_bytes // 8)   # index entries per chunk
+        bin_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_bin, tmp_idx = (p.with_name(f'{p.name}.tmp-{os.getpid()}') for p in (bin_path, idx_path))
+        copied = 0                                  # .bin bytes copied so far
+        base, seqs = 0, 0                           # .bin bytes and sequences of the inputs before this one
+        docs_at = HEADER.size + 12 * n_all + 8      # where the next document-index entry goes
+        report = lambda k: progress and progress(MergeProgress(k, copied, total, time.perf_counter() - t0))
     try:
         with _temporary(bin_path) as fb, _temporary(idx_path) as fi:   # locked until both are in place
             fi.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], n_all, d_all))

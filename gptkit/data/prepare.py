@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from ..config import DataError, check, check_folder, written
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
-from .indexed import IndexedWriter, check_new, remove_stale, token_dtype, write_metadata
+from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
 
 # %% auto #0
 __all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'shard_inputs', 'tokenizer_digest', 'dataset_metadata', 'prepare']
@@ -189,44 +189,46 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     "Tokenize `cfg.inputs` into a Megatron .bin/.idx pair; returns counts and timings"
     check(cfg.problems())
     check_folder(Path(cfg.output_prefix).parent, 'output_prefix')   # a file in the way: refused before reading
-    check_new(cfg.prefix, cfg.overwrite)
-    paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
-    if cfg.shard: paths = shard_inputs(paths, cfg.shard)
-    os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
-    os.environ.setdefault('TOKENIZERS_PARALLELISM', 'true')
-    from gptkit.tokenizer import load
-    tok = load(cfg.tokenizer)
-    damaged = () if cfg.keep_truncated else ('truncated_file', 'unreadable_file')
-    tally = Tally(strict=cfg.strict, fatal=damaged, hint='; nothing was written (--keep-truncated keeps what was read)')
-    result = PrepareResult(cfg.prefix, tally, removed=remove_stale(Path(cfg.prefix).parent))
-    start = last = time.perf_counter()
-    total = sum(p.stat().st_size for p in paths if p.is_file())
-    event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
-    docs = read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers)
-    docs = _filtered(docs, cfg, result.dropped)
-    writer = IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size))
-    tried = [0]     # tokens handed to the writer, the batch that failed included
-    def needed():   # those tokens, scaled to the whole input where its size is known (more if compressed)
-        done = min(1, max(tally.input_bytes, tally.bytes) / total) if total else 1
-        return int(tried[0] * writer.dtype.itemsize / max(done, 1e-9)) or None
-    kept = f'the existing {Path(cfg.prefix).name}.bin/.idx are as they were' if writer.bin_path.exists() else ''
-    with written(writer.bin_path, needed, kept), writer:
-        for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
-            kept = []
-            for ids in tok.encode_arrays(batch, cfg.workers):
-                if len(ids) < cfg.min_tokens or not len(ids):
-                    result.dropped['too_short' if len(ids) else 'empty'] += 1; continue
-                kept.append(ids)
-            tokens = writer.tokens
-            tried[0] = tokens + sum(len(ids) for ids in kept) + len(kept) * cfg.append_eod
-            writer.add_documents(kept, tok.eod if cfg.append_eod else None)
-            result.documents += len(kept); result.tokens += writer.tokens - tokens
-            now = time.perf_counter()
-            if progress and now - last >= every:
-                progress(event(now - start)); last = now
-        if not result.documents: raise _nothing_written(result)   # leaves no .bin/.idx behind
-        write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
-    write_metadata(cfg.prefix, dataset_metadata(tok, cfg.tokenizer))
-    result.seconds = time.perf_counter() - start
-    if progress: progress(event(result.seconds))
-    return result
+    with lock_dataset(cfg.prefix):   # from before the check for an existing dataset until the new one is in place
+        check_new(cfg.prefix, cfg.overwrite)
+        paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
+        if cfg.shard: paths = shard_inputs(paths, cfg.shard)
+        os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
+        os.environ.setdefault('TOKENIZERS_PARALLELISM', 'true')
+        from gptkit.tokenizer import load
+        tok = load(cfg.tokenizer)
+        damaged = () if cfg.keep_truncated else ('truncated_file', 'unreadable_file')
+        hint = '; nothing was written (--keep-truncated keeps what was read)'
+        tally = Tally(strict=cfg.strict, fatal=damaged, hint=hint)
+        result = PrepareResult(cfg.prefix, tally, removed=remove_stale(Path(cfg.prefix).parent))
+        start = last = time.perf_counter()
+        total = sum(p.stat().st_size for p in paths if p.is_file())
+        event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
+        docs = read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers)
+        docs = _filtered(docs, cfg, result.dropped)
+        writer = IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size))
+        tried = [0]     # tokens handed to the writer, the batch that failed included
+        def needed():   # those tokens, scaled to the whole input where its size is known (more if compressed)
+            done = min(1, max(tally.input_bytes, tally.bytes) / total) if total else 1
+            return int(tried[0] * writer.dtype.itemsize / max(done, 1e-9)) or None
+        kept = f'the existing {Path(cfg.prefix).name}.bin/.idx are as they were' if writer.bin_path.exists() else ''
+        with written(writer.bin_path, needed, kept), writer:
+            for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
+                kept = []
+                for ids in tok.encode_arrays(batch, cfg.workers):
+                    if len(ids) < cfg.min_tokens or not len(ids):
+                        result.dropped['too_short' if len(ids) else 'empty'] += 1; continue
+                    kept.append(ids)
+                tokens = writer.tokens
+                tried[0] = tokens + sum(len(ids) for ids in kept) + len(kept) * cfg.append_eod
+                writer.add_documents(kept, tok.eod if cfg.append_eod else None)
+                result.documents += len(kept); result.tokens += writer.tokens - tokens
+                now = time.perf_counter()
+                if progress and now - last >= every:
+                    progress(event(now - start)); last = now
+            if not result.documents: raise _nothing_written(result)   # leaves no .bin/.idx behind
+            write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
+        write_metadata(cfg.prefix, dataset_metadata(tok, cfg.tokenizer))
+        result.seconds = time.perf_counter() - start
+        if progress: progress(event(result.seconds))
+        return result
