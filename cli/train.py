@@ -30,7 +30,7 @@ def key_name(key: str) -> str:
 
 
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
-                splits=(None, None, None), save_minutes=None, watchdog_minutes=None) -> RunConfig:
+                splits=(None, None, None), save_minutes=None, watchdog_minutes=None, resume=False) -> RunConfig:
     "The RunConfig the command line describes, as `gptkit.train.run_config` completes it (machine defaults, vocabulary)"
     from gptkit.train import run_config
     pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
@@ -39,7 +39,7 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, t
                                         ('watchdog_minutes', watchdog_minutes)) if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
-    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, **top)
+    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, **top)
 
 
 def _ds_override(path: Optional[Path]) -> dict | None:
@@ -120,7 +120,8 @@ def train(
         help="Restart all processes up to this many times when one dies or hangs (torchrun's elastic agent); "
              'each restart resumes from the newest intact checkpoint.')] = 0,
     resume: Annotated[bool, typer.Option(
-        '--resume', help='Continue from the newest intact checkpoint in --out.')] = False,
+        '--resume', help="Continue from the newest intact checkpoint in --out (with neither --preset nor --config: "
+                         "the run's own config.json, the other flags on top).")] = False,
     dry_run: Annotated[bool, typer.Option(
         '--dry-run',
         help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
@@ -150,7 +151,7 @@ def train(
     checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it. A hang
     exits 124 after --watchdog-minutes; --max-restarts K restarts a run whose process died or hung."""
     cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes)
+                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume)
     override = _ds_override(deepspeed_config)
     launched = 'RANK' in os.environ or local_rank is not None
     from gptkit.engine import world_size

@@ -31,11 +31,11 @@ from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'TrainingError', 'RunInfo',
-           'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch', 'peak_flops',
-           'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'cpp_compiler', 'tokenizer_vocab',
-           'run_config', 'Window', 'Loop', 'check_run', 'hold_run', 'setup', 'restore', 'train_step', 'report',
-           'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts',
+__all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'RESUME_MAY_CHANGE', 'TrainingError',
+           'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch',
+           'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'cpp_compiler',
+           'tokenizer_vocab', 'run_config', 'Window', 'Loop', 'check_run', 'hold_run', 'setup', 'restore', 'train_step',
+           'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts',
            'unigram_loss', 'text_loss']
 
 # %% ../nbs/11_train.ipynb #367d2266
@@ -557,10 +557,24 @@ def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
         tok = load(cfg.data.tokenizer)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=tok.vocab_size))
 
+def _own_config(out: str | None, sets, overrides: dict | None) -> tuple:
+    "(run folder `out`'s config.json or None, `overrides` with train.iters cleared when only train.tokens is given)"
+    own = Path(out or RunConfig.out) / 'config.json'
+    if not own.is_file():
+        return None, overrides
+    train = dict((overrides or {}).get('train', {}))
+    keys = {str(s).partition('=')[0].strip() for s in sets} | {f'train.{k}' for k in train}
+    if 'train.tokens' in keys and 'train.iters' not in keys:     # the run's saved iters would win over the tokens
+        train['iters'] = None
+        overrides = {**(overrides or {}), 'train': train}
+    return own, overrides
+
 def run_config(preset: str | None = None, file: str | Path | None = None, sets=(), overrides: dict | None = None,
-               **top) -> RunConfig:
+               resume: bool = False, **top) -> RunConfig:
     "The run `gptkit train` trains: `resolve` on this machine's defaults (tiny by default), the tokenizer's vocabulary"
     from gptkit.engine import machine_defaults
+    if resume and preset is None and file is None:      # a resume continues the run's own settings, flags on top
+        file, overrides = _own_config(top.get('out'), sets, overrides)
     if preset is None and file is None: preset = 'tiny'
     return tokenizer_vocab(resolve(preset, file, sets, overrides, defaults=machine_defaults(), **top))
 
@@ -633,6 +647,38 @@ def _write_run_folder(cfg: RunConfig, tok, out: Path):
     save_config(cfg, out / 'config.json')
     save_tokenizer(tok, out / 'tokenizer')
 
+# settings a resume may change: regularization, kernels, the initialization it does not use, and the context with
+# rotary positions (a longer one, a larger rope_theta: how a context is extended)
+RESUME_MAY_CHANGE = ('dropout', 'kernels', 'init_std', 'rope_theta', 'seq_len')
+
+def _model_changes(old, new) -> list[str]:
+    "The settings of ModelConfig `new` that give the weights of `old` other shapes or another function"
+    from gptkit.config import ModelConfig
+    out = []
+    for f in dataclasses.fields(ModelConfig):
+        k = f.name
+        if getattr(old, k) == getattr(new, k):
+            continue
+        if k not in RESUME_MAY_CHANGE or (k == 'seq_len' and 'learned' in (old.position, new.position)):
+            out.append(k)
+    return out
+
+def _check_same_model(cfg: RunConfig, resume_from: Path):
+    "Refuse to continue a checkpoint whose model has other shapes, naming the settings, before anything is written"
+    from gptkit.config import shown
+    try:
+        old = ckpt.read_config(resume_from).model
+    except store.CheckpointError:                        # no config.json saved: `restore` compares the shapes alone
+        return
+    keys = _model_changes(old, cfg.model)
+    if not keys:
+        return
+    diff = ', '.join(f'model.{k} {shown(getattr(cfg.model, k))} here, {shown(getattr(old, k))} there' for k in keys)
+    raise store.CheckpointError(f'{resume_from} holds another model than this run describes ({diff}), so resuming '
+                                f'was refused before anything was written; resume with its settings (--config '
+                                f'{resume_from / "config.json"}, or neither --preset nor --config to take '
+                                f'{Path(cfg.out) / "config.json"}), or train into a new --out')
+
 def _check_plan(cfg: RunConfig, resume, tok=None) -> tuple:
     "(each split's data plan, the checkpoint to resume from or None): every split of every dataset holds data"
     plan = data_plan(cfg)
@@ -640,6 +686,7 @@ def _check_plan(cfg: RunConfig, resume, tok=None) -> tuple:
     if resume_from is not None:
         _check_same_data(cfg, resume_from)
         _check_same_tokenizer(cfg, tok, resume_from)
+        _check_same_model(cfg, resume_from)
     return plan, resume_from
 
 def check_run(cfg: RunConfig, resume: bool | str | Path = False):

@@ -283,3 +283,39 @@ def test_text_in_an_encoding_the_reader_does_not_read_is_refused_in_one_sentence
     src.write_bytes(b'<?xml version="1.0" encoding="klingon-8"?><mediawiki/>')
     r = _prepare('--input', src, '--output-prefix', tmp_path / 'out')
     assert r.returncode == 1 and "declares the encoding 'klingon-8', which Python does not know" in r.stderr
+
+
+# --- item 4: a refused resume writes nothing; outputs never go where training prunes -----------------------------
+
+def _tree(folder: Path) -> dict:
+    "Every file under `folder` and its bytes"
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def test_resume_with_another_model_is_refused_before_anything_is_written(tiny_data, tmp_path):
+    run = tmp_path / 'run'
+    r = run_here(*_train_args(tiny_data, run, '--iters', '2'))
+    assert r.returncode == 0, r.stdout + r.stderr
+    before = _tree(run)
+    prefix, tok = tiny_data
+    ckpt = run / 'checkpoints' / 'iter_0000002'
+    # the tiny preset's defaults (hidden 128, 4 heads, context 256), not the run's: refused, nothing rewritten
+    r = run_here('train', '--resume', '--out', run, '--data', prefix, '--tokenizer', tok, '--iters', '4',
+                 '--preset', 'tiny')
+    assert r.returncode == 1, r.stdout + r.stderr
+    msg = _one_line_error(r)
+    assert msg.startswith(f'error: {ckpt} holds another model than this run describes (model.hidden 128 here, 32 '
+                          'there, model.heads 4 here, 2 there, model.seq_len 256 here, 32 there)'), msg
+    assert f'--config {ckpt}/config.json' in msg and 'does not fit' not in msg, msg
+    assert _tree(run) == before                                   # config.json, ds_config.json, tokenizer: as they were
+    # the same shapes but another function (more heads of the same width): refused as well, not trained on
+    r = run_here(*_train_args(tiny_data, run, '--iters', '4', '--resume', '--set', 'model.heads=4'))
+    assert r.returncode == 1 and 'model.heads 4 here, 2 there' in _one_line_error(r), r.stdout + r.stderr
+    assert _tree(run) == before
+    # neither --preset nor --config: the run's own config.json, the flags on top
+    r = run_here('train', '--resume', '--out', run, '--data', prefix, '--tokenizer', tok, '--iters', '4')
+    assert r.returncode == 0 and 'resumed from' in r.stdout, r.stdout + r.stderr
+    saved = json.loads((run / 'config.json').read_text())
+    assert (saved['model']['hidden'], saved['model']['heads'], saved['train']['iters']) == (32, 2, 4)
+    assert (run / 'checkpoints' / 'iter_0000004').is_dir()
+
