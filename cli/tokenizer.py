@@ -23,16 +23,16 @@ def train(
     held_out: Annotated[str, Opt(help='Text to measure bytes per token on.')] = 'builtin:wikipedia',
     text_key: TextKey = 'text',
     format: InputFormat = 'auto',
+    overwrite: Annotated[bool, Opt('--overwrite', help='Replace a tokenizer already in --output.')] = False,
 ):
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
     import time
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from gptkit.config import check_folder
     from gptkit.data.corpus import Tally, clean_text, expand_inputs, read_documents
-    from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
-    check_folder(output, 'output')                   # refused before the corpus is read
+    from gptkit.tokenizer import bytes_per_token, check_new_tokenizer, gpt2, save, train_bpe
+    check_new_tokenizer(output, overwrite)           # refused before the corpus is read
     tally, paths = Tally(), expand_inputs(input, format)
     total = sum(p.stat().st_size for p in paths)
     start = time.perf_counter()
@@ -47,7 +47,7 @@ def train(
                 yield clean_text(d.text)
         tok = train_bpe(docs(), vocab_size, min_frequency)
     seconds = time.perf_counter() - start
-    d = save(tok, output)
+    d = save(tok, check_new_tokenizer(output, overwrite))   # again: a run may have started writing there meanwhile
     held = [d_.text for d_ in read_documents([held_out])]
     out.print(f'trained on {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in {seconds:.1f} s: '
               f'{tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}; '

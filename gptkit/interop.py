@@ -16,7 +16,7 @@ from pathlib import Path
 from .checkpoint import check_shapes, checkpoint_parts, read_torch_file, save
 from .config import ConfigError, ModelConfig, RunConfig, save_config, write_atomic
 from .params import hf_family, param_table, stage_layers
-from .store import CheckpointError, manifest, staged_dir, state_text, tag
+from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,7 @@ def write_hf_tokenizer(tok, directory: Path, max_length: int):
 
 def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     "Write a checkpoint as a Hugging Face folder that `AutoModelForCausalLM` (GPT-2 or Llama) and `AutoTokenizer` load"
+    check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     from safetensors.torch import save_file
     folder, cfg, _, weights, tok = checkpoint_parts(path)
     if tok is None: log.warning('%s has no tokenizer/; the export holds the model only', folder)
@@ -210,6 +211,7 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
 # %% ../nbs/12c_interop.ipynb #f4d7e346
 def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, where: str) -> Path:
     "Write `weights` as a new gptkit run folder: config.json, tokenizer/ and checkpoints/iter_0000000"
+    check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     import torch
 
     from gptkit.config import DataConfig, TrainConfig
@@ -265,6 +267,7 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
 
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Hugging Face GPT-2 or Llama folder"
+    check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     from gptkit.config import DataError
     from gptkit.tokenizer import load as load_tokenizer
     hf = Path(hf_dir)
@@ -405,6 +408,7 @@ def config_from_megatron(args, vocab: int, seq_len: int, where: str = 'args') ->
 # %% ../nbs/12c_interop.ipynb #8c57deb8
 def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
     "A checkpoint in Megatron-LM's legacy layout (iter_XXXXXXX/mp_rank_00/model_optim_rng.pt), weights and args only"
+    check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     import torch
     folder, cfg, state, weights, tok = checkpoint_parts(path)
     it, out = state['iteration'], Path(out_dir)
@@ -456,6 +460,7 @@ def _megatron_tokenizer(src: Path, args: dict, tokenizer):
 
 def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Megatron-LM legacy checkpoint (tp=1, pp=1)"
+    check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     from gptkit.config import DataError
     src = Path(src)
     shard = _megatron_shard(src)
@@ -489,6 +494,7 @@ def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path 
 # %% ../nbs/12c_interop.ipynb #87034d5a
 def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, balance: str = 'layers') -> Path:
     "Write the checkpoint at `path` (any layout) as a new run folder for tensor-parallel `tp` x pipeline `pp`"
+    check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     import dataclasses
 
     import torch

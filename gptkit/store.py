@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['log', 'TAG_RE', 'LOCK_NAME', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'state_text', 'verify', 'read_state',
            'checkpoints', 'newest', 'find', 'staged_dir', 'RunLockedError', 'RunLock', 'lock_path', 'lock_file',
-           'lock_run', 'file_holder', 'lock_holder', 'stale_temporaries', 'remove_temporaries']
+           'lock_run', 'file_holder', 'lock_holder', 'InsideRunError', 'check_output_outside_runs', 'stale_temporaries',
+           'remove_temporaries']
 
 # %% ../nbs/12a_store.ipynb #e3ba69ce
 class CheckpointError(GptkitError):
@@ -127,16 +128,38 @@ def staged_dir(out_dir: str | Path, needed: int | None = None):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f'{out} already exists and is not empty; choose a new output folder')
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f'.{out.name}.tmp-{os.getpid()}'
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
+    tmp = out.parent / _staging_name(out.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        raise _as_output(e, tmp, out) from None
     try:
         with written(out, needed):
             yield tmp
             fsync_dir(tmp)
         if out.exists(): out.rmdir()
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True); raise
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename2 is None:
+            raise _as_output(e, tmp, out) from None
+        raise
+
+def _staging_name(name: str) -> str:
+    "`.NAME.tmp-PID`, NAME cut to fit a file name's 255 bytes"
+    tail = f'.tmp-{os.getpid()}'
+    cut = os.fsencode(name)[:255 - 1 - len(tail)]
+    return '.' + cut.decode('utf-8', 'ignore') + tail
+
+def _as_output(e: OSError, tmp: Path, out: Path) -> OSError:
+    "`e` naming the user's `out` where it named the staging folder `tmp` (or a file inside it)"
+    name = Path(os.fsdecode(e.filename)) if e.filename is not None else tmp
+    try:
+        name = out / name.relative_to(tmp)
+    except ValueError:
+        return e
+    return OSError(e.errno, e.strerror or str(e), str(name))
 
 # %% ../nbs/12a_store.ipynb #eae07ea1
 LOCK_NAME = '.gptkit.lock'
@@ -236,6 +259,41 @@ def file_holder(path: Path) -> str | None:
 def lock_holder(folder: str | Path) -> str | None:
     "Who holds run `folder`'s lock when another process does; None when it is free or this process holds it"
     return file_holder(lock_path(folder))
+
+# %% ../nbs/12a_store.ipynb #89ac0ca5
+class InsideRunError(GptkitError):
+    "An output path inside a run's checkpoints/ folder: training would replace or delete it"
+
+def _checkpoints_folder(p: Path) -> bool:
+    "Whether folder `p` is a run's checkpoints/: so named, holding iter_XXXXXXX folders or a `latest` file"
+    if p.name != 'checkpoints' or not p.is_dir():
+        return False
+    try:
+        return (p / 'latest').is_file() or any(TAG_RE.match(c.name) for c in p.iterdir())
+    except OSError:
+        return False
+
+def _ancestors(path: Path) -> list[tuple[Path, Path]]:
+    "(folder, as the caller would name it) for `path` and each folder above it, links resolved"
+    real = path.resolve()
+    chain = [real, *real.parents]
+    named = [path, *path.parents] if path.is_absolute() else [path, *path.parents][:-1]
+    return [(r, n if n.resolve() == r else r) for r, n in zip(chain, named + chain[len(named):])]
+
+def check_output_outside_runs(path: str | Path, flag: str):
+    "Refuse an output `path` (given as `flag`) in a run's checkpoints/ (training prunes it) or a run another process writes"
+    given = Path(path)
+    for real, name in _ancestors(given):
+        if _checkpoints_folder(real):
+            run = name.parent if name.parent.resolve() == real.parent else real.parent
+            raise InsideRunError(f'{flag} {given} is inside {name}, the checkpoints of run {run}, which '
+                                 'training replaces and prunes: what is written there would be lost; choose a path '
+                                 f'outside {name}')
+        holder = lock_holder(real) if (real / LOCK_NAME).is_file() else None
+        if holder is not None:
+            raise RunLockedError(f'{flag} {given} is inside run {name}, which {holder} is writing: what is written '
+                                 f'there would be replaced or lost; wait for it to end, or choose a path outside {name}')
+
 
 # %% ../nbs/12a_store.ipynb #6cf50f77
 _TEMP_RE = re.compile(r'^\.(tmp-iter_\d{7,}|universal-iter_\d{7,}\.tmp-\d+|.+\.tmp)$')

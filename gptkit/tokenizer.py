@@ -24,8 +24,8 @@ from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizer
 from .config import ConfigError, DataError, check_folder, written
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'MAX_VOCAB', 'asset', 'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2',
-           'save', 'from_bpe_files', 'load', 'train_bpe', 'bytes_per_token']
+__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'fast_encoder', 'WordCache', 'word_cache',
+           'Tokenizer', 'gpt2', 'save', 'from_bpe_files', 'load', 'check_new_tokenizer', 'train_bpe', 'bytes_per_token']
 
 # %% ../nbs/02_tokenizer.ipynb #b9e26ae7
 EOD = '<|endoftext|>'
@@ -225,6 +225,21 @@ def load(name_or_dir: str | Path) -> Tokenizer:
     if (d / 'vocab.json').is_file() and (d / 'merges.txt').is_file():
         return from_bpe_files(d / 'vocab.json', d / 'merges.txt')
     raise DataError(f'{d}: holds neither tokenizer.json nor vocab.json and merges.txt')
+
+# %% ../nbs/02_tokenizer.ipynb #2c3cf47b
+TOKENIZER_FILES = ('tokenizer.json', 'vocab.json', 'merges.txt')
+
+def check_new_tokenizer(directory: str | Path, overwrite: bool = False, key: str = 'output') -> Path:
+    "`directory` for a new tokenizer: refused in a run's checkpoints/ or a run being written, over one unless `overwrite`"
+    from gptkit.store import check_output_outside_runs
+    d = check_folder(directory, key)
+    check_output_outside_runs(d, f"--{key.replace('_', '-')}")
+    there = [n for n in TOKENIZER_FILES if (d / n).is_file()]
+    if there and not overwrite:
+        raise ConfigError([(key, f'{{key}} {d} already holds a tokenizer ({there[0]}); add --overwrite to replace '
+                                 'it (data prepared with it would no longer match), or choose another folder')])
+    return d
+
 
 # %% ../nbs/02_tokenizer.ipynb #f8ed48ad
 MAX_VOCAB = 2**20   # beyond this the trainer's tables only exhaust memory (1e9 aborted it in Rust)

@@ -319,3 +319,87 @@ def test_resume_with_another_model_is_refused_before_anything_is_written(tiny_da
     assert (saved['model']['hidden'], saved['model']['heads'], saved['train']['iters']) == (32, 2, 4)
     assert (run / 'checkpoints' / 'iter_0000004').is_dir()
 
+
+def test_outputs_inside_a_runs_checkpoints_are_refused(tiny_data, tmp_path):
+    "export, import, reshard, tokenizer train, data prepare and merge: training would replace or prune them there"
+    run = tmp_path / 'run'
+    r = run_here(*_train_args(tiny_data, run, '--iters', '2'))
+    assert r.returncode == 0, r.stdout + r.stderr
+    ckpts = run / 'checkpoints'
+    before = _tree(run)
+    hf = tmp_path / 'hf'
+    assert run_here('checkpoint', 'export', run, hf, '--to', 'hf').returncode == 0       # outside: written
+    prefix, _ = tiny_data
+    cases = [('OUT', ckpts / 'iter_0000099', ('checkpoint', 'reshard', run, ckpts / 'iter_0000099', '--tp', '1')),
+             ('OUT', ckpts / 'iter_0000002' / 'hf', ('checkpoint', 'export', run, ckpts / 'iter_0000002' / 'hf',
+                                                     '--to', 'hf')),
+             ('OUT', ckpts / 'mega', ('checkpoint', 'export', run, ckpts / 'mega', '--to', 'megatron')),
+             ('OUT', ckpts / 'imported', ('checkpoint', 'import', hf, ckpts / 'imported', '--from', 'hf')),
+             ('--output', ckpts / 'iter_0000002' / 'tokenizer',
+              ('tokenizer', 'train', '-i', 'builtin:milton', '--output', ckpts / 'iter_0000002' / 'tokenizer',
+               '--vocab-size', '300', '--overwrite')),
+             ('--output-prefix', ckpts / 'd', ('data', 'prepare', '-i', 'builtin:milton', '--output-prefix',
+                                               ckpts / 'd', '--overwrite')),
+             ('--output-prefix', ckpts / 'm', ('data', 'merge', '-i', prefix, '--output-prefix', ckpts / 'm'))]
+    for flag, path, args in cases:
+        r = run_here(*args)
+        assert r.returncode == 1, (args, r.stdout + r.stderr)
+        msg = _one_line_error(r)
+        assert msg.startswith(f'error: {flag} {path}') and f'is inside {ckpts}, the checkpoints of run {run}, ' in msg, msg
+        # nothing written into the run (data's own lock file, taken before its checks, aside: see the report)
+        assert {k: v for k, v in _tree(run).items() if not k.endswith('.lock') or k == '.gptkit.lock'} == before, args
+    r = run_here('generate', '--checkpoint', run, '--prompt', 'In the beginning', '--max-new-tokens', '2')
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_writing_into_a_run_another_process_trains_is_refused(tiny_data, tmp_path):
+    run = tmp_path / 'run'
+    first = _gptkit(*_train_args(tiny_data, run, '--iters', '100000'))
+    try:
+        from gptkit.store import lock_holder
+        deadline = time.time() + 120
+        while lock_holder(run) is None:
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.1)
+        tok = (run / 'tokenizer' / 'tokenizer.json').read_bytes()
+        r = run_here('tokenizer', 'train', '-i', 'builtin:milton', '--output', run / 'tokenizer', '--vocab-size',
+                     '300', '--overwrite')
+        assert r.returncode == 1, r.stdout + r.stderr
+        msg = _one_line_error(r)
+        assert msg.startswith(f'error: --output {run}/tokenizer is inside run {run}, which process {first.pid} on '), msg
+        assert (run / 'tokenizer' / 'tokenizer.json').read_bytes() == tok
+        r = run_here('data', 'prepare', '-i', 'builtin:milton', '--output-prefix', run / 'extra')
+        assert r.returncode == 1 and f'inside run {run}, which process {first.pid}' in r.stderr, r.stderr
+        assert not list(run.glob('extra*'))
+    finally:
+        first.kill()
+        first.communicate()
+
+
+def test_tokenizer_train_refuses_to_replace_a_tokenizer_unless_overwrite(tmp_path):
+    out = tmp_path / 'tok'
+    args = ('tokenizer', 'train', '-i', 'builtin:milton', '--output', out, '--vocab-size', '300')
+    assert run_here(*args).returncode == 0
+    before = _tree(out)
+    r = run_here(*args[:-1], '400')
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert _one_line_error(r) == (f'error: --output {out} already holds a tokenizer (tokenizer.json); add --overwrite '
+                                  'to replace it (data prepared with it would no longer match), or choose another '
+                                  'folder')
+    assert _tree(out) == before
+    r = run_here(*args[:-1], '400', '--overwrite')
+    assert r.returncode == 0 and '400 entries' in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not os.path.isdir('/sys'), reason='needs /sys, where no process can make a folder')
+def test_an_output_that_cannot_be_made_is_named_as_given(tiny_checkpoint, tmp_path):
+    for args in (('export', tiny_checkpoint, '/sys/gptkit-exp', '--to', 'hf'),
+                 ('reshard', tiny_checkpoint, '/sys/gptkit-exp', '--tp', '1')):
+        r = run_here('checkpoint', *args)
+        assert r.returncode == 1, r.stdout + r.stderr
+        msg = _one_line_error(r)
+        assert msg.startswith('error: OUT /sys/gptkit-exp: ') and '.tmp-' not in msg, msg
+    long = tmp_path / ('é' * 127)                 # 254 bytes: a valid name, longer once staged as .NAME.tmp-PID
+    r = run_here('checkpoint', 'export', tiny_checkpoint, long, '--to', 'hf')
+    assert r.returncode == 0 and (long / 'model.safetensors').is_file(), r.stdout + r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [long.name]

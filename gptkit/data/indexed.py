@@ -353,7 +353,9 @@ def _copy_bytes(src, dst, n: int, chunk: int):
 
 # %% ../../nbs/04_indexed.ipynb #ae477066
 def check_new(prefix: str | Path, overwrite: bool):
-    "Refuse to replace a dataset already at the output `prefix` unless `overwrite`"
+    "Refuse to replace a dataset already at the output `prefix` unless `overwrite`, and any inside a run's checkpoints/"
+    from gptkit.store import check_output_outside_runs
+    check_output_outside_runs(prefix, '--output-prefix')   # training would prune it there, --overwrite or not
     there = [p for p in data_paths(prefix) if p.exists()]
     if overwrite or not there:
         return
