@@ -281,7 +281,7 @@ def _ancestors(path: Path) -> list[tuple[Path, Path]]:
     return [(r, n if n.resolve() == r else r) for r, n in zip(chain, named + chain[len(named):])]
 
 def check_output_outside_runs(path: str | Path, flag: str):
-    "Refuse an output `path` (given as `flag`) in a run's checkpoints/ (training prunes it) or a run another process writes"
+    "Refuse an output `path` (given as `flag`) in a run's checkpoints/ (training prunes it) or a run being written"
     given = Path(path)
     for real, name in _ancestors(given):
         if _checkpoints_folder(real):
@@ -292,7 +292,8 @@ def check_output_outside_runs(path: str | Path, flag: str):
         holder = lock_holder(real) if (real / LOCK_NAME).is_file() else None
         if holder is not None:
             raise RunLockedError(f'{flag} {given} is inside run {name}, which {holder} is writing: what is written '
-                                 f'there would be replaced or lost; wait for it to end, or choose a path outside {name}')
+                                 'there would be replaced or lost; wait for it to end, or choose a path outside '
+                                 f'{name}')
 
 
 # %% ../nbs/12a_store.ipynb #6cf50f77

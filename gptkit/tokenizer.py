@@ -230,7 +230,7 @@ def load(name_or_dir: str | Path) -> Tokenizer:
 TOKENIZER_FILES = ('tokenizer.json', 'vocab.json', 'merges.txt')
 
 def check_new_tokenizer(directory: str | Path, overwrite: bool = False, key: str = 'output') -> Path:
-    "`directory` for a new tokenizer: refused in a run's checkpoints/ or a run being written, over one unless `overwrite`"
+    "`directory` for a new tokenizer: not in a run's checkpoints/ or a run being written, over one if `overwrite`"
     from gptkit.store import check_output_outside_runs
     d = check_folder(directory, key)
     check_output_outside_runs(d, f"--{key.replace('_', '-')}")
