@@ -23,7 +23,7 @@ from pathlib import Path, PosixPath
 
 import numpy as np
 
-from .config import ConfigError, Layout, RunConfig, _full_disk, _size, free_space, save_config, write_atomic
+from .config import ConfigError, Layout, RunConfig, _full_disk, _size, free_space, read_json, save_config, write_atomic
 from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newest, read_state, stale_temporaries, tag
 
 log = logging.getLogger(__name__)
@@ -269,7 +269,10 @@ def prune(root: Path, keep: int):
 # %% ../nbs/12b_checkpoint.ipynb #83704d1f
 def saved_layout(state: dict, where: str = 'state.json') -> Layout:
     "The layout a checkpoint was saved with: state.json's `layout` (without `dp`: the world over tp x pp)"
-    lay = dict(state.get('layout') or {})
+    lay = state.get('layout') or {}
+    if not isinstance(lay, dict):
+        raise CheckpointError(f'{where} has a layout gptkit cannot read: it is {type(lay).__name__}, not an object')
+    lay = dict(lay)
     try:
         if not lay.get('dp'):
             lay['dp'] = max(1, int(state.get('world_size') or 1) // (lay.get('tp', 1) * lay.get('pp', 1)))
@@ -393,12 +396,23 @@ def _load_repartitioned(engine, folder: Path, state: dict, was: int, now: int, r
     return path, client
 
 # %% ../nbs/12b_checkpoint.ipynb #c8cd20a8
+def _ds_config(folder: Path) -> dict:
+    "The DeepSpeed config saved with a checkpoint: {} when it has none, a CheckpointError when it cannot be read"
+    path = Path(folder) / 'ds_config.json'
+    if not path.exists():
+        return {}
+    return read_json(path, 'DeepSpeed config', error=CheckpointError, expect=dict)
+
 def _check_batch(engine, folder: Path, rank: int):
     "Warn when the run resumes with another global batch than the checkpoint was trained with"
-    try: saved = json.loads((folder / 'ds_config.json').read_text()).get('train_batch_size')
-    except (OSError, ValueError): return
+    try:
+        saved = _ds_config(folder).get('train_batch_size')
+    except CheckpointError as e:
+        if rank == 0:
+            log.warning('%s; the global batch the checkpoint was trained with is not compared', e)
+        return
     now = engine.train_batch_size()
-    if saved and saved != now and rank == 0:
+    if type(saved) is int and saved and saved != now and rank == 0:
         log.warning('%s was trained with a global batch of %d samples per step and resumes with %d '
                     '(%d data-parallel ranks x %d x %d accumulation steps); '
                     'set train.global_batch=%d to continue the same run',
@@ -478,13 +492,19 @@ def read_config(folder: Path) -> RunConfig:
     "The RunConfig saved with a checkpoint (settings that gptkit has since dropped are ignored, with a warning)"
     from gptkit.config import from_dict
     path = Path(folder) / 'config.json'
-    try: return from_dict(_known_settings(json.loads(path.read_text()), path))
-    except FileNotFoundError: raise CheckpointError(f'{folder} has no config.json') from None
-    except ValueError as e: raise CheckpointError(f'{folder / "config.json"} cannot be read: {e}') from None
+    if not path.exists():
+        raise CheckpointError(f'{folder} has no config.json')
+    d = read_json(path, 'checkpoint config', error=CheckpointError, expect=dict)
+    try:
+        return from_dict(_known_settings(d, path))
+    except ValueError as e:
+        raise CheckpointError(f'{path} cannot be read: {e}') from None
 
 def _zero_stage(folder: Path) -> int:
-    try: return int(json.loads((folder / 'ds_config.json').read_text()).get('zero_optimization', {}).get('stage', 0))
-    except (OSError, ValueError): return 0
+    "The ZeRO stage in a checkpoint's ds_config.json (0 when it has none or does not say)"
+    zero = _ds_config(folder).get('zero_optimization')
+    stage = zero.get('stage', 0) if isinstance(zero, dict) else 0
+    return stage if type(stage) is int else 0
 
 def _model_states(folder: Path) -> Path:
     files = sorted(Path(folder).glob('mp_rank_*_model_states.pt'))
@@ -497,7 +517,7 @@ def load_weights(path: str | Path) -> dict:
 
 def _read_weights(folder: Path) -> dict:
     "The plain state dict of a checkpoint folder that `find` has verified, merged from the shards of any TP x PP layout"
-    layout = saved_layout(json.loads((folder / 'state.json').read_text()), folder / 'state.json')
+    layout = saved_layout(_verified_state(folder), folder / 'state.json')
     tp, pp = layout.tp, layout.pp
     if tp * pp > 1:
         from gptkit.parallel import merge_weights
@@ -531,7 +551,7 @@ class Loaded:
 
 def _verified_state(folder: Path) -> dict:
     "state.json of a folder that `find` has just verified (its files are not hashed again)"
-    return json.loads((folder / 'state.json').read_text())
+    return read_json(folder / 'state.json', 'checkpoint state', error=CheckpointError, expect=dict)
 
 def _check_finite(weights: dict, folder: Path):
     "Refuse weights holding NaN or infinite values (a run that diverged before it saved): nothing useful comes out"
@@ -594,8 +614,13 @@ def inspect(path: str | Path) -> dict:
     "Config, progress, parameter count, dtypes, parallel layout and files of a checkpoint, without building the model"
     folder = find(path)
     state, cfg = _verified_state(folder), read_config(folder)
-    try: ds = json.loads((folder / 'ds_config.json').read_text())
-    except (OSError, ValueError): ds = {}
+    try:
+        ds = _ds_config(folder)
+    except CheckpointError as e:
+        log.warning('%s; its DeepSpeed settings are not shown', e)
+        ds = {}
+    zero = ds.get('zero_optimization')
+    stage = zero.get('stage', cfg.parallel.zero) if isinstance(zero, dict) else cfg.parallel.zero
     m, shapes = cfg.model, state.get('shapes', {})
     params = sum(math.prod(s) for s in shapes.values())
     rows = shapes.get('wte.weight', [m.padded_vocab(), m.hidden])[0]
@@ -611,7 +636,7 @@ def inspect(path: str | Path) -> dict:
             'parameters_without_padding': params - (rows - m.vocab) * m.hidden, 'dtypes': _saved_dtypes(folder),
             'model': m.to_dict(),
             'layout': {**lay.to_dict(), 'weights_only': bool(state.get('weights_only')),
-                       'zero': ds.get('zero_optimization', {}).get('stage', cfg.parallel.zero), 'world_size': world,
+                       'zero': stage, 'world_size': world,
                        'precision': cfg.train.precision, 'micro_batch': ds.get('train_micro_batch_size_per_gpu'),
                        'global_batch': ds.get('train_batch_size')},
             'tokenizer': tok, 'files': files, 'bytes': sum(files.values()), 'config': cfg.to_dict(),

@@ -23,11 +23,12 @@ from typing import Callable, Iterable
 # %% auto #0
 __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS',
            'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES',
-           'CONFIG_DEPTH', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError', 'ConfigError', 'check', 'shorten',
-           'shown', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'Layout',
-           'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig', 'from_dict',
-           'read_text', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'free_space',
-           'written', 'write_atomic', 'check_folder', 'finite_or_none', 'json_text', 'save_config']
+           'CONFIG_DEPTH', 'JSON_BYTES', 'JSON_DEPTH', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError',
+           'ConfigError', 'check', 'shorten', 'shown', 'parse_size', 'ModelConfig', 'Preset', 'get_preset',
+           'ParallelConfig', 'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend',
+           'DataConfig', 'RunConfig', 'from_dict', 'read_text', 'read_config_file', 'load_file', 'apply_sets',
+           'read_json', 'preset_dict', 'resolve', 'free_space', 'written', 'write_atomic', 'check_folder',
+           'finite_or_none', 'json_text', 'save_config']
 
 # %% ../nbs/00_config.ipynb #810dc3ed
 class GptkitError(Exception):
@@ -776,6 +777,50 @@ def apply_sets(d: dict, sets: Iterable[str]) -> dict:
         d.setdefault(section, {})[name] = parsed
     check(problems)
     return d
+
+# %% ../nbs/00_config.ipynb #ab48e52f
+JSON_BYTES = 16 * 2**20   # state.json, config.json, ds_config.json, .metadata, tokenizer_config.json: KiB to a few MiB
+JSON_DEPTH = 100          # levels of nesting; those files have two to five
+_JSON_KINDS = {dict: 'an object', list: 'an array', str: 'a string', bool: 'true or false', int: 'a number',
+               float: 'a number', type(None): 'null'}
+
+def _too_deep(value, most: int) -> bool:
+    "Whether the JSON `value` nests more than `most` levels of arrays and objects (walked without recursion)"
+    stack = [iter([value])]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, (dict, list)):
+                if len(stack) > most:          # v is at level len(stack)
+                    return True
+                stack.append(iter(v.values() if isinstance(v, dict) else v))
+                break
+        else:
+            stack.pop()
+    return False
+
+def read_json(path: str | Path, what: str, most: int = JSON_BYTES, error: type[GptkitError] = DataError,
+              expect: type | None = None):
+    "The value in the small JSON file `path` (`what` it is); `error` naming it if too big, not JSON or no `expect`"
+    path = Path(path)
+    try:
+        text = read_text(path, what, most)
+    except ConfigError as e:
+        raise error(e.render()) from None
+    too_deep = error(f'{what} {path} is nested more than {JSON_DEPTH} levels deep; the files gptkit reads have a few')
+    try:
+        value = json.loads(text)
+    except RecursionError:                      # a thousand levels or so: refused as the check below refuses
+        raise too_deep from None
+    except json.JSONDecodeError as e:
+        raise error(f'{what} {path} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})') from None
+    except ValueError as e:                     # a number of more than 4,300 digits
+        raise error(f'{what} {path} is not valid JSON: {shorten(str(e))}') from None
+    if _too_deep(value, JSON_DEPTH):
+        raise too_deep
+    if expect is not None and not isinstance(value, expect):
+        kind = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise error(f'{what} {path} holds {kind}, not {_JSON_KINDS.get(expect, expect.__name__)}')
+    return value
 
 # %% ../nbs/00_config.ipynb #6a67b34d
 def preset_dict(name: str) -> dict:

@@ -10,19 +10,20 @@ import gzip
 import json
 import math
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .config import ConfigError, DataError
+from .config import ConfigError, DataError, _size, shorten
 from .data.corpus import HELD_OUT, Document, clean_text
 
 Progress = Callable[[str, int, int], None]   # (stage, done, total): stage is 'perplexity' or 'cloze'
 
 # %% auto #0
-__all__ = ['Progress', 'Window', 'check_stride', 'windows', 'token_losses', 'word_perplexity', 'Perplexity', 'is_jsonl',
-           'read_texts', 'perplexity', 'ClozeExample', 'cloze_example', 'read_cloze', 'Cloze', 'cloze_accuracy',
-           'Evaluation', 'evaluate']
+__all__ = ['Progress', 'EVAL_BYTES', 'LINE_BYTES', 'Window', 'check_stride', 'windows', 'token_losses', 'word_perplexity',
+           'Perplexity', 'is_jsonl', 'read_texts', 'perplexity', 'ClozeExample', 'cloze_example', 'read_cloze', 'Cloze',
+           'cloze_accuracy', 'Evaluation', 'evaluate']
 
 # %% ../nbs/16_evaluate.ipynb #67dcc678
 @dataclass(frozen=True)
@@ -109,11 +110,26 @@ def _path(source: str | Path) -> Path:
         return builtin_path(s[len('builtin:'):])
     return Path(s)
 
+EVAL_BYTES = 2**30         # an evaluation text is read whole: WikiText-103's test set is 1.3 MB, LAMBADA's 1.8 MB
+LINE_BYTES = 64 * 2**20    # one JSON Lines document; a whole book is a few MB
+
 def _read_bytes(path: Path) -> bytes:
-    if not path.exists(): raise DataError(f'{path}: no such file')
-    if not path.is_file(): raise DataError(f'{path} is not a file')
-    try: return gzip.decompress(path.read_bytes()) if path.name.endswith('.gz') else path.read_bytes()
-    except (OSError, EOFError) as e: raise DataError(f'{path} cannot be read: {e}') from None
+    "The bytes of the evaluation file `path` (decompressed when it ends in .gz), refused past `EVAL_BYTES`"
+    if not path.exists():
+        raise DataError(f'{path}: no such file')
+    if not path.is_file():
+        raise DataError(f'{path} is not a file')
+    too_big = DataError(f'{path} holds more than the {_size(EVAL_BYTES)} of text an evaluation reads')
+    try:
+        if path.stat().st_size > EVAL_BYTES:
+            raise too_big
+        with (gzip.open if path.name.endswith('.gz') else open)(path, 'rb') as f:
+            data = f.read(EVAL_BYTES + 1)             # a .gz file may stand for far more than it holds
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f'{path} cannot be read: {e}') from None
+    if len(data) > EVAL_BYTES:
+        raise too_big
+    return data
 
 def _utf8(raw: bytes, where: str) -> str:
     try: return raw.decode('utf-8')
@@ -135,8 +151,17 @@ def read_texts(source: str | Path, jsonl: bool | None = None, text_key: str = 't
         for n, line in enumerate(raw.split(b'\n'), 1):
             if not line.strip(): continue
             where = f'{path}:{n}'
-            try: obj = json.loads(_utf8(line, where))
-            except json.JSONDecodeError as e: raise DataError(f'{where}: not valid JSON ({e.msg})') from None
+            if len(line) > LINE_BYTES:
+                raise DataError(f'{where}: the line holds {_size(len(line))}, more than the {_size(LINE_BYTES)} of one '
+                                'document read')
+            try:
+                obj = json.loads(_utf8(line, where))
+            except json.JSONDecodeError as e:
+                raise DataError(f'{where}: not valid JSON ({e.msg})') from None
+            except RecursionError:
+                raise DataError(f'{where}: not a document: its JSON is nested too deeply to read') from None
+            except ValueError as e:                       # a number of more than 4,300 digits
+                raise DataError(f'{where}: not valid JSON ({shorten(str(e))})') from None
             if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
                 raise DataError(f'{where}: no string under the key {text_key!r} (choose the key with --text-key)')
             docs.append(Document(clean_text(obj[text_key]), str(source), n))

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from .checkpoint import check_shapes, checkpoint_parts, read_torch_file, save
-from .config import ConfigError, ModelConfig, RunConfig, save_config, write_atomic
+from .config import ConfigError, ModelConfig, RunConfig, read_json, read_text, save_config, shown, write_atomic
 from .params import hf_family, param_table, stage_layers
 from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
 
@@ -111,21 +111,30 @@ def _ffn(width, hidden, activation='gelu'):
     "The ffn_hidden to store: None when `width` is the default for `activation`"
     return None if width in (None, ModelConfig(hidden=hidden, heads=1, activation=activation).ffn) else width
 
+def _whole_numbers(c: dict, keys: tuple[str, ...], where: str):
+    "Refuse a config whose `keys` are missing or not whole numbers, naming the first"
+    for key in keys:
+        if key not in c:
+            raise CheckpointError(f'{where} has no {key}')
+        if type(c[key]) is not int:
+            raise CheckpointError(f'{where}: {key} must be a whole number, not {shown(c[key])}')
+
 def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
     "The `ModelConfig` for a GPT-2 config dict, or a `CheckpointError` naming the key gptkit cannot represent"
+    if not isinstance(c, dict):
+        raise CheckpointError(f'{where} must hold a JSON object of settings, not {shown(c)}')
     if c.get('model_type', 'gpt2') == 'llama': return _llama_config(c, where)
     if c.get('model_type', 'gpt2') != 'gpt2':
         raise CheckpointError(f"{where}: model_type {c.get('model_type')!r} is not supported; "
                               "only GPT-2 (model_type 'gpt2') and Llama ('llama') can be imported")
     act = c.get('activation_function', 'gelu_new')
-    if act not in HF_ACTIVATIONS:
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function {act!r} is not supported; "
                               f"gptkit computes {', '.join(HF_ACTIVATIONS)}")
     for key, want in _HF_FIXED.items():
         if c.get(key, want) != want:
             raise CheckpointError(f'{where}: {key} = {c[key]!r} is not supported; gptkit needs {want!r}')
-    for key in ('n_layer', 'n_embd', 'n_head', 'vocab_size'):
-        if key not in c: raise CheckpointError(f'{where} has no {key}')
+    _whole_numbers(c, ('n_layer', 'n_embd', 'n_head', 'vocab_size'), where)
     try:
         return ModelConfig(layers=c['n_layer'], hidden=c['n_embd'], heads=c['n_head'],
                            seq_len=c.get('n_positions') or c.get('n_ctx'), vocab=c['vocab_size'],
@@ -145,14 +154,17 @@ def config_to_hf(m: ModelConfig, eod: int | None, dtype: str = 'float32') -> dic
 
 def _llama_config(c: dict, where: str) -> ModelConfig:
     "The `ModelConfig` for a Llama config dict, or a `CheckpointError` naming the key gptkit cannot represent"
-    for key in ('num_hidden_layers', 'hidden_size', 'num_attention_heads', 'intermediate_size', 'vocab_size'):
-        if key not in c: raise CheckpointError(f'{where} has no {key}')
+    sizes = ('num_hidden_layers', 'hidden_size', 'num_attention_heads', 'intermediate_size', 'vocab_size')
+    _whole_numbers(c, sizes, where)
     h, heads = c['hidden_size'], c['num_attention_heads']
     fixed = {'hidden_act': 'silu', 'pretraining_tp': 1, 'head_dim': h // heads if heads else None,
              'mlp_bias': c.get('attention_bias', False)}
     for key, want in fixed.items():
         if c.get(key) not in (None, want):
             raise CheckpointError(f'{where}: {key} = {c[key]!r} is not supported; gptkit needs {want!r}')
+    for key in ('rope_parameters', 'rope_scaling'):
+        if c.get(key) is not None and not isinstance(c[key], dict):
+            raise CheckpointError(f'{where}: {key} must be an object, not {shown(c[key])}')
     rope = c.get('rope_parameters') or {'rope_theta': c.get('rope_theta', 10000.0), **(c.get('rope_scaling') or {})}
     kind = rope.get('rope_type', rope.get('type', 'default'))
     if kind != 'default':
@@ -168,7 +180,8 @@ def _llama_config(c: dict, where: str) -> ModelConfig:
                            rope_theta=float(rope.get('rope_theta', 10000.0)), bias=bool(c.get('attention_bias', False)),
                            tie_embeddings=bool(c.get('tie_word_embeddings', False)), position='rotary', norm='rmsnorm',
                            activation='swiglu')
-    except ConfigError as e: raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
+    except (ConfigError, TypeError, ValueError) as e:      # a rope_theta that is no number, too
+        raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
     "The Llama config.json for a gptkit model of the Llama family"
@@ -240,8 +253,12 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
     import torch
     if (hf / 'model.safetensors').is_file(): files = [hf / 'model.safetensors']
     elif (hf / 'model.safetensors.index.json').is_file():
-        index = json.loads((hf / 'model.safetensors.index.json').read_text())
-        files = [hf / f for f in sorted(set(index['weight_map'].values()))]
+        path = hf / 'model.safetensors.index.json'
+        index = read_json(path, 'safetensors index', error=CheckpointError, expect=dict)
+        names = index.get('weight_map')
+        if not isinstance(names, dict) or not all(isinstance(f, str) for f in names.values()):
+            raise CheckpointError(f'{path}: weight_map must map each weight to the name of its file')
+        files = [hf / f for f in sorted(set(names.values()))]
     elif (hf / 'pytorch_model.bin').is_file(): files = [hf / 'pytorch_model.bin']
     else: raise CheckpointError(f'{hf} has no model.safetensors or pytorch_model.bin')
     sd = {}
@@ -273,8 +290,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     hf = Path(hf_dir)
     if not (hf / 'config.json').is_file():
         raise CheckpointError(f'{hf} is not a Hugging Face model folder: it has no config.json')
-    try: c = json.loads((hf / 'config.json').read_text())
-    except ValueError as e: raise CheckpointError(f'{hf / "config.json"} is not valid JSON: {e}') from None
+    c = read_json(hf / 'config.json', 'Hugging Face config', error=CheckpointError, expect=dict)
     m = config_from_hf(c, str(hf / 'config.json'))
     try: tok = load_tokenizer(hf)
     except DataError as e: raise CheckpointError(f'{hf} has no usable tokenizer ({e})') from None
@@ -431,7 +447,10 @@ def _megatron_shard(src: Path) -> Path:
     if not src.is_dir(): raise CheckpointError(f'Megatron checkpoint folder {src} does not exist')
     it_dir, tracker = src, src / 'latest_checkpointed_iteration.txt'
     if tracker.is_file():
-        text = tracker.read_text().strip()
+        try:
+            text = read_text(tracker, 'Megatron tracker', 1024).strip()    # an iteration number or 'release'
+        except ConfigError as e:
+            raise CheckpointError(e.render()) from None
         if text == 'release': it_dir = src / 'release'
         elif text.isdigit(): it_dir = src / f'iter_{int(text):07d}'
         else: raise CheckpointError(f'{tracker} holds {text!r}, not an iteration')
@@ -452,7 +471,8 @@ def _megatron_tokenizer(src: Path, args: dict, tokenizer):
     if tokenizer is not None: return load(tokenizer)
     if (src / 'tokenizer').is_dir(): return load(src / 'tokenizer')
     vf, mf = args.get('vocab_file'), args.get('merge_file')
-    if vf and mf and Path(vf).is_file() and Path(mf).is_file():
+    named = isinstance(vf, str) and isinstance(mf, str) and vf and mf
+    if named and Path(vf).is_file() and Path(mf).is_file():
         return from_bpe_files(vf, mf)
     if args.get('tokenizer_type') == 'GPT2BPETokenizer': return gpt2()
     raise CheckpointError(f'{src} has no tokenizer/ and its args name no readable vocab_file and merge_file; '
@@ -468,6 +488,8 @@ def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path 
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get('model'), dict):
         raise CheckpointError(f"{shard} is not a Megatron model checkpoint: it has no 'model' dict")
     args = ckpt.get('args')
+    if args is not None and not isinstance(args, (argparse.Namespace, dict)):
+        raise CheckpointError(f"{shard}: its 'args' is {shown(args)}, not Megatron's argparse.Namespace or a dict")
     args = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
     try: tok = _megatron_tokenizer(src, args, tokenizer)
     except DataError as e: raise CheckpointError(f'the tokenizer for {src} cannot be loaded: {e}') from None

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import ConfigError, GptkitError, written
+from .config import ConfigError, GptkitError, read_json, written
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,19 @@ def state_text(state: dict) -> str:
 def verify(folder: str | Path) -> str | None:
     "None if the checkpoint in `folder` is complete and intact, else what is wrong with it"
     folder = Path(folder)
-    try: state = json.loads((folder / 'state.json').read_text())
-    except FileNotFoundError: return f'{folder} has no state.json (the save did not finish)'
-    except (OSError, ValueError) as e: return f'{folder / "state.json"} cannot be read ({e})'
-    if not isinstance(state, dict): return f'{folder / "state.json"} does not hold a JSON object'
+    if not (folder / 'state.json').exists():
+        return f'{folder} has no state.json (the save did not finish)'
+    try:
+        state = read_json(folder / 'state.json', 'checkpoint state', error=CheckpointError, expect=dict)
+    except CheckpointError as e:
+        return str(e)
     if 'checksum' in state and state['checksum'] != _state_sum(state):   # older checkpoints have none: accepted
         return f'{folder / "state.json"} was edited or damaged (its checksum does not match its contents)'
-    for name, want in state.get('files', {}).items():
+    files = state.get('files', {})
+    sized = lambda w: isinstance(w, dict) and type(w.get('size')) is int and isinstance(w.get('sha256'), str)
+    if not isinstance(files, dict) or not all(sized(w) for w in files.values()):
+        return f'{folder / "state.json"} has a damaged manifest (its files must each have a size and a sha256)'
+    for name, want in files.items():
         p = folder / name
         if not p.is_file(): return f'{p} is missing'
         if p.stat().st_size != want['size']:
@@ -85,7 +91,7 @@ def read_state(folder: str | Path) -> dict:
     "The state.json of a checkpoint folder"
     problem = verify(folder)
     if problem: raise CheckpointError(f'{folder} is not a usable checkpoint: {problem}')
-    return json.loads((Path(folder) / 'state.json').read_text())
+    return read_json(Path(folder) / 'state.json', 'checkpoint state', error=CheckpointError, expect=dict)
 
 # %% ../nbs/12a_store.ipynb #045af37c
 def checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -260,7 +266,7 @@ def lock_holder(folder: str | Path) -> str | None:
     "Who holds run `folder`'s lock when another process does; None when it is free or this process holds it"
     return file_holder(lock_path(folder))
 
-# %% ../nbs/12a_store.ipynb #89ac0ca5
+# %% ../nbs/12a_store.ipynb #aa7f4466
 class InsideRunError(GptkitError):
     "An output path inside a run's checkpoints/ folder: training would replace or delete it"
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..config import DataError, write_atomic
+from ..config import DataError, read_json, write_atomic
 from ..store import RunLock, file_holder, lock_file
 
 # %% auto #0
@@ -50,13 +50,12 @@ def metadata_path(prefix: str | Path) -> Path:
 def read_metadata(prefix: str | Path) -> dict | None:
     "The metadata gptkit wrote beside dataset `prefix`, or None for a dataset written by another tool"
     p = metadata_path(prefix)
-    try:
-        meta = json.loads(p.read_text(encoding='utf-8'))
-    except FileNotFoundError:
+    if not p.exists():
         return None
-    except (OSError, ValueError) as e:
-        why = f'{p}: cannot be read as JSON ({e}); remove it if its dataset did not come from gptkit'
-        raise DataError(why) from None
+    try:
+        meta = read_json(p, 'dataset metadata')
+    except DataError as e:
+        raise DataError(f'{e}; remove it if its dataset did not come from gptkit') from None
     return meta if isinstance(meta, dict) else None
 
 def write_metadata(prefix: str | Path, meta: dict | None):
