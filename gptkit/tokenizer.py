@@ -21,11 +21,12 @@ import regex
 import tiktoken
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-from .config import ConfigError, DataError, check_folder, written
+from .config import ConfigError, DataError, check_folder, read_json, read_text, written
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'fast_encoder', 'WordCache', 'word_cache',
-           'Tokenizer', 'gpt2', 'save', 'from_bpe_files', 'load', 'check_new_tokenizer', 'train_bpe', 'bytes_per_token']
+__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_BYTES', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'fast_encoder',
+           'WordCache', 'word_cache', 'Tokenizer', 'gpt2', 'save', 'from_bpe_files', 'load', 'check_new_tokenizer',
+           'train_bpe', 'bytes_per_token']
 
 # %% ../nbs/02_tokenizer.ipynb #b9e26ae7
 EOD = '<|endoftext|>'
@@ -155,16 +156,20 @@ class Tokenizer:
     def __repr__(self): return f'Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eod={self.eod})'
 
 # %% ../nbs/02_tokenizer.ipynb #4b643d55
-def _read_bpe_files(vocab_text: str, merges_text: str) -> models.BPE:
-    "A BPE model from the text of a GPT-2 vocab.json and merges.txt"
-    vocab = json.loads(vocab_text)
+def _read_bpe_files(vocab: dict, merges_text: str, vocab_name: str = 'vocab.json',
+                    merges_name: str = 'merges.txt') -> models.BPE:
+    "A BPE model from a GPT-2 vocabulary (token -> id, as vocab.json holds it) and the text of its merges.txt"
+    if not all(type(i) is int and 0 <= i < 2**32 for i in vocab.values()):
+        raise DataError(f'{vocab_name}: not a GPT-2 vocabulary (each token must map to a whole number id)')
     merges = [tuple(line.split(' ')) for line in merges_text.splitlines() if line and not line.startswith('#version')]
+    if not all(len(m) == 2 for m in merges):
+        raise DataError(f'{merges_name}: not GPT-2 merges (each line must be two tokens and one space between them)')
     return models.BPE(vocab=vocab, merges=merges)
 
 def gpt2() -> Tokenizer:
     "OpenAI's GPT-2 tokenizer, from the files shipped with gptkit"
     read = lambda name: gzip.decompress(asset('gpt2', name).read_bytes()).decode('utf-8')
-    return Tokenizer(_gpt2_style(_read_bpe_files(read('vocab.json.gz'), read('merges.txt.gz'))), 'gpt2')
+    return Tokenizer(_gpt2_style(_read_bpe_files(json.loads(read('vocab.json.gz')), read('merges.txt.gz'))), 'gpt2')
 
 # %% ../nbs/02_tokenizer.ipynb #f5caa363
 def save(tok: Tokenizer, directory: str | Path) -> Path:
@@ -192,20 +197,29 @@ def save(tok: Tokenizer, directory: str | Path) -> Path:
     for name, p in staged.items(): os.replace(p, d / name)
     return d
 
+TOKENIZER_BYTES = 128 * 2**20   # MAX_VOCAB entries and their merges take ~60 MB in tokenizer.json; Gemma's 256k: 34 MB
+
+def _tokenizer_text(path: Path, what: str) -> str:
+    "The text of the tokenizer file `path`, refused (DataError) when it is no regular file or over `TOKENIZER_BYTES`"
+    try:
+        return read_text(path, what, TOKENIZER_BYTES)
+    except ConfigError as e:
+        raise DataError(e.render()) from None
+
 def from_bpe_files(vocab_file: str | Path, merges_file: str | Path) -> Tokenizer:
     "A GPT-2-style tokenizer from a vocab.json and a merges.txt of any names (Megatron's --vocab-file, --merge-file)"
-    try: model = _read_bpe_files(*(Path(f).read_text(encoding='utf-8') for f in (vocab_file, merges_file)))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f'{vocab_file}: not a GPT-2 vocabulary ({e})') from None
+    vocab = read_json(vocab_file, 'GPT-2 vocabulary', TOKENIZER_BYTES, expect=dict)
+    merges = _tokenizer_text(Path(merges_file), 'GPT-2 merges')
+    model = _read_bpe_files(vocab, merges, str(vocab_file), str(merges_file))
     return Tokenizer(_gpt2_style(model), Path(vocab_file).parent.name)
 
 def _chat_template(path: Path) -> str | None:
     "The chat template a HuggingFace tokenizer_config.json holds (a string, or the one named 'default'), if any"
-    if not path.is_file(): return None
-    try: t = json.loads(path.read_text(encoding='utf-8')).get('chat_template')
-    except (ValueError, UnicodeDecodeError, AttributeError) as e:
-        raise DataError(f'{path}: not a JSON object ({e})') from None
-    if isinstance(t, list): t = next((x.get('template') for x in t if x.get('name') == 'default'), None)
+    if not path.is_file():
+        return None
+    t = read_json(path, 'tokenizer config', expect=dict).get('chat_template')
+    if isinstance(t, list):
+        t = next((x.get('template') for x in t if isinstance(x, dict) and x.get('name') == 'default'), None)
     return t if isinstance(t, str) and t else None
 
 def load(name_or_dir: str | Path) -> Tokenizer:
@@ -216,7 +230,8 @@ def load(name_or_dir: str | Path) -> Tokenizer:
         raise DataError(f"{d}: no such tokenizer directory "
                         "(use 'gpt2' or a directory with tokenizer.json or vocab.json and merges.txt)")
     if (d / 'tokenizer.json').is_file():
-        try: hf = HFTokenizer.from_file(str(d / 'tokenizer.json'))
+        text = _tokenizer_text(d / 'tokenizer.json', 'tokenizer')        # bounded before the Rust reader sees it
+        try: hf = HFTokenizer.from_str(text)
         except Exception as e:
             raise DataError(f'{d / "tokenizer.json"}: not a HuggingFace tokenizer file ({e})') from None
         tok = Tokenizer(hf, d.name)

@@ -129,6 +129,45 @@ def test_a_deeply_nested_ds_config_json_is_named_by_inspect_and_refused_by_gener
     assert code == 0 and 'In the' in out, out[-3000:]
 
 
+# A tokenizer's files
+
+def test_a_deeply_nested_or_wrong_tokenizer_config_json_is_refused_by_generate(run_copy):
+    _, folder = run_copy
+    config = folder / 'tokenizer' / 'tokenizer_config.json'
+    config.write_text('{"chat_template": ' + DEEP)
+    one_sentence(*run('generate', '--checkpoint', folder, '--prompt', 'In the', '--max-new-tokens', '2'),
+                 f'tokenizer config {config} is nested more than 100 levels deep')
+    config.write_text('[1]')
+    one_sentence(*run('generate', '--checkpoint', folder, '--prompt', 'In the', '--max-new-tokens', '2'),
+                 f'tokenizer config {config} holds an array, not an object')
+
+
+def test_a_huge_tokenizer_config_json_is_refused_before_it_is_read(run_copy):
+    _, folder = run_copy
+    config = folder / 'tokenizer' / 'tokenizer_config.json'
+    huge(config)
+    one_sentence(*gptkit('generate', '--checkpoint', folder, '--prompt', 'In the', '--max-new-tokens', '2'),
+                 f'tokenizer config {config} holds 4.0 GiB, more than the 16.0 MiB read')
+
+
+def test_a_huge_tokenizer_json_is_refused_before_the_rust_reader_sees_it(run_copy):
+    _, folder = run_copy
+    huge(folder / 'tokenizer' / 'tokenizer.json')
+    one_sentence(*gptkit('checkpoint', 'inspect', folder),
+                 f'tokenizer {folder / "tokenizer" / "tokenizer.json"} holds 4.0 GiB, more than the 128.0 MiB read')
+
+
+def test_a_deeply_nested_vocab_json_is_refused(run_copy):
+    _, folder = run_copy
+    (folder / 'tokenizer' / 'tokenizer.json').unlink()          # vocab.json and merges.txt are read instead
+    (folder / 'tokenizer' / 'vocab.json').write_text(DEEP)
+    one_sentence(*run('checkpoint', 'inspect', folder),
+                 f'GPT-2 vocabulary {folder / "tokenizer" / "vocab.json"} is nested more than 100 levels deep')
+    (folder / 'tokenizer' / 'vocab.json').write_text('{"a": "b"}')
+    one_sentence(*run('checkpoint', 'inspect', folder), 'vocab.json: not a GPT-2 vocabulary (each token must map to a '
+                 'whole number id)')
+
+
 # Imports: a Hugging Face config.json, a Megatron checkpoint
 
 @pytest.mark.parametrize('text, why', [
