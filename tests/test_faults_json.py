@@ -258,3 +258,28 @@ def test_a_huge_jsonl_file_is_refused_by_eval_before_it_is_read(run_copy, tmp_pa
     huge(tmp_path / 'huge.jsonl')
     one_sentence(*gptkit('eval', '--checkpoint', run_dir, '--jsonl', tmp_path / 'huge.jsonl'),
                  f'{tmp_path / "huge.jsonl"} holds more than the 1.0 GiB of text an evaluation reads')
+
+
+# train --resume: the checkpoint's ds_config.json is read to compare the global batch
+
+def test_a_deeply_nested_ds_config_json_does_not_stop_a_resume(tiny_data, tmp_path, caplog):
+    "The batch check is a warning: the checkpoint resumes, and the warning names the file it could not read"
+    from conftest import TINY_SETS, run_here
+    from gptkit import store
+    prefix, tok = tiny_data
+    sets = [a for s in TINY_SETS + ['train.iters=2', 'train.save_interval=2', 'train.eval_iters=0'] for a in ('--set', s)]
+    run_dir = tmp_path / 'run'
+    r = run_here('train', '--data', prefix, '--tokenizer', tok, *sets, '--out', run_dir)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    folder = run_dir / 'checkpoints' / 'iter_0000002'
+    (folder / 'ds_config.json').write_text(DEEP)
+    state = json.loads((folder / 'state.json').read_text())
+    state['files'] = store.manifest(folder)                     # sealed again, as anyone can
+    (folder / 'state.json').write_text(store.state_text(state))
+    r = run_here('train', '--data', prefix, '--tokenizer', tok, *sets, '--set', 'train.iters=3', '--out', run_dir,
+                 '--resume')
+    said = ' '.join((r.stdout + r.stderr).split())
+    assert r.returncode == 0 and 'Traceback' not in said and 'RecursionError' not in said, said[-3000:]
+    assert (f'DeepSpeed config {folder / "ds_config.json"} is nested more than 100 levels deep; the files gptkit '
+            'reads have a few; the global batch the checkpoint was trained with is not compared') in caplog.text
+    assert (run_dir / 'checkpoints' / 'iter_0000003').is_dir()
