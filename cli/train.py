@@ -251,7 +251,7 @@ def _run(cfg, override, resume, force, rank):
         import signal
         name = signal.Signals(result.signal).name if result.signal else 'a signal'
         out.print(f'[yellow]interrupted[/] by {name}, checkpoint saved: continue with [bold]gptkit train --resume '
-                  f'--out {fmt.text(cfg.out)}[/] and the same settings (exit code {result.exit_code}: 128 + the '
-                  'signal)')
+                  f'--out {fmt.text(cfg.out)}[/] (its config.json holds the settings; exit code {result.exit_code}: '
+                  '128 + the signal)')
         raise typer.Exit(result.exit_code)
     return result
