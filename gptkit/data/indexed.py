@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..config import DataError, read_json, write_atomic
-from ..store import RunLock, file_holder, lock_file
+from ..store import RunLock, check_output_outside_runs, file_holder, lock_file
 
 # %% auto #0
 __all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'TEMP_RE', 'token_dtype', 'data_paths', 'metadata_path',
@@ -188,6 +188,7 @@ def _lock_path(prefix: str | Path) -> Path:
 
 def lock_dataset(prefix: str | Path) -> RunLock:
     "Hold dataset `prefix`'s lock in this process while writing it; RunLockedError naming another holder"
+    check_output_outside_runs(prefix, '--output-prefix')   # before the lock file: training prunes checkpoints/
     why = ('two processes writing one dataset would keep only the one that ends last; wait for it to end or stop it, '
            'or choose another --output-prefix')
     return lock_file(_lock_path(prefix), str(prefix), why, 'output_prefix')
@@ -353,8 +354,6 @@ def _copy_bytes(src, dst, n: int, chunk: int):
 # %% ../../nbs/04_indexed.ipynb #ae477066
 def check_new(prefix: str | Path, overwrite: bool):
     "Refuse to replace a dataset already at the output `prefix` unless `overwrite`, and any inside a run's checkpoints/"
-    from gptkit.store import check_output_outside_runs
-    check_output_outside_runs(prefix, '--output-prefix')   # training would prune it there, --overwrite or not
     there = [p for p in data_paths(prefix) if p.exists()]
     if overwrite or not there:
         return
