@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gptkit_cli import format as fmt
 from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
 
 data_app = typer.Typer(help='Prepare and inspect tokenized datasets (Megatron .bin/.idx).', no_args_is_help=True)
@@ -57,7 +57,8 @@ def prepare(
                                                   f'tokens, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
         res = run(cfg, update)
-    t = Table(title=escape(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t = Table(title=fmt.text(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None,
+              padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right')
     t.add_row('documents read', f'{res.tally.documents:,}')
     for reason, n in sorted(res.dropped.items()): t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
@@ -67,8 +68,9 @@ def prepare(
     t.add_row('text read', f'{res.tally.bytes / 2**20:,.2f} MB')
     t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s, {res.docs_per_s:,.0f} documents/s)')
     out.print(t)
-    for ex in res.tally.examples: out.print(f'[yellow]  {escape(ex)}[/]')
-    for p in res.removed: out.print(f'[dim]removed {escape(str(p))}, left by a run that was killed[/]', soft_wrap=True)
+    for ex in res.tally.examples: out.print(f'[yellow]  {fmt.text(ex)}[/]')
+    for p in res.removed:
+        out.print(f'[dim]removed {fmt.text(p)}, left by a run that was killed[/]', soft_wrap=True)
 
 
 @data_app.command()
@@ -94,7 +96,7 @@ def inspect(
                         'killed; run it again (it removes what was left)')
     ds = IndexedDataset(prefix)
     doc_lengths = np.diff(np.concatenate([[0], np.cumsum(ds.sequence_lengths, dtype=np.int64)])[ds.document_indices])
-    out.print(f'[bold]{escape(str(prefix))}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, '
+    out.print(f'[bold]{fmt.text(str(prefix))}[/]: {ds.num_documents:,} documents, {len(ds):,} sequences, '
               f'{ds.num_tokens:,} tokens of {ds.dtype}')
     if ds.num_documents:
         out.print(f'document length: min {doc_lengths.min():,}, median {int(np.median(doc_lengths)):,}, max '
@@ -107,9 +109,9 @@ def inspect(
             t.add_row(f'{lo:,}-{hi - 1:,}', f'{c:,}', '█' * int(40 * c / max(1, counts.max())))
         out.print(t)
     if writer:
-        out.print(f'[yellow]{escape(str(prefix))} is being written again by {escape(writer)}[/]', soft_wrap=True)
+        out.print(f'[yellow]{fmt.text(str(prefix))} is being written again by {fmt.text(writer)}[/]', soft_wrap=True)
     if stale:
-        out.print(f'[yellow]{escape(left)}: left by a prepare or merge of this prefix that was killed; delete it (a '
+        out.print(f'[yellow]{fmt.text(left)}: left by a prepare or merge of this prefix that was killed; delete it (a '
                   'prepare or merge into this folder removes it too)[/]', soft_wrap=True)
     if tokenizer and show:
         from gptkit.tokenizer import load
@@ -117,7 +119,7 @@ def inspect(
         for j in range(min(show, ds.num_documents)):
             text = tok.decode(ds.document(j))
             out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): '
-                      f'{escape(repr(text[:300]))}{"..." if len(text) > 300 else ""}')
+                      f'{fmt.text(repr(text[:300]))}{"..." if len(text) > 300 else ""}')
 
 
 @data_app.command()
@@ -152,7 +154,8 @@ def merge(
                                       description=f'{p.datasets:,} datasets, {p.bytes / 2**20:,.1f} MB, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
         res = merge_datasets(input, output_prefix, update, mixed_tokenizers=mixed_tokenizers, overwrite=overwrite)
-    t = Table(title=escape(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None, padding=(0, 2))
+    t = Table(title=fmt.text(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None,
+              padding=(0, 2))
     t.add_column(style='cyan'); t.add_column(justify='right')
     t.add_row('datasets merged', f'{res.datasets:,}')
     t.add_row('documents written', f'{res.documents:,}')
