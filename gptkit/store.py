@@ -203,7 +203,7 @@ def _holder(path: Path) -> str:
     for _ in range(20):
         try:
             info = json.loads(path.read_text(encoding='utf-8'))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             info = None
         if isinstance(info, dict):
             command = str(info.get('command', '?'))

@@ -109,7 +109,7 @@ def _rows_up_to(path: Path, iteration: int):
     lines = path.read_text(encoding='utf-8', errors='replace').splitlines(keepends=True)
     def keep(line: str) -> bool:
         try: row = json.loads(line)
-        except ValueError: return line.endswith('\n')      # a row cut by a kill is dropped; others are kept
+        except (ValueError, RecursionError): return line.endswith('\n')   # a row cut by a kill is dropped
         return not isinstance(row, dict) or not isinstance(row.get('iteration'), int) or row['iteration'] <= iteration
     kept = [line for line in lines if keep(line)]
     if len(kept) < len(lines):

@@ -283,3 +283,21 @@ def test_a_deeply_nested_ds_config_json_does_not_stop_a_resume(tiny_data, tmp_pa
     assert (f'DeepSpeed config {folder / "ds_config.json"} is nested more than 100 levels deep; the files gptkit '
             'reads have a few; the global batch the checkpoint was trained with is not compared') in caplog.text
     assert (run_dir / 'checkpoints' / 'iter_0000003').is_dir()
+
+
+# data prepare: a JSONL line or a Hugging Face save_to_disk state.json nested past Python's stack
+
+def test_a_deeply_nested_jsonl_line_is_a_bad_line_of_data_prepare(tmp_path):
+    "The line is counted as invalid JSON and the good ones are prepared (it was a RecursionError traceback)"
+    (tmp_path / 'mixed.jsonl').write_text(json.dumps({'text': 'In the beginning God created the heaven.'}) + '\n'
+                                          + DEEP + '\n' + json.dumps({'text': 'And the earth was void.'}) + '\n')
+    code, out = run('data', 'prepare', '-i', tmp_path / 'mixed.jsonl', '--output-prefix', tmp_path / 'out')
+    assert code == 0 and 'bad input: invalid json 1' in out and 'documents written 2' in out, out
+
+
+def test_a_deeply_nested_hugging_face_dataset_state_is_refused(tmp_path):
+    (tmp_path / 'hf').mkdir()
+    (tmp_path / 'hf' / 'dataset_info.json').write_text('{}')
+    (tmp_path / 'hf' / 'state.json').write_text(DEEP)
+    one_sentence(*run('data', 'prepare', '-i', tmp_path / 'hf', '--output-prefix', tmp_path / 'out'),
+                 f'Hugging Face dataset state {tmp_path / "hf" / "state.json"} is nested more than 100 levels deep')

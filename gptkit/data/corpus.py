@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 
 import zstandard
 
-from ..config import DataError
+from ..config import DataError, read_json
 
 # %% auto #0
 __all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'COMPRESSIONS', 'TEXT_FORMATS', 'FORMATS', 'SUFFIXES', 'ACCEPTED',
@@ -66,8 +66,9 @@ def _kind(path: Path) -> str | None:
 def _hf_files(d: Path) -> list[Path] | None:
     "The data files of a Hugging Face `save_to_disk` folder, in order (its state.json lists them), or None"
     if not ((d / 'state.json').is_file() and (d / 'dataset_info.json').is_file()): return None
-    try: return [d / f['filename'] for f in json.loads((d / 'state.json').read_text())['_data_files']]
-    except (ValueError, KeyError, TypeError) as e:
+    state = read_json(d / 'state.json', 'Hugging Face dataset state', expect=dict)   # bounded, one sentence
+    try: return [d / f['filename'] for f in state['_data_files']]
+    except (KeyError, TypeError) as e:
         raise DataError(f'{d / "state.json"}: not a Hugging Face save_to_disk state '
                         f'({type(e).__name__}: {e})') from None
 
@@ -176,6 +177,9 @@ def _read_jsonl(stream, path: Path, text_key: str, tally: Tally) -> Iterator[Doc
         try: obj = json.loads(line)
         except json.JSONDecodeError as e:
             tally.problem('invalid_json', path, n, e.msg); continue
+        except (ValueError, RecursionError):        # a number of over 4,300 digits; nesting deeper than Python's stack
+            tally.problem('invalid_json', path, n, 'nested too deeply or a number too long to read')
+            continue
         text = obj.get(text_key) if isinstance(obj, dict) else None
         if not isinstance(text, str):
             tally.problem('missing_text_key', path, n, f'no string under {text_key!r}'); continue
