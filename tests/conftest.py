@@ -17,14 +17,20 @@ def root() -> Path:
     return ROOT
 
 
+def train_tokenizer(corpus: str, size: int, folder: Path) -> Path:
+    "A `size`-entry byte-level BPE trained on the built-in `corpus`, saved in `folder`"
+    from gptkit.data.corpus import clean_text, read_documents
+    from gptkit.tokenizer import save, train_bpe
+    save(train_bpe((clean_text(x.text) for x in read_documents([f'builtin:{corpus}'])), size), folder)
+    return folder
+
+
 @pytest.fixture(scope='session')
 def tiny_data(tmp_path_factory):
     "(dataset prefix, tokenizer folder): the built-in KJV tokenized with a 512-entry BPE trained on it"
-    from gptkit.data.corpus import clean_text, read_documents
     from gptkit.data.prepare import PrepareConfig, prepare
-    from gptkit.tokenizer import save, train_bpe
     d = tmp_path_factory.mktemp('tiny_data')
-    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:kjv'])), 512), d / 'tok')
+    train_tokenizer('kjv', 512, d / 'tok')
     res = prepare(PrepareConfig(('builtin:kjv',), str(d / 'kjv'), str(d / 'tok')))
     return str(res.prefix), str(d / 'tok')
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_SETS, run_here
+from conftest import TINY_SETS, run_here, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 BG = ROOT / 'tests' / 'data' / 'mediawiki' / 'bgwiki-latest-pages-articles-shortened.xml.bz2'
@@ -48,12 +48,8 @@ def _one_line_error(r) -> str:
 @pytest.fixture(scope='module')
 def other_tokenizers(tmp_path_factory):
     "(a 512-entry BPE trained on Milton: same size as tiny_data's, other tokens; a 600-entry one)"
-    from gptkit.data.corpus import clean_text, read_documents
-    from gptkit.tokenizer import save, train_bpe
     d = tmp_path_factory.mktemp('tokenizers')
-    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:milton'])), 512), d / 'milton512')
-    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:milton'])), 600), d / 'milton600')
-    return d / 'milton512', d / 'milton600'
+    return train_tokenizer('milton', 512, d / 'milton512'), train_tokenizer('milton', 600, d / 'milton600')
 
 
 # --- item 4: one writer per run folder ---------------------------------------------------------------------------
