@@ -47,6 +47,9 @@ def serve(
     allowed_host: Annotated[Optional[list[str]], Opt(metavar='<host>', help=(
         'Also answer requests whose Host header names this (repeatable; * for any). Loopback names and --host are '
         'always answered; others are refused, which stops DNS rebinding.'))] = None,
+    template_seconds: Annotated[float, Opt(help=(
+        "Most seconds the checkpoint's chat template may take to render one conversation; it runs in a process of its "
+        'own, which is stopped after this and the request refused.'))] = 2.0,
 ):
     ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
      """and /v1/models, /health, and a web page at /.""")
@@ -55,6 +58,8 @@ def serve(
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
     if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
     if tp < 1: bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
+    if not 0 < template_seconds <= 600:
+        bad.append(('template_seconds', f'{{key}} must be more than 0 and at most 600, not {template_seconds:g}'))
     if api_key is not None and not api_key.strip():
         bad.append(('api_key', '{key} (or GPTKIT_API_KEY) is empty; give a key or leave it out'))
     for h in allowed_host or []:
@@ -64,7 +69,7 @@ def serve(
     if bad: raise ConfigError(bad)
     import os
 
-    from gptkit.serve import LOOPBACK, Access, Limits, access_on, check_address, serve as run
+    from gptkit.serve import LOOPBACK, Access, Limits, access_on, check_address, make_app, serve as run
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'serve', tp))
     if tp > 1: device = join_tp(device)[1]
@@ -73,23 +78,28 @@ def serve(
         gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
     # the biggest batch the server runs (a request alone may be bigger than max_batch): its KV cache must fit
     gen.check_batch(*max((max_batch, 'max_batch'), (max_prompts, 'max_prompts')))
-    if os.environ.get('RANK', '0') == '0': check_address(host, port)      # the first rank serves; the others follow
+    first = os.environ.get('RANK', '0') == '0'
+    if first:                                 # the first rank serves; the others follow
+        check_address(host, port)
     folder = gen.loaded.folder
     name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)
+    access = Access(tuple(allowed_host or ()), api_key)
+    limits = Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch,
+                    template_seconds=template_seconds)
+    # the app before the banner: a chat template that fails on a sample conversation stops the server here
+    web_app = make_app(gen, limits, name, access_on(host, access)) if first else None
     out.print(f'[bold]{escape(name)}[/]: {escape(str(folder))} (step {gen.loaded.state.get("iteration", "?")}), '
               f'context {gen.context}, on {gen.model.wte.weight.device}')
     at = escape(f'http://{host}:{port}')
     out.print(f'  web page   {at}/\n  Megatron   PUT  {at}/api\n'
               f'  OpenAI     POST {at}/v1/completions, /v1/chat/completions  (base_url {at}/v1)\n'
               f'  schema     {at}/docs')
-    access = Access(tuple(allowed_host or ()), api_key)
     hosts = access_on(host, access).hosts
     said = 'any' if '*' in hosts else ', '.join(dict.fromkeys(LOOPBACK + hosts)) + ' (add others with --allowed-host)'
     out.print(f'  Host       {escape(said)}')
     key = 'required on /api and /v1' if api_key else 'none (anyone who reaches the server may use it; see --api-key)'
     out.print(f'  API key    {key}')
-    limits = Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch)
-    run(gen, host, port, limits, name, access=access)
+    run(gen, host, port, limits, name, access=access, app=web_app)
 
 
 @app.command()

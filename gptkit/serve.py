@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Union
 
@@ -29,16 +30,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .config import ConfigError, GptkitError
 from .generate import Generator, RunningBatch, Sampling, agree
+from .tokenizer import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'ERRORS', 'ROUTES', 'LOOPBACK', 'WILDCARD', 'PAGE_HEADERS',
-           'ASSETS', 'Limits', 'prompt_tokens', 'longest_token', 'prompt_chars', 'body_limit', 'Busy', 'Job', 'Work',
-           'advance', 'follow', 'Worker', 'MegatronRequest', 'StreamOptions', 'CompletionRequest', 'TextPart',
-           'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_prompt',
-           'chat_job', 'Access', 'host_name', 'Gate', 'Reply', 'Guard', 'GenerationFailed', 'CompletionLogprobs',
-           'make_app', 'page_html', 'check_address', 'access_on', 'serve', 'Server']
+__all__ = ['log', 'BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'TEMPLATE_MEMORY', 'ERRORS', 'ROUTES', 'LOOPBACK',
+           'WILDCARD', 'PAGE_HEADERS', 'ASSETS', 'Limits', 'prompt_tokens', 'longest_token', 'prompt_chars',
+           'body_limit', 'Busy', 'Job', 'Work', 'advance', 'follow', 'Worker', 'MegatronRequest', 'StreamOptions',
+           'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'megatron_job', 'openai_job',
+           'plain_chat_prompt', 'chat_renderer', 'chat_prompt', 'chat_job', 'Access', 'host_name', 'Gate', 'Reply',
+           'Guard', 'GenerationFailed', 'CompletionLogprobs', 'make_app', 'page_html', 'check_address', 'access_on',
+           'serve', 'Server']
 
 # %% ../nbs/15_serve.ipynb #06258ba6
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Limits:
     max_batch: int = 128                   # rows (prompts x samples) generated at once, all requests together
     continuous: bool = True                # requests join the running batch at the next token; False: a batch
                                            # of the requests that arrived together runs to its end first
+    template_seconds: float = 2.0          # the most a chat template may take to render one conversation
 
 # %% ../nbs/15_serve.ipynb #e71ba994
 BYTES_PER_TOKEN = 32        # a request body's bytes per prompt token: text averages ~4, JSON escapes take up to 12
@@ -416,21 +420,40 @@ def plain_chat_prompt(messages: list[dict]) -> str:
         else: turns.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n\n")
     return ''.join(turns) + 'Assistant:'
 
-def chat_prompt(tok, messages: list[dict]) -> tuple[str, tuple[str, ...]]:
-    "The prompt text and extra stop strings: the tokenizer's chat template when it has one, else the plain one"
-    template = getattr(tok, 'chat_template', None)
-    if not template: return plain_chat_prompt(messages), (PLAIN_CHAT_STOP,)
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    eod = tok.decode([tok.eod])
-    try: text = env.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token=eod,
-                                                 eos_token=eod)
-    except Exception as e: raise BadRequest(f"the tokenizer's chat template failed on these messages ({e})",
-                                            'messages') from None
-    return text, ()
+TEMPLATE_MEMORY = 256 * 2**20   # what a chat template's render process may map beyond what it maps at rest, plus 32
+                                # bytes for each byte of the largest body and character of the longest prompt
 
-def chat_job(gen: Generator, r: ChatRequest, limits: Limits) -> tuple[str, list[list[int]], Sampling]:
-    "The prompt, rows (the prompt n times) and sampling, from an OpenAI chat completions request"
+def chat_renderer(tok, limits: Limits, context: int) -> ChatRenderer | None:
+    """The tokenizer's chat template in a render process of its own, within the server's limits, and checked on a
+    sample conversation (a template that fails on it is refused); None for a tokenizer without one"""
+    if not getattr(tok, 'chat_template', None):
+        return None
+    chars = prompt_chars(tok, limits, context)
+    memory = TEMPLATE_MEMORY + 32 * (body_limit(limits, context) + chars)
+    source = getattr(tok, 'chat_template_file', None) or f'the tokenizer {tok.name!r}'
+    renderer = ChatRenderer(tok.chat_template, tok.decode([tok.eod]), str(source), limits.template_seconds, chars,
+                            memory)
+    try:
+        renderer.render(CHAT_SAMPLE, 'a sample conversation')
+    except ChatTooLong:                   # a server with a short prompt limit still serves completions
+        pass
+    except ChatTemplateError:
+        renderer.close()
+        raise
+    return renderer
+
+def chat_prompt(renderer: ChatRenderer | None, messages: list[dict]) -> str:
+    "A conversation as one prompt: the tokenizer's chat template (rendered in its process) when it has one, else plain"
+    if renderer is None:
+        return plain_chat_prompt(messages)
+    try:
+        return renderer.render(messages)
+    except ChatTemplateError as e:
+        raise BadRequest(str(e), 'messages') from None
+
+def chat_job(r: ChatRequest, limits: Limits, templated: bool) -> tuple[list[dict], int, Sampling]:
+    """The conversation, the number of replies and the sampling of an OpenAI chat completions request, checked before
+    the conversation is rendered (`templated`: with the tokenizer's chat template, else the plain one)"""
     if not r.messages: raise BadRequest('messages must hold at least one message', 'messages')
     for i, m in enumerate(r.messages):
         if m.content is None: raise BadRequest(f'messages.{i}.content is required: the text of the turn', 'messages')
@@ -440,12 +463,12 @@ def chat_job(gen: Generator, r: ChatRequest, limits: Limits) -> tuple[str, list[
                                  "reads text parts only", 'messages')
     messages = [{'role': m.role, 'content': m.content if isinstance(m.content, str) else
                  ''.join(p.text for p in m.content)} for m in r.messages]
-    prompt, stop = chat_prompt(gen.tok, messages)
     max_name = 'max_completion_tokens' if r.max_completion_tokens is not None else 'max_tokens'
     top = r.top_logprobs or 0
     if top and not r.logprobs: raise BadRequest('top_logprobs needs logprobs set to true', 'top_logprobs')
+    stop = () if templated else (PLAIN_CHAT_STOP,)
     n, s = _openai_sampling(r, limits, 1, getattr(r, max_name), max_name, top, 'top_logprobs', 20, stop)
-    return prompt, _encode(gen, [prompt], limits, 'messages') * n, s
+    return messages, n, s
 
 # %% ../nbs/15_serve.ipynb #e06f34ac
 ERRORS = {400: {'description': 'A request the server refuses, with one sentence saying why'},
@@ -710,7 +733,10 @@ class CompletionLogprobs:
                 'text_offset': self.text_offset[mark:]}
 
 def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', access: Access = Access()) -> FastAPI:
-    "The FastAPI app serving `gen`, behind a `Guard` that lets in what `access` and `limits` allow"
+    """The FastAPI app serving `gen`, behind a `Guard` that lets in what `access` and `limits` allow; a chat template
+    that fails on a sample conversation is refused here, before anything starts"""
+    renderer = chat_renderer(gen.tok, limits, gen.context)
+    rendering = ThreadPoolExecutor(1, 'gptkit-template')     # renders wait for the render process here, off the loop
     worker = Worker(gen, limits)
 
     from contextlib import asynccontextmanager
@@ -718,6 +744,9 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
     async def lifespan(app):
         yield
         worker.stop()
+        rendering.shutdown()
+        if renderer is not None:
+            renderer.close()
 
     app = FastAPI(title='gptkit', version='1', lifespan=lifespan,
                   description="A gptkit checkpoint behind Megatron's and OpenAI's text generation APIs")
@@ -886,7 +915,9 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
     async def chat(r: ChatRequest, request: Request):
         "OpenAI's chat completions API: the plain chat template (or the tokenizer's own), then a completion"
         try:
-            prompt, rows, s = chat_job(gen, r, limits)
+            messages, n, s = chat_job(r, limits, renderer is not None)
+            prompt = await asyncio.get_running_loop().run_in_executor(rendering, chat_prompt, renderer, messages)
+            rows = _encode(gen, [prompt], limits, 'messages') * n
             job = submit(rows, s)
         except BadRequest as e: return _openai_error(e.message, e.param, e.status)
         except Busy: return _openai_error('the server is busy; try again', None, 503)
@@ -974,12 +1005,12 @@ def access_on(host: str, access: Access) -> Access:
     return replace(access, hosts=access.hosts + ((socket.gethostname(),) if host in WILDCARD else (host,)))
 
 def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Limits = Limits(), name: str = 'gptkit',
-          log_level: str = 'info', access: Access = Access()):
+          log_level: str = 'info', access: Access = Access(), app: FastAPI | None = None):
     """Serve `gen` over HTTP until interrupted (graceful: running requests finish). With tensor parallelism every rank
-    calls it: the first serves, the others follow its worker"""
+    calls it: the first serves, the others follow its worker. `app`: one `make_app` made already for `gen`"""
     import torch.distributed as dist
     if gen.tp_group is not None and dist.get_rank(gen.tp_group) != 0: return follow(gen)
-    app = make_app(gen, limits, name, access_on(host, access))
+    app = app or make_app(gen, limits, name, access_on(host, access))
     server = _Uvicorn(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30))
     try:
         server.run()

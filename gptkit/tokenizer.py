@@ -9,7 +9,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import select
 import shutil
+import subprocess
+import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib.resources import files
@@ -24,8 +29,9 @@ from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizer
 from .config import ConfigError, DataError, check_folder, read_json, read_text, written
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_BYTES', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'fast_encoder',
-           'WordCache', 'word_cache', 'Tokenizer', 'gpt2', 'save', 'from_bpe_files', 'load', 'check_new_tokenizer',
+__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset',
+           'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2', 'save', 'from_bpe_files', 'load',
+           'ChatTemplateError', 'ChatTooLong', 'compile_chat', 'render_chat', 'ChatRenderer', 'check_new_tokenizer',
            'train_bpe', 'bytes_per_token']
 
 # %% ../nbs/02_tokenizer.ipynb #b9e26ae7
@@ -114,6 +120,7 @@ class Tokenizer:
         self.eod = eod
         self._fast = self._words = None
         self.chat_template: str | None = None     # a Jinja chat template, from a tokenizer_config.json beside it
+        self.chat_template_file: Path | None = None   # that file
 
     @property
     def fast(self) -> 'tiktoken.Encoding | None':
@@ -236,10 +243,248 @@ def load(name_or_dir: str | Path) -> Tokenizer:
             raise DataError(f'{d / "tokenizer.json"}: not a HuggingFace tokenizer file ({e})') from None
         tok = Tokenizer(hf, d.name)
         tok.chat_template = _chat_template(d / 'tokenizer_config.json')
+        tok.chat_template_file = d / 'tokenizer_config.json' if tok.chat_template else None
         return tok
     if (d / 'vocab.json').is_file() and (d / 'merges.txt').is_file():
         return from_bpe_files(d / 'vocab.json', d / 'merges.txt')
     raise DataError(f'{d}: holds neither tokenizer.json nor vocab.json and merges.txt')
+
+# %% ../nbs/02_tokenizer.ipynb #a64d51e4
+class ChatTemplateError(DataError):
+    "A chat template that fails on a conversation, or takes too long or too much memory to render it"
+
+class ChatTooLong(ChatTemplateError):
+    "A conversation whose prompt is longer than the renderer may return"
+
+CHAT_SAMPLE = [{'role': 'user', 'content': 'Hello.'}, {'role': 'assistant', 'content': 'Hello! How can I help?'},
+               {'role': 'user', 'content': 'Name a colour.'}]     # what a server renders once before it starts
+
+def _refuse(message: str):
+    "`raise_exception(message)` in a template, as transformers offers it: the template refuses the conversation"
+    from jinja2.exceptions import TemplateError
+    raise TemplateError(message)
+
+def compile_chat(template: str):
+    "`template` compiled as transformers compiles chat templates: sandboxed, blocks trimmed, with loop controls"
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols'])
+    env.globals['raise_exception'] = _refuse
+    return env.from_string(template)
+
+def render_chat(compiled, messages: list[dict], eod: str) -> str:
+    "The prompt a compiled chat template makes of `messages`, ending where the reply starts (add_generation_prompt)"
+    return compiled.render(messages=messages, add_generation_prompt=True, bos_token=eod, eos_token=eod)
+
+# %% ../nbs/02_tokenizer.ipynb #a242a215
+def _reason(e: BaseException) -> str:
+    "An exception's first line, shortened, or its type's name when it has no text (a MemoryError has none)"
+    said = str(e).strip().splitlines()
+    text = said[0] if said else type(e).__name__
+    if getattr(e, 'lineno', None):             # a syntax error in the template: where
+        text = f'line {e.lineno}: {text}'
+    return text if len(text) <= 200 else text[:200] + '...'
+
+def _limit_memory(budget: int):
+    "Let this process map at most `budget` bytes more than it maps now (Linux; elsewhere only the time limit holds)"
+    import resource
+    try:
+        with open('/proc/self/status') as f:
+            now = next(int(line.split()[1]) * 1024 for line in f if line.startswith('VmSize:'))
+    except (OSError, StopIteration):
+        return
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = now + budget if hard == resource.RLIM_INFINITY else min(now + budget, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+def _say(**reply):
+    "Write one JSON line to the parent (ASCII: a lone surrogate a client sent travels escaped, as it came)"
+    sys.stdout.buffer.write(json.dumps(reply).encode('ascii') + b'\n')
+    sys.stdout.buffer.flush()
+
+def _render_one(compiled, line: bytes, setup: dict) -> dict:
+    "The reply to one conversation: its prompt, the prompt's length when too long, the template's error, or memory"
+    try:
+        text = render_chat(compiled, json.loads(line), setup['eod'])
+    except MemoryError:
+        return {'memory': True}
+    except Exception as e:
+        return {'error': _reason(e)}
+    if len(text) > setup['max_chars']:
+        return {'chars': len(text)}
+    return {'text': text}
+
+def _compile_one(setup: dict) -> tuple[object, dict]:
+    "The compiled template and the reply that says so: ready, the template's error, or memory"
+    try:
+        return compile_chat(setup['template']), {'ready': True}
+    except MemoryError:
+        return None, {'memory': True}
+    except Exception as e:
+        return None, {'error': _reason(e)}
+
+def _render_loop():
+    """The render process: limit its own memory (to argv[1] bytes more than it maps once imported), say it started,
+    compile the template its parent sends, then render each conversation it is sent (a JSON line in, a JSON line
+    out) until its input ends. A render or compile that runs out of memory ends it; so does one that takes over
+    `seconds` + 1, should its parent not have killed it first (a parent that has gone)"""
+    import signal
+    _limit_memory(int(sys.argv[1]))
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
+    _say(started=True)
+    setup = json.loads(sys.stdin.buffer.readline())
+    signal.setitimer(signal.ITIMER_REAL, setup['seconds'] + 1)
+    compiled, reply = _compile_one(setup)    # Jinja folds constants as it compiles: 'x' * 3000000000 happens here
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    _say(**reply)
+    if compiled is None:
+        return
+    for line in sys.stdin.buffer:
+        signal.setitimer(signal.ITIMER_REAL, setup['seconds'] + 1)
+        reply = _render_one(compiled, line, setup)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _say(**reply)
+        if 'memory' in reply:
+            return
+
+# %% ../nbs/02_tokenizer.ipynb #b1de4f06
+_RENDER = 'from gptkit.tokenizer import _render_loop; _render_loop()'
+
+def _ready_for(fd: int, event: int, deadline: float) -> bool:
+    "Whether `fd` is ready for `event` (select.POLLIN or POLLOUT), or has closed, before `deadline`"
+    poller = select.poll()
+    poller.register(fd, event)
+    left = deadline - time.monotonic()
+    return left > 0 and bool(poller.poll(left * 1000))
+
+class ChatRenderer:
+    "A chat template rendered in a process of its own: each conversation within `seconds`, `memory` bytes, `max_chars`"
+    def __init__(self, template: str, eod: str, source: str, seconds: float = 2.0, max_chars: int = 1_000_000,
+                 memory: int = 256 * 2**20):
+        self.template, self.eod, self.source = template, eod, source     # source: the file it came from, for sentences
+        self.seconds, self.max_chars, self.memory = seconds, max_chars, memory
+        self.lock = threading.Lock()
+        self.proc = None
+        with self.lock:
+            self._start()
+            self._wait_ready()
+
+    def render(self, messages: list[dict], what: str = 'these messages') -> str:
+        "The prompt the template makes of `messages`; a failure, a timeout or too much memory raises one sentence"
+        line = json.dumps(messages).encode('ascii') + b'\n'
+        with self.lock:
+            if self.proc is None:
+                self._start()
+            self._wait_ready()
+            deadline = time.monotonic() + self.seconds
+            reply = self._receive(deadline) if self._send(line, deadline) else None
+            ended = None if reply is not None else self.proc.poll()
+            if reply is None or 'memory' in reply:          # the process is stuck, gone or spent: a fresh one now
+                self._stop()
+                self._start()
+        return self._outcome(reply, ended, what)
+
+    def _outcome(self, reply: dict | None, ended: int | None, what: str) -> str:
+        "The text of a reply, or the sentence that says why there is none"
+        said = f'the chat template in {self.source}'
+        if reply is None and ended is None:
+            raise ChatTemplateError(f'{said} took over {self.seconds:g} s to render {what}; it is refused')
+        if reply is None:
+            raise ChatTemplateError(f'{said} ended the process that renders it on {what} (exit code {ended}); '
+                                    'it is refused')
+        if 'memory' in reply:
+            raise ChatTemplateError(f'{said} needed more than {self.memory:,} bytes to render {what}; it is refused')
+        if 'error' in reply:
+            raise ChatTemplateError(f'{said} failed on {what}: {reply["error"]}')
+        if 'chars' in reply:
+            raise ChatTooLong(f'the prompt {said} makes of {what} has {reply["chars"]:,} characters; the most '
+                              f'allowed is {self.max_chars:,}')
+        return reply['text']
+
+    def close(self):
+        "End the render process"
+        with self.lock:
+            self._stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _start(self):
+        "Start a render process and send it the template, which it compiles while the caller goes on"
+        root = str(Path(str(files('gptkit'))).parent)          # the child imports this gptkit, wherever it lies
+        path = os.pathsep.join(p for p in (root, os.environ.get('PYTHONPATH')) if p)
+        env = {**os.environ, 'PYTHONPATH': path, 'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1'}
+        self.proc = subprocess.Popen([sys.executable, '-c', _RENDER, str(self.memory)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, start_new_session=True)  # Ctrl-C: the parent's
+        self.ready, self.buffer = False, bytearray()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            os.set_blocking(pipe.fileno(), False)
+        setup = {'template': self.template, 'eod': self.eod, 'seconds': self.seconds, 'max_chars': self.max_chars}
+        self._send(json.dumps(setup).encode('ascii') + b'\n', time.monotonic() + 60)
+
+    def _wait_ready(self):
+        "Wait until the process has started (60 s at most) and compiled the template (within the limits), or raise"
+        if self.ready:
+            return
+        started = self._receive(time.monotonic() + 60)
+        reply = self._receive(time.monotonic() + self.seconds) if started else None
+        if reply is not None and 'ready' in reply:
+            self.ready = True
+            return
+        code = self.proc.poll()
+        self._stop()
+        said = f'the chat template in {self.source}'
+        if started is None:
+            raise ChatTemplateError(f'the process that renders the chat template in {self.source} did not start '
+                                    f'(exit code {code})')
+        if reply is None and code is None:
+            raise ChatTemplateError(f'{said} took over {self.seconds:g} s to compile; it is refused')
+        if reply is None:
+            raise ChatTemplateError(f'{said} ended the process that compiles it (exit code {code}); it is refused')
+        if 'memory' in reply:
+            raise ChatTemplateError(f'{said} needed more than {self.memory:,} bytes to compile; it is refused')
+        raise ChatTemplateError(f'{said} is not a Jinja template: {reply["error"]}')
+
+    def _stop(self):
+        "Kill the render process, if there is one"
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.proc = None
+
+    def _send(self, data: bytes, deadline: float) -> bool:
+        "Write `data` to the process by `deadline`; False if it did not take it all"
+        fd, view = self.proc.stdin.fileno(), memoryview(data)
+        while view:
+            if not _ready_for(fd, select.POLLOUT, deadline):
+                return False
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                return False
+        return True
+
+    def _receive(self, deadline: float) -> dict | None:
+        "The process's next reply; None if it has not come by `deadline`, or the process ended"
+        fd = self.proc.stdout.fileno()
+        while b'\n' not in self.buffer:
+            if not _ready_for(fd, select.POLLIN, deadline):
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        end = self.buffer.index(b'\n')
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end + 1]
+        return json.loads(line)
 
 # %% ../nbs/02_tokenizer.ipynb #2c3cf47b
 TOKENIZER_FILES = ('tokenizer.json', 'vocab.json', 'merges.txt')

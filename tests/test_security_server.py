@@ -7,11 +7,14 @@ GPTKIT_API_KEY, an extra allowed host and a name that is both HTML and rich mark
 import html
 import json
 import os
+import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -351,3 +354,140 @@ def test_cli_refuses_bad_addresses_keys_and_hosts_in_one_sentence(tiny_checkpoin
     assert r.returncode == 2 and '--api-key (or GPTKIT_API_KEY) is empty' in r.stderr, r
     r = run_here(*ckpt, '--allowed-host', 'http://example.test/')
     assert r.returncode == 2 and "--allowed-host 'http://example.test/' must be a host name or address" in r.stderr, r
+
+
+# A chat template is a file that comes with a checkpoint, and the server renders it for whoever sends a conversation.
+# These are the templates that froze the whole server (10^10 loop turns) or asked for 3 GB and a terabyte per request.
+HOSTILE = {
+    'loops': '{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}',
+    'times': "{{ 'x' * 3000000000 }}",
+    'doubling': "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+                '{{ ns.s }}',
+}
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+# one server serves every case: each hostile part runs only when the last message's text names it
+TRAPPED = ("{% set c = messages[-1]['content'] %}{% if c == 'loops' %}" + HOSTILE['loops'] +
+           "{% elif c == 'times' %}" + HOSTILE['times'] + "{% elif c == 'doubling' %}" + HOSTILE['doubling'] +
+           '{% endif %}' + PLAIN_TEMPLATE)
+
+
+def with_template(tiny_checkpoint, folder, template: str):
+    "A copy of the tiny checkpoint whose tokenizer folders hold `template` in tokenizer_config.json, and that file"
+    run = folder / 'run'
+    shutil.copytree(tiny_checkpoint, run, symlinks=True)
+    for tok in [p for p in run.rglob('tokenizer') if p.is_dir()]:
+        (tok / 'tokenizer_config.json').write_text(json.dumps({'chat_template': template}))
+    served = [p for p in run.rglob('iter_*/tokenizer/tokenizer_config.json')]
+    assert len(served) == 1, served
+    return run, served[0]
+
+
+def serve_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
+    return {**env, 'COLUMNS': '200'}
+
+
+@pytest.fixture(scope='module')
+def trapped(tiny_checkpoint, tmp_path_factory):
+    "A `gptkit serve` process whose chat template misbehaves on the messages 'loops', 'times' and 'doubling'"
+    folder = tmp_path_factory.mktemp('trapped')
+    run, config = with_template(tiny_checkpoint, folder, TRAPPED)
+    port, log = _free_port(), folder / 'serve.log'
+    with open(log, 'w') as f:
+        proc = subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', 'serve', '--checkpoint', str(run),
+                                 '--port', str(port)], stdout=f, stderr=subprocess.STDOUT, env=serve_env())
+    s = Served(proc, port, log)
+    s.config = config
+    try:
+        for _ in range(300):
+            if proc.poll() is not None: pytest.fail('gptkit serve stopped: ' + s.log())
+            try:
+                if httpx.get(s.url + '/health', timeout=1).status_code == 200: break
+            except httpx.HTTPError: time.sleep(0.1)
+        else: pytest.fail('gptkit serve did not start: ' + s.log())
+        yield s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def chat(url: str, text: str, timeout: float = 30) -> httpx.Response:
+    return httpx.post(url + '/v1/chat/completions', json={'messages': [{'role': 'user', 'content': text}],
+                                                          'max_tokens': 2, 'temperature': 0}, timeout=timeout)
+
+
+@pytest.mark.parametrize('what,said', [
+    ('loops', r'took over 2 s to render these messages; it is refused'),
+    ('times', r'needed more than [\d,]+ bytes to render these messages; it is refused'),
+    ('doubling', r'needed more than [\d,]+ bytes to render these messages; it is refused'),
+], ids=['loops', 'times', 'doubling'])
+def test_a_chat_template_that_would_stall_or_exhaust_the_server_is_refused_while_it_answers(trapped, tiny_data, what,
+                                                                                          said):
+    """The request is answered 400 in seconds with one sentence naming the file, /health answers all the while (< 1 s),
+    and the server goes on serving chat with the same template"""
+    got = {}
+    asked = threading.Thread(target=lambda: got.update(r=chat(trapped.url, what)))
+    t0 = time.monotonic()
+    asked.start()
+    health = []
+    while asked.is_alive():
+        t = time.monotonic()
+        r = httpx.get(trapped.url + '/health', timeout=5)
+        health.append((r.status_code, round(time.monotonic() - t, 3)))
+        time.sleep(0.05)
+    took = time.monotonic() - t0
+    r = got['r']
+    assert r.status_code == 400 and took < 10, (r.status_code, r.text, took)
+    error = r.json()['error']
+    assert error['param'] == 'messages' and error['type'] == 'invalid_request_error', error
+    assert re.fullmatch(re.escape(f'the chat template in {trapped.config} ') + said, error['message']), error['message']
+    assert health and all(code == 200 and s < 1 for code, s in health), health
+    from gptkit.tokenizer import load
+    r = chat(trapped.url, 'And God said')                             # the same template, a fresh render process
+    assert r.status_code == 200, r.text
+    prompt = load(tiny_data[1]).encode('user: And God said\nassistant:')
+    assert r.json()['usage']['prompt_tokens'] == len(prompt) and r.json()['choices'][0]['message']['role'] == 'assistant'
+    assert trapped.proc.poll() is None
+    no_traceback(trapped.log())
+
+
+def run_within(seconds: float, *args):
+    "`run_here(*args)` on a thread: the test fails if it has not returned within `seconds` (a server that started)"
+    got = {}
+    thread = threading.Thread(target=lambda: got.update(r=run_here(*args)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive(): pytest.fail(f'gptkit {" ".join(map(str, args))} still runs after {seconds} s: it serves')
+    return got['r']
+
+
+def test_serve_refuses_to_start_with_a_chat_template_that_loops_for_ages(tiny_checkpoint, tmp_path):
+    "The campaign's template, as a user meets it: the process ends with 1 and one sentence naming the file"
+    run, config = with_template(tiny_checkpoint, tmp_path, HOSTILE['loops'])
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, '-m', 'gptkit_cli.main', 'serve', '--checkpoint', str(run), '--port',
+                        str(_free_port())], capture_output=True, text=True, timeout=60, env=serve_env())
+    assert r.returncode == 1 and time.monotonic() - t0 < 30, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.strip() == (f'error: the chat template in {config} took over 2 s to render a sample conversation; '
+                                'it is refused'), r.stderr
+    assert 'web page' not in r.stdout, r.stdout                  # refused before it says where it would serve
+    no_traceback(r.stdout + r.stderr)
+
+
+@pytest.mark.parametrize('template,said', [
+    (HOSTILE['loops'], r'took over 0\.5 s to render a sample conversation; it is refused'),
+    (HOSTILE['times'], r'needed more than [\d,]+ bytes to render a sample conversation; it is refused'),
+    (HOSTILE['doubling'], r'needed more than [\d,]+ bytes to render a sample conversation; it is refused'),
+    ('{% for m in messages %}', r'is not a Jinja template: line 1: Unexpected end of template\..*'),
+], ids=['loops', 'times', 'doubling', 'unfinished'])
+def test_serve_refuses_to_start_with_a_chat_template_that_fails_on_a_sample_conversation(tiny_checkpoint, tmp_path,
+                                                                                         template, said):
+    run, config = with_template(tiny_checkpoint, tmp_path, template)
+    r = run_within(30, 'serve', '--checkpoint', run, '--port', _free_port(), '--template-seconds', '0.5')
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert lines[1:] == ['SystemExit(1)'], r.stderr                # run_here adds how the command ended
+    assert re.fullmatch(re.escape(f'error: the chat template in {config} ') + said, lines[0]), lines[0]
+    assert 'web page' not in r.stdout, r.stdout
+    no_traceback(r.stdout + r.stderr)

@@ -181,7 +181,7 @@ def test_chat_completions_with_the_plain_template(url, gen):
 
 def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
     from transformers import AutoTokenizer
-    from gptkit.serve import chat_prompt
+    from gptkit.serve import chat_prompt, chat_renderer
     from gptkit.tokenizer import gpt2, load, save
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ eos_token if false }}")
@@ -192,7 +192,8 @@ def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path)
                 {'role': 'assistant', 'content': 'Hello.'}, {'role': 'user', 'content': 'Why?'}]
     theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(messages, tokenize=False,
                                                                             add_generation_prompt=True)
-    assert chat_prompt(tok, messages) == (theirs, ())
+    with chat_renderer(tok, Limits(), 1024) as renderer:          # in its render process, as the server renders it
+        assert chat_prompt(renderer, messages) == theirs
     assert load(save(tok, tmp_path / 'again')).chat_template == template        # kept when the tokenizer is saved
 
 def test_stop_strings(url, gen):
