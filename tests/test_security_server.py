@@ -53,17 +53,25 @@ def served(tiny_checkpoint, tmp_path_factory):
                                 stdout=f, stderr=subprocess.STDOUT, env=env)
     s = Served(proc, port, log)
     try:
-        for _ in range(300):
-            if proc.poll() is not None: pytest.fail('gptkit serve stopped: ' + s.log())
-            try:
-                if httpx.get(s.url + '/health', timeout=1).status_code == 200: break
-            except httpx.HTTPError: time.sleep(0.1)
-        else: pytest.fail('gptkit serve did not start: ' + s.log())
+        wait_until_healthy(s)
         yield s
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def wait_until_healthy(s: Served):
+    "Wait (30 s at most) until the server answers /health; fail the test with its log if it stops or never answers"
+    for _ in range(300):
+        if s.proc.poll() is not None:
+            pytest.fail('gptkit serve stopped: ' + s.log())
+        try:
+            if httpx.get(s.url + '/health', timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    pytest.fail('gptkit serve did not start: ' + s.log())
 
 
 def send_raw(port: int, head: str, body: bytes = b'') -> socket.socket:
@@ -399,12 +407,7 @@ def trapped(tiny_checkpoint, tmp_path_factory):
     s = Served(proc, port, log)
     s.config = config
     try:
-        for _ in range(300):
-            if proc.poll() is not None: pytest.fail('gptkit serve stopped: ' + s.log())
-            try:
-                if httpx.get(s.url + '/health', timeout=1).status_code == 200: break
-            except httpx.HTTPError: time.sleep(0.1)
-        else: pytest.fail('gptkit serve did not start: ' + s.log())
+        wait_until_healthy(s)
         yield s
     finally:
         if proc.poll() is None:
@@ -458,7 +461,8 @@ def run_within(seconds: float, *args):
     thread = threading.Thread(target=lambda: got.update(r=run_here(*args)), daemon=True)
     thread.start()
     thread.join(seconds)
-    if thread.is_alive(): pytest.fail(f'gptkit {" ".join(map(str, args))} still runs after {seconds} s: it serves')
+    if thread.is_alive():
+        pytest.fail(f'gptkit {" ".join(map(str, args))} still runs after {seconds} s: it serves')
     return got['r']
 
 
