@@ -186,6 +186,10 @@ class RunLock:
         if self.count > 0:
             return
         _HELD.pop(str(self.path), None)
+        try:
+            self.path.unlink(missing_ok=True)   # still locked: who opened it meanwhile sees it gone, starts again
+        except OSError:                         # a folder made read-only meanwhile: the file stays, free
+            pass
         self.file.close()
 
     def __enter__(self):
@@ -218,23 +222,43 @@ def _command() -> str:
     name = 'gptkit' if prog.name == 'main.py' and prog.parent.name in ('cli', 'gptkit_cli') else prog.name
     return shlex.join([name, *sys.argv[1:]])
 
+def _same_file(f, path: Path) -> bool:
+    "Whether `path` still names the open file `f` (its holder removes it when it lets go)"
+    try:
+        now = path.stat()
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(f.fileno())
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+
+def _locked(path: Path, name: str, key: str):
+    "The lock file `path`, open and flock'ed by this process; None while another process holds it"
+    for _ in range(100):                       # each turn loses only to a holder that let go meanwhile
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, 'a+b', buffering=0)  # not truncated before it is ours; unbuffered: no write left for close
+        except OSError as e:
+            raise ConfigError([(key, f'{{key}} {name} cannot be written ({e.strerror or e}); choose a folder you '
+                                     'can write')]) from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        if _same_file(f, path):
+            return f
+        f.close()                              # its holder removed it after we opened it: open the new one
+    return None
+
 def lock_file(path: Path, name: str, why: str, key: str) -> RunLock:
     "Hold the lock file `path` of `name` (flag `key`) in this process; RunLockedError naming another holder, then `why`"
     held = _HELD.get(str(path))
     if held is not None:
         held.count += 1
         return held
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, 'a+b', buffering=0)     # not truncated before it is ours; unbuffered: no write left for close
-    except OSError as e:
-        raise ConfigError([(key, f'{{key}} {name} cannot be written ({e.strerror or e}); choose a folder you '
-                                 'can write')]) from None
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        raise RunLockedError(f'{name} is in use by {_holder(path)}: {why}') from None
+    f = _locked(path, name, key)
+    if f is None:
+        raise RunLockedError(f'{name} is in use by {_holder(path)}: {why}')
     try:                                       # who holds it, for the message of the next one (best effort)
         f.seek(0)
         f.truncate()

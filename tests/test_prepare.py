@@ -27,7 +27,7 @@ def test_interrupted_run_leaves_no_dataset(tmp_path):
     def stop(progress): raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out'), batch_bytes=10_000), progress=stop, every=0)
-    assert [p.name for p in tmp_path.iterdir()] == ['.out_text_document.lock']   # the lock file, free again
+    assert list(tmp_path.iterdir()) == []                       # not even the lock file
 
 
 def test_rerun_replaces_the_old_pair_only_with_overwrite(tmp_path):
@@ -37,8 +37,8 @@ def test_rerun_replaces_the_old_pair_only_with_overwrite(tmp_path):
     assert IndexedDataset(tmp_path / 'out_text_document').num_documents == 7
     prepare(PrepareConfig(('builtin:kjv',), str(tmp_path / 'out'), overwrite=True))
     assert IndexedDataset(tmp_path / 'out_text_document').num_documents == 1189
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['.out_text_document.lock', 'out_text_document.bin',
-                                                          'out_text_document.idx', 'out_text_document.metadata']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['out_text_document.bin', 'out_text_document.idx',
+                                                          'out_text_document.metadata']
 
 
 def test_progress_reaches_the_input_size(tmp_path):

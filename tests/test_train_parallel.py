@@ -131,7 +131,9 @@ def test_tools_read_any_layout(runs, tmp_path):
 def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, tiny_data, tmp_path):
     prefix, tok = tiny_data
     shutil.copytree(runs / 'tp2pp2', tmp_path / 'run', ignore=shutil.ignore_patterns('metrics.jsonl', 'tensorboard'))
-    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'), '--resume')
+    # a resume takes the run's own config.json, layout included; asking for another layout is refused
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'), '--resume',
+             '--tp', '1', '--pp', '1')
     assert r.returncode == 1
     assert 'was saved with tp 2 pp 2' in r.stderr and 'gptkit checkpoint reshard' in r.stderr, r.stderr[-2000:]
 
