@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,15 +55,26 @@ def other_tokenizers(tmp_path_factory):
 
 # --- item 4: one writer per run folder ---------------------------------------------------------------------------
 
-def test_second_training_on_a_run_folder_is_refused_naming_the_holder(tiny_data, tmp_path):
+@contextmanager
+def training(tiny_data, run: Path):
+    "A `gptkit train` process into `run` that holds the run's lock while the block runs; SIGKILLed after it"
     from gptkit.store import lock_holder
-    run = tmp_path / 'run'
     first = _gptkit(*_train_args(tiny_data, run, '--iters', '100000'))
     try:
         deadline = time.time() + 120
         while lock_holder(run) is None:
             assert first.poll() is None and time.time() < deadline, first.communicate()
             time.sleep(0.1)
+        yield first
+    finally:
+        first.kill()
+        first.communicate()
+
+
+def test_second_training_on_a_run_folder_is_refused_naming_the_holder(tiny_data, tmp_path):
+    from gptkit.store import lock_holder
+    run = tmp_path / 'run'
+    with training(tiny_data, run) as first:
         r = run_here(*_train_args(tiny_data, run, '--iters', '4', '--resume'))
         assert r.returncode == 1, r.stdout + r.stderr
         msg = _one_line_error(r)
@@ -70,9 +82,6 @@ def test_second_training_on_a_run_folder_is_refused_naming_the_holder(tiny_data,
         assert 'since 20' in msg and '--out' in msg, msg
         r = run_here(*_train_args(tiny_data, run, '--iters', '4', '--resume', '--nproc', '2'))   # the launching side
         assert r.returncode == 1 and f'is in use by process {first.pid}' in r.stderr, r.stdout + r.stderr
-    finally:
-        first.kill()
-        first.communicate()
     assert lock_holder(run) is None                    # SIGKILL: the kernel dropped the lock
 
 
@@ -349,13 +358,7 @@ def test_outputs_inside_a_runs_checkpoints_are_refused(tiny_data, tmp_path):
 
 def test_writing_into_a_run_another_process_trains_is_refused(tiny_data, tmp_path):
     run = tmp_path / 'run'
-    first = _gptkit(*_train_args(tiny_data, run, '--iters', '100000'))
-    try:
-        from gptkit.store import lock_holder
-        deadline = time.time() + 120
-        while lock_holder(run) is None:
-            assert first.poll() is None and time.time() < deadline, first.communicate()
-            time.sleep(0.1)
+    with training(tiny_data, run) as first:
         tok = (run / 'tokenizer' / 'tokenizer.json').read_bytes()
         r = run_here('tokenizer', 'train', '-i', 'builtin:milton', '--output', run / 'tokenizer', '--vocab-size',
                      '300', '--overwrite')
@@ -366,9 +369,6 @@ def test_writing_into_a_run_another_process_trains_is_refused(tiny_data, tmp_pat
         r = run_here('data', 'prepare', '-i', 'builtin:milton', '--output-prefix', run / 'extra')
         assert r.returncode == 1 and f'inside run {run}, which process {first.pid}' in r.stderr, r.stderr
         assert not list(run.glob('extra*'))
-    finally:
-        first.kill()
-        first.communicate()
 
 
 def test_tokenizer_train_refuses_to_replace_a_tokenizer_unless_overwrite(tmp_path):

@@ -40,17 +40,18 @@ class Served:
         return self.log_path.read_text(errors='replace')
 
 
-@pytest.fixture(scope='module')
-def served(tiny_checkpoint, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp('serve') / 'serve.log'
+def serve_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
-    env.update(GPTKIT_API_KEY=KEY, COLUMNS='200')
+    return {**env, 'COLUMNS': '200'}
+
+
+def serving(checkpoint, log, *options: str, env: dict | None = None):
+    "A `gptkit serve` process of `checkpoint` with `options`, logging to `log`, once healthy; killed after the module"
+    port = _free_port()
     with open(log, 'w') as f:
-        proc = subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', 'serve', '--checkpoint', str(tiny_checkpoint),
-                                 '--port', str(port), '--name', NAME, '--allowed-host', 'example.test',
-                                 '--max-new-tokens', str(LIMITS['max_new_tokens']), '--max-prompts', str(LIMITS['max_prompts'])],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', 'serve', '--checkpoint', str(checkpoint),
+                                 '--port', str(port), *options], stdout=f, stderr=subprocess.STDOUT,
+                                env=env or serve_env())
     s = Served(proc, port, log)
     try:
         wait_until_healthy(s)
@@ -59,6 +60,14 @@ def served(tiny_checkpoint, tmp_path_factory):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+@pytest.fixture(scope='module')
+def served(tiny_checkpoint, tmp_path_factory):
+    log = tmp_path_factory.mktemp('serve') / 'serve.log'
+    yield from serving(tiny_checkpoint, log, '--name', NAME, '--allowed-host', 'example.test',
+                       '--max-new-tokens', str(LIMITS['max_new_tokens']), '--max-prompts', str(LIMITS['max_prompts']),
+                       env={**serve_env(), 'GPTKIT_API_KEY': KEY})
 
 
 def wait_until_healthy(s: Served):
@@ -390,29 +399,14 @@ def with_template(tiny_checkpoint, folder, template: str):
     return run, served[0]
 
 
-def serve_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')}
-    return {**env, 'COLUMNS': '200'}
-
-
 @pytest.fixture(scope='module')
 def trapped(tiny_checkpoint, tmp_path_factory):
     "A `gptkit serve` process whose chat template misbehaves on the messages 'loops', 'times' and 'doubling'"
     folder = tmp_path_factory.mktemp('trapped')
     run, config = with_template(tiny_checkpoint, folder, TRAPPED)
-    port, log = _free_port(), folder / 'serve.log'
-    with open(log, 'w') as f:
-        proc = subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', 'serve', '--checkpoint', str(run),
-                                 '--port', str(port)], stdout=f, stderr=subprocess.STDOUT, env=serve_env())
-    s = Served(proc, port, log)
-    s.config = config
-    try:
-        wait_until_healthy(s)
+    for s in serving(run, folder / 'serve.log'):
+        s.config = config
         yield s
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 def chat(url: str, text: str, timeout: float = 30) -> httpx.Response:
