@@ -89,11 +89,12 @@ def test_a_state_json_that_is_no_object_or_whose_manifest_is_damaged_is_refused(
                  'state.json has a layout gptkit cannot read: it is list, not an object')
 
 
-def test_a_huge_state_json_is_refused_before_it_is_read(run_copy):
+@pytest.mark.parametrize('name,what', [('state.json', 'checkpoint state'), ('config.json', 'checkpoint config')])
+def test_a_huge_json_file_in_a_checkpoint_is_refused_before_it_is_read(run_copy, name, what):
     _, folder = run_copy
-    huge(folder / 'state.json')
+    huge(folder / name)
     one_sentence(*gptkit('checkpoint', 'inspect', folder),
-                 f'checkpoint state {folder / "state.json"} holds 4.0 GiB, more than the 16.0 MiB read')
+                 f'{what} {folder / name} holds 4.0 GiB, more than the 16.0 MiB read')
 
 
 def test_a_checkpoints_config_json_deeply_nested_or_of_the_wrong_type_is_refused(run_copy):
@@ -104,13 +105,6 @@ def test_a_checkpoints_config_json_deeply_nested_or_of_the_wrong_type_is_refused
     (folder / 'config.json').write_text('"str"')
     one_sentence(*run('generate', '--checkpoint', folder, '--prompt', 'In the', '--max-new-tokens', '2'),
                  f'checkpoint config {folder / "config.json"} holds a string, not an object')
-
-
-def test_a_huge_config_json_in_a_checkpoint_is_refused_before_it_is_read(run_copy):
-    _, folder = run_copy
-    huge(folder / 'config.json')
-    one_sentence(*gptkit('checkpoint', 'inspect', folder),
-                 f'checkpoint config {folder / "config.json"} holds 4.0 GiB, more than the 16.0 MiB read')
 
 
 def test_a_deeply_nested_ds_config_json_is_named_by_inspect_and_refused_by_generate(run_copy):
