@@ -173,10 +173,10 @@ def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
     finds RANK set and joins with `join_tp`); its exit code"""
     import os
 
-    from gptkit.engine import _free_port
+    from gptkit.engine import free_port
     argv = [a for a in train_argv(ctx) if a not in extra]
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
-           str(_free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
+           str(free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
     env = {**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
     return run_launcher(cmd, env, own_session=True)
 

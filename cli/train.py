@@ -167,10 +167,10 @@ def train(
         print(emit_job(emit, launch, argv, cfg.out, image), end=''); return
     if dry_run: return _dry_run(cfg, override, world, launch, argv)
     if (world > 1 or max_restarts) and not launched:
-        from gptkit.engine import _free_port
+        from gptkit.engine import free_port
         from gptkit.train import check_run
         check_run(cfg, resume)                  # once here, not in every process the launcher would start
-        port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else _free_port()))
+        port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else free_port()))
         cmd = launch.command(argv, port)
         out.print(f'[dim]$ {fmt.text(shlex.join(cmd))}[/]')
         raise typer.Exit(run_launcher(cmd))

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from .config import resolve
-from .engine import _free_port
+from .engine import free_port
 
 # %% auto #0
 __all__ = ['PACKAGES', 'Check', 'versions', 'device_checks', 'kernel_checks', 'train_check', 'allreduce_bandwidth',
@@ -186,7 +186,7 @@ def allreduce_bandwidth(nproc: int, backend: str = 'nccl', mbytes: float = 256, 
     "(bus bandwidth in GB/s, whether the sums were right) of an fp32 all-reduce of `mbytes` MB over `nproc` processes"
     import subprocess
     import sys
-    port, numel = _free_port(), int(mbytes * 1e6 / 4)
+    port, numel = free_port(), int(mbytes * 1e6 / 4)
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'TRITON_INTERPRET')}
     code = 'from gptkit.doctor import _allreduce_worker; _allreduce_worker()'
     procs = [subprocess.Popen([sys.executable, '-c', code, *map(str, (r, nproc, port, backend, numel, iters))],

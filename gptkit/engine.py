@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'ds_config', 'param_groups', 'make_optimizer', 'Schedule', 'device_type', 'machine_defaults', 'world_size',
-           'init_distributed', 'build_engine']
+           'free_port', 'init_distributed', 'build_engine']
 
 # %% ../nbs/10_engine.ipynb #7d1311a2
 def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | None = None) -> dict:
@@ -118,9 +118,11 @@ def world_size(cfg: RunConfig, nproc: int | None = None) -> int:
     if 'RANK' in os.environ and 'WORLD_SIZE' in os.environ: return int(os.environ['WORLD_SIZE'])
     return nproc or cfg.parallel.world_size
 
-def _free_port() -> int:
+def free_port() -> int:
+    "A TCP port free on this machine now, for a rendezvous (torchrun's --master-port, init_distributed)"
     with socket.socket() as s:
-        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
 def _restart_store():
     """The store of a process group that torchrun restarted (`--max-restarts`), under keys of its own: the launcher's
@@ -142,7 +144,7 @@ def init_distributed() -> tuple[int, int, int]:
     alone = {}
     if 'RANK' not in os.environ and not torch.distributed.is_initialized():
         alone = {'RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': os.environ.get('MASTER_ADDR', '127.0.0.1'),
-                 'MASTER_PORT': os.environ.get('MASTER_PORT') or str(_free_port())}
+                 'MASTER_PORT': os.environ.get('MASTER_PORT') or str(free_port())}
         os.environ.update(alone, LOCAL_RANK=os.environ.get('LOCAL_RANK', '0'))
     import deepspeed
     import deepspeed.ops

@@ -193,9 +193,9 @@ def _sets(*extra):
 
 def _two_nodes(common: list[str], out: Path, nproc: int = 1) -> list[subprocess.CompletedProcess]:
     "`gptkit train` as two nodes on 127.0.0.1 (node ranks 0 and 1, started at once), each with `nproc` processes"
-    from gptkit.engine import _free_port
+    from gptkit.engine import free_port
     node = [*common, '--out', str(out), '--nnodes', '2', '--master-addr', '127.0.0.1', '--master-port',
-            str(_free_port()), '--nproc', str(nproc)]
+            str(free_port()), '--nproc', str(nproc)]
     procs = [subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', *node, '--node-rank', str(r)], env=_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     return [subprocess.CompletedProcess(p.args, p.wait(timeout=300), p.stdout.read(), '') for p in procs]
