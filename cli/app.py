@@ -107,8 +107,10 @@ def handles_errors(fn=None, *, name=flag):
 
 
 def package_version() -> str:
-    try: return _pkg_version('gptkit')
-    except PackageNotFoundError: return 'unknown (not installed)'
+    try:
+        return _pkg_version('gptkit')
+    except PackageNotFoundError:
+        return 'unknown (not installed)'
 
 
 def _version(value: bool):

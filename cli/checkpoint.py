@@ -24,13 +24,15 @@ CheckpointPath = Annotated[Path, Arg(metavar='PATH',
 
 def _format(value: str, key: str) -> str:
     "The format named by --to/--from, or a ConfigError naming the flag"
-    if value not in FORMATS: raise ConfigError([(key, f"{{key}} must be {' or '.join(FORMATS)}, not {value!r}")])
+    if value not in FORMATS:
+        raise ConfigError([(key, f"{{key}} must be {' or '.join(FORMATS)}, not {value!r}")])
     return value
 
 
 def _size(n: int) -> str:
     for unit in ('B', 'KiB', 'MiB', 'GiB'):
-        if n < 1024 or unit == 'GiB': return f'{n:,.0f} {unit}' if unit == 'B' else f'{n:,.1f} {unit}'
+        if n < 1024 or unit == 'GiB':
+            return f'{n:,.0f} {unit}' if unit == 'B' else f'{n:,.1f} {unit}'
         n /= 1024
 
 
@@ -42,10 +44,12 @@ def inspect(path: CheckpointPath,
     from gptkit.checkpoint import inspect as read
     info = read(path)
     if as_json:
-        typer.echo(json.dumps(info, indent=2)); return
+        typer.echo(json.dumps(info, indent=2))
+        return
     m, lay, tok = info['model'], info['layout'], info['tokenizer']
     t = Table(title=text(info['folder']), title_justify='left', show_header=False, box=None, padding=(0, 2))
-    t.add_column(style='cyan'); t.add_column(overflow='fold')   # long paths folded, not cut
+    t.add_column(style='cyan')
+    t.add_column(overflow='fold')   # long paths folded, not cut
     t.add_row('iteration', f"{info['iteration']:,}")
     t.add_row('tokens seen', 'unknown' if info['tokens'] is None else f"{info['tokens']:,}")
     t.add_row('consumed samples', 'unknown' if info['consumed_samples'] is None else f"{info['consumed_samples']:,}")
@@ -65,7 +69,8 @@ def inspect(path: CheckpointPath,
         t.add_row('[yellow]temporaries[/]', f'{left}: left by a killed run; the next train --resume removes them')
     out.print(t)
     f = Table(box=None, padding=(0, 2))
-    f.add_column('file', style='dim'); f.add_column('size', justify='right')
+    f.add_column('file', style='dim')
+    f.add_column('size', justify='right')
     for name, size in info['files'].items():
         f.add_row(text(name), _size(size))
     out.print(f)

@@ -59,16 +59,20 @@ def prepare(
         res = run(cfg, update)
     t = Table(title=fmt.text(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None,
               padding=(0, 2))
-    t.add_column(style='cyan'); t.add_column(justify='right')
+    t.add_column(style='cyan')
+    t.add_column(justify='right')
     t.add_row('documents read', f'{res.tally.documents:,}')
-    for reason, n in sorted(res.dropped.items()): t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
-    for reason, n in sorted(res.tally.problems.items()): t.add_row(f'  bad input: {reason.replace("_", " ")}', f'{n:,}')
+    for reason, n in sorted(res.dropped.items()):
+        t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
+    for reason, n in sorted(res.tally.problems.items()):
+        t.add_row(f'  bad input: {reason.replace("_", " ")}', f'{n:,}')
     t.add_row('documents written', f'{res.documents:,}')
     t.add_row('tokens written', f'{res.tokens:,}')
     t.add_row('text read', f'{res.tally.bytes / 2**20:,.2f} MB')
     t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s, {res.docs_per_s:,.0f} documents/s)')
     out.print(t)
-    for ex in res.tally.examples: out.print(f'[yellow]  {fmt.text(ex)}[/]')
+    for ex in res.tally.examples:
+        out.print(f'[yellow]  {fmt.text(ex)}[/]')
     for p in res.removed:
         out.print(f'[dim]removed {fmt.text(p)}, left by a run that was killed[/]', soft_wrap=True)
 
@@ -104,7 +108,9 @@ def inspect(
         edges = np.unique(np.geomspace(1, max(2, doc_lengths.max() + 1), 9).astype(int))
         counts, _ = np.histogram(doc_lengths, bins=edges)
         t = Table(title='length histogram (tokens)', title_justify='left', box=None)
-        t.add_column('tokens', justify='right'); t.add_column('documents', justify='right'); t.add_column('')
+        t.add_column('tokens', justify='right')
+        t.add_column('documents', justify='right')
+        t.add_column('')
         for lo, hi, c in zip(edges[:-1], edges[1:], counts):
             t.add_row(f'{lo:,}-{hi - 1:,}', f'{c:,}', '█' * int(40 * c / max(1, counts.max())))
         out.print(t)
@@ -128,7 +134,8 @@ def corpora():
     """List the built-in corpora (use them as --input builtin:NAME)."""
     from gptkit.data.corpus import BUILTIN, DEFAULT_CORPUS, HELD_OUT, builtin_path
     t = Table(title='Built-in corpora (sources and licences: gptkit/assets/PROVENANCE.md)', title_justify='left')
-    for col in ('input', 'compressed', 'what'): t.add_column(col)
+    for col in ('input', 'compressed', 'what'):
+        t.add_column(col)
     for name, (_, what) in BUILTIN.items():
         role = (' [dim](quickstart training corpus)[/]' if f'builtin:{name}' in DEFAULT_CORPUS
                 else ' [dim](held out)[/]' if f'builtin:{name}' == HELD_OUT else '')
@@ -156,7 +163,8 @@ def merge(
         res = merge_datasets(input, output_prefix, update, mixed_tokenizers=mixed_tokenizers, overwrite=overwrite)
     t = Table(title=fmt.text(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None,
               padding=(0, 2))
-    t.add_column(style='cyan'); t.add_column(justify='right')
+    t.add_column(style='cyan')
+    t.add_column(justify='right')
     t.add_row('datasets merged', f'{res.datasets:,}')
     t.add_row('documents written', f'{res.documents:,}')
     t.add_row('sequences written', f'{res.sequences:,}')

@@ -25,12 +25,14 @@ def doctor(
     from gptkit.doctor import doctor as run
 
     def show(checks):
-        if as_json: return
+        if as_json:
+            return
         for c in checks:
             out.print(f'{" " * (7 - len(c.status))}{STYLE[c.status]}  [bold]{fmt.text(c.name)}[/]: '
                       f'{fmt.text(c.detail)}', soft_wrap=True)
 
-    if not as_json: out.rule('[bold]gptkit doctor[/]')
+    if not as_json:
+        out.rule('[bold]gptkit doctor[/]')
     with out.status('checking...') if not as_json else contextlib.nullcontext():
         checks = run(steps=steps, report=show)
     failed = [c.name for c in checks if c.status == 'failed']
@@ -40,4 +42,5 @@ def doctor(
         skipped = sum(c.status == 'skipped' for c in checks)
         out.print(f'\n{len(checks) - len(failed) - skipped} ok, {skipped} skipped, {len(failed)} failed'
                   + (f': {", ".join(failed)}' if failed else ''))
-    if failed: raise typer.Exit(1)
+    if failed:
+        raise typer.Exit(1)

@@ -88,16 +88,20 @@ def estimate(
         n = gpus or gpus_per_node
         results = run_search(model, device, n, gpus_per_node, precision=precision, flash=flash, tokens=n_tokens,
                              mfu=mfu, top=top, **({'global_batch': batch} if batch else {}))
-        if as_json: out.print_json(json.dumps([e.to_dict() for e in results]))
-        else: _print_search(results, note, n, device.name)
+        if as_json:
+            out.print_json(json.dumps([e.to_dict() for e in results]))
+        else:
+            _print_search(results, note, n, device.name)
         return
     par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero,
                          sequence_parallel=sequence_parallel, offload=offload, balance=balance)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
                         flash=flash)
     est = run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node)
-    if as_json: out.print_json(json.dumps(est.to_dict()))
-    else: _print_estimate(est, note)
+    if as_json:
+        out.print_json(json.dumps(est.to_dict()))
+    else:
+        _print_estimate(est, note)
 
 
 def family(m) -> str:
@@ -111,7 +115,9 @@ def family(m) -> str:
 
 def _table(title: str) -> Table:
     t = Table(title=title, title_justify='left', title_style='bold', show_header=False, box=None, padding=(0, 2))
-    t.add_column(style='cyan'); t.add_column(justify='right'); t.add_column(style='dim')
+    t.add_column(style='cyan')
+    t.add_column(justify='right')
+    t.add_column(style='dim')
     return t
 
 
@@ -136,7 +142,8 @@ def _print_estimate(e: Estimate, note: str):
     p.add_row('most loaded rank', f'{e.params.per_rank_max:,}',
               f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
               + (' ...' if par.pp > 8 else ''))
-    out.print(p); out.print()
+    out.print(p)
+    out.print()
     t = _table(f'Memory per GPU (pipeline stage {m.stage})' if par.pp > 1 else 'Memory per GPU')
     why = {'weights': f'{tr.precision}, ZeRO {par.zero}', 'gradients': '',
            'optimizer': 'Adam: master, fp32 grads, m, v' if tr.precision != 'fp32' else 'Adam m, v',
@@ -147,12 +154,14 @@ def _print_estimate(e: Estimate, note: str):
     verdict = (f'[green]fits[/], {fmt.gib(m.headroom)} to spare' if m.fits else f'[red]does not fit[/], '
                                                                                 f'{fmt.gib(-m.headroom)} over')
     t.add_row('[bold]total[/]', f'[bold]{fmt.gib(m.total)}[/]', f'of {fmt.gib(m.capacity)}: {verdict}')
-    out.print(t); out.print()
+    out.print(t)
+    out.print()
     kv = kv_cache_bytes(mo, 1, precision=tr.precision, tp=par.tp)
     g = _table('Generation')
     g.add_row('KV cache per sequence', fmt.gib(kv), f'{mo.seq_len} tokens, {mo.kv} KV heads of {mo.head_dim}, '
               f'{tr.precision}' + (f', on each of {par.tp} TP ranks' if par.tp > 1 else ''))
-    out.print(g); out.print()
+    out.print(g)
+    out.print()
     c = _table('Compute and time')
     c.add_row('FLOPs per iteration', fmt.flops(e.flops_per_iteration),
               f'with recompute {tr.recompute} (model: {fmt.flops(e.model_flops_per_iteration)})')
@@ -165,7 +174,8 @@ def _print_estimate(e: Estimate, note: str):
               f'step {e.step.total:.2f} s: bubble {e.step.bubble_fraction:.1%}, TP comm {e.step.tp_comm:.2f} s, '
               f'exposed DP comm {e.step.dp_comm:.2f} s')
     out.print(c)
-    if not m.fits: out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
+    if not m.fits:
+        out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):

@@ -42,11 +42,14 @@ def eval_(
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
         raise ConfigError([('lambada', '{key} is needed with --no-perplexity: there is nothing else to measure')])
-    if tp < 1: raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
+    if tp < 1:
+        raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
     import os
-    if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'eval', tp))
+    if tp > 1 and 'RANK' not in os.environ:
+        raise typer.Exit(launch_tp(ctx, 'eval', tp))
     rank = 0
-    if tp > 1: rank, device = join_tp(device)
+    if tp > 1:
+        rank, device = join_tp(device)
     from gptkit.data.corpus import HELD_OUT
     from gptkit.engine import device_type
     from gptkit.evaluate import evaluate
@@ -56,7 +59,8 @@ def eval_(
         res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key,
                        cloze=lambada, stride=stride, batch_size=batch_size, max_documents=max_documents, device=device,
                        progress=bar.update, tp=tp)
-    if rank != 0: return
+    if rank != 0:
+        return
     if as_json:
         from gptkit.config import json_text
         print(json_text(res.to_dict(), indent=1))   # NaN as null
@@ -85,7 +89,8 @@ class _Bar:
 
     def update(self, stage: str, done: int, total: int):
         unit = 'windows' if stage == 'perplexity' else 'examples'
-        if stage not in self.tasks: self.tasks[stage] = self.progress.add_task(stage, total=total, rate='')
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total, rate='')
         task = self.tasks[stage]
         self.progress.update(task, completed=done, total=total)
         speed = self.progress.tasks[task].speed
@@ -100,7 +105,9 @@ def _table(res) -> Table:
                     + (f', {fmt.count(res.tokens_trained)} tokens trained' if res.tokens_trained else '')
                     + f', {fmt.count(res.parameters)} parameters, on {res.device}',
               title_justify='left', show_header=False, box=None, padding=(0, 2))
-    t.add_column(style='cyan'); t.add_column(justify='right'); t.add_column(style='dim')
+    t.add_column(style='cyan')
+    t.add_column(justify='right')
+    t.add_column(style='dim')
     p = res.perplexity
     if p is not None:
         t.add_row('text', f'{p.words:,} words',

@@ -19,7 +19,8 @@ def text(value) -> str:
 def count(n: float) -> str:
     "354871296 -> '354.87M'"
     for unit, div in (('T', 1e12), ('B', 1e9), ('M', 1e6), ('K', 1e3)):
-        if abs(n) >= div: return f'{n / div:.2f}{unit}'
+        if abs(n) >= div:
+            return f'{n / div:.2f}{unit}'
     return f'{n:.0f}'
 
 
@@ -31,13 +32,17 @@ def gib(n: float) -> str:
 def flops(n: float) -> str:
     "FLOPs with an SI prefix: 1.2e18 -> '1.20 EFLOP'"
     for unit, div in (('Z', 1e21), ('E', 1e18), ('P', 1e15), ('T', 1e12), ('G', 1e9), ('M', 1e6)):
-        if n >= div: return f'{n / div:.2f} {unit}FLOP'
+        if n >= div:
+            return f'{n / div:.2f} {unit}FLOP'
     return f'{n:.0f} FLOP'
 
 
 def duration(seconds: float) -> str:
     "Seconds as the largest sensible unit"
-    if seconds >= 2 * 86400: return f'{seconds / 86400:,.1f} days'
-    if seconds >= 2 * 3600: return f'{seconds / 3600:.1f} hours'
-    if seconds >= 120: return f'{seconds / 60:.1f} minutes'
+    if seconds >= 2 * 86400:
+        return f'{seconds / 86400:,.1f} days'
+    if seconds >= 2 * 3600:
+        return f'{seconds / 3600:.1f} hours'
+    if seconds >= 120:
+        return f'{seconds / 60:.1f} minutes'
     return f'{seconds:.2f} s'

@@ -47,9 +47,12 @@ MAX_SAMPLES = 100_000   # sequences per prompt printed to a terminal
 
 class _Seqs:
     "Item i // samples for sequence i: `samples` sequences per item, without a list of them all"
-    def __init__(self, items: list, samples: int): self.items, self.samples = items, samples
-    def __getitem__(self, i: int): return self.items[i // self.samples]
-    def __len__(self) -> int: return len(self.items) * self.samples
+    def __init__(self, items: list, samples: int):
+        self.items, self.samples = items, samples
+    def __getitem__(self, i: int):
+        return self.items[i // self.samples]
+    def __len__(self) -> int:
+        return len(self.items) * self.samples
 
 
 def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: int):
@@ -68,7 +71,8 @@ def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: 
             for c in gen.stream([enc[0]], sampling):
                 out.print(c.text, end='', markup=False, highlight=False)
                 total += c.token is not None
-                if c.finish_reason: out.print(f'\n[dim]({c.finish_reason})[/]')
+                if c.finish_reason:
+                    out.print(f'\n[dim]({c.finish_reason})[/]')
             continue
         texts = {i: '' for i in part}
         with out.status(f'generating {len(part)} sequences ({part[0] + 1}-{part[-1] + 1} of {len(seqs)})') as status:
@@ -111,20 +115,23 @@ def generate(
                                 '(torchrun; gloo on CPU, NCCL on GPU).')] = 1,
 ):
     """Generate text from a checkpoint, streamed as it comes (fp32 on CPU, bf16 on GPU)."""
-    if tp < 1: raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
+    if tp < 1:
+        raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
     if tp > 1 and 'RANK' not in os.environ:
         if not prompt and prompt_file is None:
             raise ConfigError([('tp', '{key} needs --prompt or --prompt-file: every process reads the same '
                                       'prompts')])
         seed = seed if greedy or seed is not None else random.randrange(2**63)   # every rank samples alike
         raise typer.Exit(launch_tp(ctx, 'generate', tp, [] if seed is None else ['--seed', str(seed)]))
-    if tp > 1: device = join_tp(device)[1]
+    if tp > 1:
+        device = join_tp(device)[1]
     problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
                                                                          ('batch_size', batch_size)) if v < 1]
     if num_samples > MAX_SAMPLES:
         problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
                                         'gptkit.generate.Generator from a script and write as it goes'))
-    if problems: raise ConfigError(problems)
+    if problems:
+        raise ConfigError(problems)
     sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          greedy=greedy, seed=seed, stop=tuple(stop or ()))
     items = read_prompts(prompt or [], prompt_file)
@@ -137,11 +144,17 @@ def generate(
               f'{gen.model.cfg.hidden}, '
               f'context {gen.context}) on {gen.model.wte.weight.device}, '
               f'{str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
-    if items: return _run(gen, items, sampling, num_samples, batch_size)
+    if items:
+        return _run(gen, items, sampling, num_samples, batch_size)
     err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
     while True:
-        try: text = input('> ')
-        except (EOFError, KeyboardInterrupt): break
-        if not text.strip(): break
-        try: _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
-        except ConfigError as e: report(e, _name)
+        try:
+            text = input('> ')
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not text.strip():
+            break
+        try:
+            _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
+        except ConfigError as e:
+            report(e, _name)

@@ -34,15 +34,19 @@ class Launch:
     max_restarts: int = 0          # torchrun restarts every process this often when one fails (they resume)
 
     @property
-    def world(self) -> int: return self.nproc * self.nnodes
+    def world(self) -> int:
+        return self.nproc * self.nnodes
 
     def problems(self, launching: bool = True) -> list[tuple[str, str]]:
         "What cannot work; `launching` False (a job file) leaves the master to the scheduler"
         out = []
-        if self.launcher not in LAUNCHERS: out.append(('launcher', f'{{key}} must be torchrun or deepspeed, not '
+        if self.launcher not in LAUNCHERS:
+            out.append(('launcher', f'{{key}} must be torchrun or deepspeed, not '
                                                                    f'{self.launcher!r}'))
-        if self.nproc < 1: out.append(('nproc', f'{{key}} must be at least 1, not {self.nproc}'))
-        if self.nnodes < 1: out.append(('nnodes', f'{{key}} must be at least 1, not {self.nnodes}'))
+        if self.nproc < 1:
+            out.append(('nproc', f'{{key}} must be at least 1, not {self.nproc}'))
+        if self.nnodes < 1:
+            out.append(('nnodes', f'{{key}} must be at least 1, not {self.nnodes}'))
         elif not 0 <= self.node_rank < self.nnodes:
             out.append(('node_rank', f'{{key}} must be from 0 to {self.nnodes - 1} (--nnodes {self.nnodes}), '
                                      f'not {self.node_rank}'))
@@ -96,12 +100,17 @@ def train_argv(ctx) -> list[str]:
     for p in ctx.command.params:
         value = ctx.params.get(p.name)
         opt = p.opts[0]
-        if value is None or value == p.default or opt in LAUNCH_OPTIONS + LAUNCH_FLAGS or p.hidden: continue
+        if value is None or value == p.default or opt in LAUNCH_OPTIONS + LAUNCH_FLAGS or p.hidden:
+            continue
         if getattr(p, 'is_flag', False):
-            if value: argv.append(opt)
-            elif p.secondary_opts: argv.append(p.secondary_opts[0])
-        elif getattr(p, 'multiple', False): argv += [a for v in value for a in (opt, str(v))]
-        else: argv += [opt, str(value)]
+            if value:
+                argv.append(opt)
+            elif p.secondary_opts:
+                argv.append(p.secondary_opts[0])
+        elif getattr(p, 'multiple', False):
+            argv += [a for v in value for a in (opt, str(v))]
+        else:
+            argv += [opt, str(value)]
     return argv
 
 
@@ -146,7 +155,8 @@ def k8s_manifest(launch: Launch, argv: list[str], name: str, image: str) -> str:
                      'resources': {'limits': {'nvidia.com/gpu': launch.nproc}}}
         return {'replicas': n, 'restartPolicy': 'OnFailure', 'template': {'spec': {'containers': [container]}}}
     specs = {'Master': replica(1)}
-    if launch.nnodes > 1: specs['Worker'] = replica(launch.nnodes - 1)
+    if launch.nnodes > 1:
+        specs['Worker'] = replica(launch.nnodes - 1)
     job = {'apiVersion': 'kubeflow.org/v1', 'kind': 'PyTorchJob', 'metadata': {'name': name},
            'spec': {'nprocPerNode': str(launch.nproc), 'pytorchReplicaSpecs': specs}}
     return yaml.safe_dump(job, sort_keys=False)
@@ -161,9 +171,12 @@ def job_name(out: str | None) -> str:
 
 def emit(kind: str, launch: Launch, argv: list[str], out: str | None, image: str | None) -> str:
     "The job file `--emit kind` prints"
-    if kind not in EMITS: raise ConfigError([('emit', f'{{key}} must be slurm or k8s, not {kind!r}')])
-    if kind == 'slurm': return slurm_script(launch, argv, job_name(out))
-    if not image: raise ConfigError([('image', '{key} is needed with --emit k8s: the container image with gptkit '
+    if kind not in EMITS:
+        raise ConfigError([('emit', f'{{key}} must be slurm or k8s, not {kind!r}')])
+    if kind == 'slurm':
+        return slurm_script(launch, argv, job_name(out))
+    if not image:
+        raise ConfigError([('image', '{key} is needed with --emit k8s: the container image with gptkit '
                                                'installed that every pod runs')])
     return k8s_manifest(launch, argv, job_name(out), image)
 
@@ -196,26 +209,38 @@ class _LauncherOutput:
 
     def relay(self, stream):
         for line in stream:
-            if self.debug: self._write(line)
-            elif _LAUNCHER_LOG.match(line): continue
-            elif self.held or line.startswith('Traceback'): self.held.append(line)   # shown at the end
+            if self.debug:
+                self._write(line)
+            elif _LAUNCHER_LOG.match(line):
+                continue
+            elif self.held or line.startswith('Traceback'):
+                self.held.append(line)   # shown at the end
             elif line.startswith('error:'):
-                if line not in self.errors: self.errors.add(line); self._write(line)
-            else: self._write(line)
+                if line not in self.errors:
+                    self.errors.add(line)
+                    self._write(line)
+            else:
+                self._write(line)
 
     @staticmethod
     def _write(text: str):
-        sys.stderr.write(text); sys.stderr.flush()
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
     def finish(self, code: int) -> int:
         """After the launcher exited with `code`: a process's own traceback as it was, the launcher's as one line;
         the exit code to give (128 + the signal when the launcher was stopped by one, as its processes were)"""
         for b in filter(None, re.split(r'(?m)^(?=Traceback)', ''.join(self.held))):
-            if 'torch/distributed/run.py' not in b and 'ChildFailedError' not in b: self._write(b); continue
+            if 'torch/distributed/run.py' not in b and 'ChildFailedError' not in b:
+                self._write(b)
+                continue
             signalled = _SIGNALLED.search(b)
-            if signalled: code = 128 + int(signalled[1]); continue     # the processes said what they did with it
+            if signalled:
+                code = 128 + int(signalled[1])
+                continue     # the processes said what they did with it
             why = self._why(b)
-            if why and code: self._write(f'error: {why}\n')
+            if why and code:
+                self._write(f'error: {why}\n')
         return code
 
     def _why(self, report: str) -> str | None:
@@ -227,11 +252,14 @@ class _LauncherOutput:
             return f'torchrun: {last} (GPTKIT_DEBUG=1 shows its traceback)'
         rank, code = int(m[1]), int(m[2])
         if code < 0:
-            try: name = signal.Signals(-code).name
-            except ValueError: name = f'signal {-code}'
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f'signal {-code}'
             hint = ' (the kernel kills with SIGKILL when memory runs out)' if name == 'SIGKILL' else ''
             return f'rank {rank} was stopped by {name}{hint}, so torchrun stopped the other processes'
-        if self.errors: return None
+        if self.errors:
+            return None
         return (f'rank {rank} exited with code {code}, so torchrun stopped the other processes (its messages, if any, '
                 'are above; GPTKIT_DEBUG=1 shows torchrun\'s report)')
 
@@ -249,21 +277,27 @@ def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = Fa
     # A scheduler's SIGTERM or SIGUSR1 reaches this process too: it stays until the launcher ends, since the
     # processes write to it while they save (and passes the signal on when the launcher is in a session of its own)
     def pass_on(sig, frame):
-        if own_session: os.kill(proc.pid, sig)
+        if own_session:
+            os.kill(proc.pid, sig)
     before = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGUSR1)}
     t = threading.Thread(target=output.relay, args=(proc.stderr,), daemon=True)
     t.start()
     interrupted = False
     try:
         while True:
-            try: code = proc.wait(); break
+            try:
+                code = proc.wait()
+                break
             except KeyboardInterrupt:
-                if own_session and not interrupted: os.kill(proc.pid, signal.SIGINT)
+                if own_session and not interrupted:
+                    os.kill(proc.pid, signal.SIGINT)
                 interrupted = True
     finally:
-        for s, handler in before.items(): signal.signal(s, handler)
+        for s, handler in before.items():
+            signal.signal(s, handler)
     t.join(timeout=5)
-    if interrupted: return 130
+    if interrupted:
+        return 130
     return output.finish(code)
 
 
@@ -274,7 +308,9 @@ def join_tp(device: str | None) -> tuple[int, str]:
     from gptkit.engine import init_distributed
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
-    if rank != 0: out.quiet = err.quiet = True
-    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu': return rank, 'cpu'
+    if rank != 0:
+        out.quiet = err.quiet = True
+    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu':
+        return rank, 'cpu'
     torch.cuda.set_device(local)
     return rank, f'cuda:{local}'

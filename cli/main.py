@@ -34,7 +34,8 @@ def main():
 
 
 def __getattr__(attr: str):
-    if attr == 'app': return register()
+    if attr == 'app':
+        return register()
     raise AttributeError(f'module {__name__!r} has no attribute {attr!r}')
 
 

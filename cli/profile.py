@@ -84,7 +84,8 @@ def _report(res, n: int):
                   fmt.flops(o.flops / steps) if o.flops else '')
     out.print(t)
     t = Table(title=f'Top operators by self {where} memory (allocated minus freed, per step)', title_justify='left')
-    for col, j in (('operator', 'left'), ('calls', 'right'), ('self memory', 'right')): t.add_column(col, justify=j,
+    for col, j in (('operator', 'left'), ('calls', 'right'), ('self memory', 'right')):
+        t.add_column(col, justify=j,
                                                                                                      overflow='fold')
     for o in res.top('memory', n):
         b = o.self_device_memory if dev else o.self_cpu_memory

@@ -160,7 +160,8 @@ def _estimate_stage():
     for mb in (1, 2, 4, 8, 16, 64):
         mem = estimate(m125, ParallelConfig(), TrainConfig(micro_batch=mb, global_batch=256), GPUS['a100-80gb']).memory
         states = mem.weights + mem.gradients + mem.optimizer
-        if overtaken is None and mem.logits > states: overtaken = mb
+        if overtaken is None and mem.logits > states:
+            overtaken = mb
         t.add_row(str(mb), fmt.gib(states), fmt.gib(mem.activations),
                   fmt.gib(mem.logits), fmt.gib(mem.total), '[green]yes[/]' if mem.fits else '[red]no[/]')
     out.print(t)

@@ -56,8 +56,10 @@ def serve(
     limits = (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
               ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1), ('max_batch', max_batch))
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
-    if not 0 < port < 65536: bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
-    if tp < 1: bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
+    if not 0 < port < 65536:
+        bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
+    if tp < 1:
+        bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
     if not 0 < template_seconds <= 600:
         bad.append(('template_seconds', f'{{key}} must be more than 0 and at most 600, not {template_seconds:g}'))
     if api_key is not None and not api_key.strip():
@@ -66,13 +68,16 @@ def serve(
         if not h or any(c in h for c in '/ \t'):
             bad.append(('allowed_host', f'{{key}} {_quoted(h)} must be a host name or address like example.com, '
                                         'without a scheme or a path'))
-    if bad: raise ConfigError(bad)
+    if bad:
+        raise ConfigError(bad)
     import os
 
     from gptkit.serve import LOOPBACK, Access, Limits, access_on, check_address, make_app, serve as run
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
-    if tp > 1 and 'RANK' not in os.environ: raise typer.Exit(launch_tp(ctx, 'serve', tp))
-    if tp > 1: device = join_tp(device)[1]
+    if tp > 1 and 'RANK' not in os.environ:
+        raise typer.Exit(launch_tp(ctx, 'serve', tp))
+    if tp > 1:
+        device = join_tp(device)[1]
     from gptkit.generate import Generator
     with out.status(f'loading {escape(str(checkpoint))}'):
         gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
@@ -116,20 +121,25 @@ def client(
     """An interactive prompt against a running gptkit server (streams each answer)."""
     import httpx
     url = url.rstrip('/')
-    if not url.startswith(('http://', 'https://')): url = 'http://' + url
+    if not url.startswith(('http://', 'https://')):
+        url = 'http://' + url
     headers = {'Authorization': f'Bearer {api_key}'} if api_key else {}
     try:
         r = httpx.get(f'{url}/v1/models', headers=headers, timeout=10)
-        if r.status_code != 200: raise GptkitError(f'{url} refused the request: {_said(r)}')
+        if r.status_code != 200:
+            raise GptkitError(f'{url} refused the request: {_said(r)}')
         model = r.json()['data'][0]['id']
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
         raise GptkitError(f'{url} does not answer as a gptkit server ({type(e).__name__}: {e})') from None
     err.print(f'[dim]{escape(url)}, model {escape(str(model))}. Type a prompt and press Enter; an empty line or Ctrl-D '
               'quits.[/]')
     while True:
-        try: prompt = input('> ')
-        except (EOFError, KeyboardInterrupt): break
-        if not prompt.strip(): break
+        try:
+            prompt = input('> ')
+        except (EOFError, KeyboardInterrupt):
+            break
+        if not prompt.strip():
+            break
         body = {'model': model, 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': temperature, 'top_p': top_p,
                 'stream': True, **({'stop': stop} if stop else {})}
         try:
@@ -140,9 +150,12 @@ def client(
                     continue
                 finish = None
                 for line in r.iter_lines():
-                    if not line.startswith('data: ') or line == 'data: [DONE]': continue
+                    if not line.startswith('data: ') or line == 'data: [DONE]':
+                        continue
                     msg = json.loads(line[6:])
-                    if 'error' in msg: err.print(f'\n[bold red]error:[/] {escape(str(msg["error"]["message"]))}'); break
+                    if 'error' in msg:
+                        err.print(f'\n[bold red]error:[/] {escape(str(msg["error"]["message"]))}')
+                        break
                     choice = msg['choices'][0]
                     out.print(choice['text'], end='', markup=False, highlight=False)
                     finish = choice['finish_reason'] or finish
@@ -153,9 +166,12 @@ def client(
 
 def _said(r) -> str:
     "The sentence of a server's error answer (OpenAI's or Megatron's shape), or its status and the start of its text"
-    try: body = r.json()
-    except ValueError: body = None
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
     if isinstance(body, dict) and isinstance(body.get('error'), dict) and 'message' in body['error']:
         return str(body['error']['message'])
-    if isinstance(body, dict) and 'message' in body: return str(body['message'])
+    if isinstance(body, dict) and 'message' in body:
+        return str(body['message'])
     return f'HTTP {r.status_code} {r.text[:200]!r}'

@@ -54,7 +54,8 @@ def train(
               f'wrote {fmt.text(d)}/vocab.json, merges.txt, tokenizer.json')
     out.print(f'bytes per token on {fmt.text(held_out)}: {bytes_per_token(tok, held):.2f} (GPT-2: '
               f'{bytes_per_token(gpt2(), held):.2f})')
-    for ex in tally.examples: out.print(f'[yellow]  {fmt.text(ex)}[/]')
+    for ex in tally.examples:
+        out.print(f'[yellow]  {fmt.text(ex)}[/]')
     if tok.vocab_size < vocab_size:
         out.print(f'[yellow]note[/]: the corpus yields only {tok.vocab_size:,} of the {vocab_size:,} entries asked for '
                   f'(no pair left seen {min_frequency} times); a smaller --vocab-size or more text gives a full one')

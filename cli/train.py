@@ -43,13 +43,17 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, t
 
 
 def _ds_override(path: Optional[Path]) -> dict | None:
-    if path is None: return None
+    if path is None:
+        return None
     text = read_text(path, 'deepspeed_config', CONFIG_BYTES)   # a regular file of at most a MiB, checked first
-    try: d = json.loads(text)
-    except (ValueError, RecursionError) as e: raise ConfigError([('deepspeed_config',
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ConfigError([('deepspeed_config',
                                                 f'{{key}} file {path} (line {getattr(e, "lineno", "?")}) is not valid '
                                                 f'JSON: {getattr(e, "msg", e)}')])
-    if not isinstance(d, dict): raise ConfigError([('deepspeed_config',
+    if not isinstance(d, dict):
+        raise ConfigError([('deepspeed_config',
                                                     f'{{key}} file {path} must hold a JSON object')])
     return d
 
@@ -70,10 +74,13 @@ def _summary(cfg: RunConfig):
 def _data_summary(cfg: RunConfig):
     "Each split's datasets: weight, samples drawn and epochs (a dataset that cannot be read is one line)"
     from gptkit.train import data_plan
-    if not (cfg.data.prefix or cfg.data.train_prefix): return
-    try: plan = data_plan(cfg)
+    if not (cfg.data.prefix or cfg.data.train_prefix):
+        return
+    try:
+        plan = data_plan(cfg)
     except GptkitError as e:
-        out.print(f'[yellow]data: {fmt.text(e)}[/]'); return
+        out.print(f'[yellow]data: {fmt.text(e)}[/]')
+        return
     for name, parts in plan.items():
         for p in parts:
             weight = 'whole' if p.weight is None else f'weight {p.weight:.4g}'
@@ -158,14 +165,17 @@ def train(
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
     launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
     problems = launch.problems(launching=emit is None)
-    if problems: raise ConfigError(problems)
+    if problems:
+        raise ConfigError(problems)
     world = world_size(cfg, launch.world)
     cfg = cfg.for_world(world)
     rank = int(os.environ.get('RANK', 0))
     argv = train_argv(ctx)
     if emit is not None:
-        print(emit_job(emit, launch, argv, cfg.out, image), end=''); return
-    if dry_run: return _dry_run(cfg, override, world, launch, argv)
+        print(emit_job(emit, launch, argv, cfg.out, image), end='')
+        return
+    if dry_run:
+        return _dry_run(cfg, override, world, launch, argv)
     if (world > 1 or max_restarts) and not launched:
         from gptkit.engine import free_port
         from gptkit.train import check_run
@@ -178,7 +188,9 @@ def train(
     if rank == 0 and restart:
         out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '
                   'checkpoint')
-    elif rank == 0: _summary(cfg); _data_summary(cfg)
+    elif rank == 0:
+        _summary(cfg)
+        _data_summary(cfg)
     _run(cfg, override, resume or restart > 0, force, rank)
 
 
@@ -186,12 +198,14 @@ def _dry_run(cfg, override, world, launch, argv):
     from gptkit.engine import ds_config
     _summary(cfg)
     _data_summary(cfg)
-    out.print('[bold]Run config[/]'); out.print_json(json.dumps(cfg.to_dict()))
+    out.print('[bold]Run config[/]')
+    out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
     out.print_json(json.dumps(ds_config(cfg, override=override)))
     cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)
-    out.print('[bold]Launch command[/]'); out.print(shlex.join(cmd), soft_wrap=True, markup=False)
+    out.print('[bold]Launch command[/]')
+    out.print(shlex.join(cmd), soft_wrap=True, markup=False)
 
 
 class RichProgress:
@@ -219,9 +233,12 @@ class RichProgress:
     def on_step(self, m):
         loss = 'no loss (NaN)' if m.loss is None else f'loss {m.loss:.3f}'
         stats = f'{loss} | lr {m.lr:.2e} | {m.tokens_per_s:,.0f} tok/s | {m.tflops:.3f} TFLOP/s'
-        if m.mfu is not None: stats += f' | MFU {m.mfu:.1%}'
-        if m.grad_norm is not None: stats += f' | grad {m.grad_norm:.2f}'
-        if m.loss_scale is not None: stats += f' | scale {m.loss_scale:g}'
+        if m.mfu is not None:
+            stats += f' | MFU {m.mfu:.1%}'
+        if m.grad_norm is not None:
+            stats += f' | grad {m.grad_norm:.2f}'
+        if m.loss_scale is not None:
+            stats += f' | scale {m.loss_scale:g}'
         stats += f' | {m.memory_gib:.1f} GiB'
         self.progress.update(self.task, completed=m.iteration, stats=stats)
 
@@ -241,11 +258,14 @@ def _run(cfg, override, resume, force, rank):
     from gptkit.train import train as run_training
     result = run_training(cfg, callbacks=[RichProgress()], resume=resume, ds_override=override, force=force)
     if rank != 0:
-        if result.interrupted: raise typer.Exit(result.exit_code)
+        if result.interrupted:
+            raise typer.Exit(result.exit_code)
         return result
     parts = [f'{result.iteration:,} steps, {result.tokens:,} tokens in {fmt.duration(result.seconds)}']
-    if result.valid_loss is not None: parts.append(f'validation loss {result.valid_loss:.3f}')
-    if result.test_loss is not None: parts.append(f'test loss {result.test_loss:.3f}')
+    if result.valid_loss is not None:
+        parts.append(f'validation loss {result.valid_loss:.3f}')
+    if result.test_loss is not None:
+        parts.append(f'test loss {result.test_loss:.3f}')
     out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {fmt.text(result.checkpoint)}')
     if result.interrupted:
         import signal

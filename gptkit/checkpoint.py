@@ -53,13 +53,17 @@ def check_shapes(saved: dict, model, where: str):
 def rng_state() -> dict:
     import torch
     s = {'python': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
-    if torch.cuda.is_available(): s['cuda'] = torch.cuda.get_rng_state()
+    if torch.cuda.is_available():
+        s['cuda'] = torch.cuda.get_rng_state()
     return s
 
 def set_rng_state(s: dict):
     import torch
-    random.setstate(s['python']); np.random.set_state(s['numpy']); torch.set_rng_state(s['torch'])
-    if 'cuda' in s and torch.cuda.is_available(): torch.cuda.set_rng_state(s['cuda'])
+    random.setstate(s['python'])
+    np.random.set_state(s['numpy'])
+    torch.set_rng_state(s['torch'])
+    if 'cuda' in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state(s['cuda'])
 
 # %% ../nbs/12b_checkpoint.ipynb #32e4f823
 class Foreign:
@@ -199,10 +203,12 @@ def deepspeed_reads_safely():
 def _space_short(root: Path) -> str | None:
     "Why the next checkpoint will not fit beside the newest one (as big as it), or None"
     before = newest(root)
-    if before is None: return None
+    if before is None:
+        return None
     need = sum(f.stat().st_size for f in before.rglob('*') if f.is_file())
     free = shutil.disk_usage(root).free
-    if free >= need: return None
+    if free >= need:
+        return None
     return (f'it needs about {need / 2**30:.2f} GiB (the size of {before.name}) but {root} has {free / 2**30:.2f} GiB '
             f'free; free some space (train.keep prunes old checkpoints); the previous checkpoint {before} is intact')
 
@@ -218,14 +224,17 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
     import torch.distributed as dist
 
     from gptkit.store import state_text
-    root = Path(root); name = tag(iteration)
+    root = Path(root)
+    name = tag(iteration)
     tmp, final = root / f'.tmp-{name}', root / name
     barrier = dist.barrier if dist.is_initialized() else (lambda: None)
     short = _share(_space_short(root) if rank == 0 else None)
-    if short: raise CheckpointError(f'could not write checkpoint {final}: {short}')
+    if short:
+        raise CheckpointError(f'could not write checkpoint {final}: {short}')
     try:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
         barrier()
         engine.save_checkpoint(str(root), tag=tmp.name, client_state=client, save_latest=False)
         torch.save(rng_state(), tmp / f'rng_rank_{rank:03d}.pt')
@@ -233,25 +242,31 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
         if rank == 0:
             save_config(cfg, tmp / 'config.json')
             write_atomic(tmp / 'ds_config.json', json.dumps(ds_config, indent=2))
-            if tokenizer_dir is not None: shutil.copytree(tokenizer_dir, tmp / 'tokenizer')
+            if tokenizer_dir is not None:
+                shutil.copytree(tokenizer_dir, tmp / 'tokenizer')
             world = dist.get_world_size() if dist.is_initialized() else 1
             state = {'iteration': iteration, **{k: client[k] for k in ('consumed_samples', 'tokens') if k in client},
                      'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(),
                      'shapes': shapes or model_shapes(engine.module), 'files': manifest(tmp)}
             write_atomic(tmp / 'state.json', state_text(state))
             fsync_dir(tmp)
-            if final.exists(): shutil.rmtree(final)
+            if final.exists():
+                shutil.rmtree(final)
             os.replace(tmp, final)
             write_atomic(root / 'latest', name)
-            if keep: prune(root, keep)
+            if keep:
+                prune(root, keep)
     except BaseException as e:
         for x in (e, e.__context__, e.__cause__):   # closes the files the failed writers held, freeing their space
-            if x is not None: traceback.clear_frames(x.__traceback__)
-        if rank == 0: shutil.rmtree(tmp, ignore_errors=True)
+            if x is not None:
+                traceback.clear_frames(x.__traceback__)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...', 'unexpected
         # pos ...'), without errno
         if not isinstance(e, OSError) and not (isinstance(e, RuntimeError) and ('writ' in str(e) or
-                                                                                _full_disk(e, root, None))): raise
+                                                                                _full_disk(e, root, None))):
+                                                                                    raise
         before = newest(root)
         kept = f'the previous checkpoint {before} is intact' if before else 'no earlier checkpoint exists'
         why = (e.strerror if isinstance(e, OSError) and e.strerror and not _full_disk(e, root, None) else
@@ -264,7 +279,8 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
 
 def prune(root: Path, keep: int):
     "Delete all but the newest `keep` complete checkpoints"
-    for _, folder in checkpoints(root)[:-keep]: shutil.rmtree(folder, ignore_errors=True)
+    for _, folder in checkpoints(root)[:-keep]:
+        shutil.rmtree(folder, ignore_errors=True)
 
 # %% ../nbs/12b_checkpoint.ipynb #83704d1f
 def saved_layout(state: dict, where: str = 'state.json') -> Layout:
@@ -295,20 +311,24 @@ def to_universal(src: str | Path, dst: str | Path) -> Path:
     args = argparse.Namespace(input_folder=str(src), output_folder=str(dst), num_extract_workers=1, num_merge_workers=1,
                               keep_temp_folder=False, strict=True, inject_missing_state=True)
     out = io.StringIO()
-    with redirect_stdout(out), redirect_stderr(out), deepspeed_reads_safely(): ds_to_universal.main(args)
+    with redirect_stdout(out), redirect_stderr(out), deepspeed_reads_safely():
+        ds_to_universal.main(args)
     log.debug('ds_to_universal %s -> %s:\n%s', src, dst, out.getvalue())
     return Path(dst)
 
 def _share(value):
     "`value` from rank 0, on every rank"
     import torch.distributed as dist
-    if not dist.is_initialized() or dist.get_world_size() == 1: return value
-    box = [value]; dist.broadcast_object_list(box, src=0)
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
     return box[0]
 
 def _barrier():
     import torch.distributed as dist
-    if dist.is_initialized(): dist.barrier()
+    if dist.is_initialized():
+        dist.barrier()
 
 def _conversion_error(e: Exception) -> tuple[bool, str]:
     "(whether it is already one sentence, what to say) for a failed conversion: a file refused says so itself"
@@ -350,9 +370,13 @@ def _loading_universal(engine):
                               'resume on the same number of data-parallel ranks')
     ds_log = logging.getLogger('DeepSpeed')   # quiet its "MPU is not provided" (gptkit has no Megatron mpu: tp is 1)
     before, level = conf.load_universal_checkpoint, ds_log.level
-    conf.load_universal_checkpoint = True; ds_log.setLevel(max(level, logging.ERROR))
-    try: yield engine
-    finally: conf.load_universal_checkpoint = before; ds_log.setLevel(level)
+    conf.load_universal_checkpoint = True
+    ds_log.setLevel(max(level, logging.ERROR))
+    try:
+        yield engine
+    finally:
+        conf.load_universal_checkpoint = before
+        ds_log.setLevel(level)
 
 def _ds_version() -> str:
     import deepspeed
@@ -368,10 +392,12 @@ def _repair_zero3(engine, universal: Path):
     if len(saved) != len(groups):
         raise CheckpointError(f'{universal.name} holds {len(saved)} optimizer parameter groups '
                               f'and this run has {len(groups)}')
-    for g, s in zip(groups, saved): g.update({k: v for k, v in s.items() if k != 'params'})
+    for g, s in zip(groups, saved):
+        g.update({k: v for k, v in s.items() if k != 'params'})
     # It gives every sub-group the same `step` tensor, which AdamW increments in place once per sub-group and step.
     for st in engine.optimizer.optimizer.state.values():
-        if torch.is_tensor(st.get('step')): st['step'] = st['step'].clone()
+        if torch.is_tensor(st.get('step')):
+            st['step'] = st['step'].clone()
 
 def _load_repartitioned(engine, folder: Path, state: dict, was: int, now: int, rank: int):
     "(path, client state) of DeepSpeed's load of `folder`, saved on `was` data-parallel ranks, into `engine` on `now`"
@@ -386,10 +412,12 @@ def _load_repartitioned(engine, folder: Path, state: dict, was: int, now: int, r
         with _loading_universal(engine), deepspeed_reads_safely():
             path, client = engine.load_checkpoint(str(work), tag=folder.name, load_module_strict=True,
                                                   load_optimizer_states=True, load_lr_scheduler_states=True)
-        if path is not None and engine.zero_optimization_stage() == 3: _repair_zero3(engine, work / folder.name)
+        if path is not None and engine.zero_optimization_stage() == 3:
+            _repair_zero3(engine, work / folder.name)
     finally:
         _barrier()                       # every rank has read it
-        if rank == 0: shutil.rmtree(work, ignore_errors=True)
+        if rank == 0:
+            shutil.rmtree(work, ignore_errors=True)
     if rank == 0:
         log.info('resuming a checkpoint from %d data-parallel ranks on %d: '
                  'optimizer states consolidated and re-partitioned', was, now)
@@ -422,7 +450,8 @@ def _check_batch(engine, folder: Path, rank: int):
 def _same_split(folder: Path, state: dict, layout: Layout | None):
     "Refuse a checkpoint cut for another tensor/pipeline layout than this run's, saying how to convert it"
     saved, now = saved_layout(state, folder / 'state.json'), layout or Layout()
-    if (saved.tp, saved.pp) == (now.tp, now.pp) and (saved.pp == 1 or saved.balance == now.balance): return
+    if (saved.tp, saved.pp) == (now.tp, now.pp) and (saved.pp == 1 or saved.balance == now.balance):
+        return
     raise CheckpointError(f"{folder} was saved with tp {saved.tp} pp {saved.pp} "
                           f"(stages balanced by {saved.balance}) and this run has tp {now.tp} pp {now.pp} "
                           f"(by {now.balance}); convert it with gptkit checkpoint reshard {folder} OUT "
@@ -437,7 +466,8 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     it, sched = state['iteration'], engine.lr_scheduler
     if sched is not None:
         sched.last_epoch = it
-        for g, base, f in zip(engine.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas): g['lr'] = base * f(it)
+        for g, base, f in zip(engine.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+            g['lr'] = base * f(it)
     log.info('%s holds weights only: the optimizer starts fresh at step %d', folder, it)
     return folder, {'iteration': it, 'consumed_samples': state.get('consumed_samples', 0)}
 
@@ -461,14 +491,16 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
         if was != now and rank == 0:
             log.info('resuming a checkpoint from %d data-parallel ranks on %d: '
                      'its optimizer states are not partitioned and load unchanged', was, now)
-    if path is None: raise CheckpointError(f'DeepSpeed could not load {folder}')
+    if path is None:
+        raise CheckpointError(f'DeepSpeed could not load {folder}')
     _check_batch(engine, folder, rank)
     # Random states are saved per rank. On the same ranks each takes its own. On another number of ranks the files
     # no longer match processes, and every rank takes rank 0's: gptkit seeds all ranks alike and they draw alike,
     # so rank 0's state is what any rank of the original run held (dropout draws per step change with the
     # accumulation steps anyway, so runs with dropout continue reproducibly but not identically).
     rng = folder / f'rng_rank_{rank:03d}.pt'
-    if was != now or not rng.is_file(): rng = folder / 'rng_rank_000.pt'
+    if was != now or not rng.is_file():
+        rng = folder / 'rng_rank_000.pt'
     set_rng_state(read_torch_file(rng))
     return {**state, 'client': client}
 
@@ -508,7 +540,8 @@ def _zero_stage(folder: Path) -> int:
 
 def _model_states(folder: Path) -> Path:
     files = sorted(Path(folder).glob('mp_rank_*_model_states.pt'))
-    if not files: raise CheckpointError(f'{folder} has no mp_rank_00_model_states.pt (DeepSpeed model states)')
+    if not files:
+        raise CheckpointError(f'{folder} has no mp_rank_00_model_states.pt (DeepSpeed model states)')
     return files[0]
 
 def load_weights(path: str | Path) -> dict:
@@ -524,7 +557,8 @@ def _read_weights(folder: Path) -> dict:
         shards = {}
         for mp in range(tp * pp):
             f = folder / f'mp_rank_{mp:02d}_model_states.pt'
-            if not f.is_file(): raise CheckpointError(f'{folder} was saved with tp {tp} x pp {pp} but has no {f.name}')
+            if not f.is_file():
+                raise CheckpointError(f'{folder} was saved with tp {tp} x pp {pp} but has no {f.name}')
             shards[mp % tp, mp // tp] = _model_file(f)['module']
         return merge_weights(shards, read_config(folder).model, tp)
     if _zero_stage(folder) == 3:
@@ -557,7 +591,8 @@ def _check_finite(weights: dict, folder: Path):
     "Refuse weights holding NaN or infinite values (a run that diverged before it saved): nothing useful comes out"
     import torch
     bad = {k: int(v.numel() - torch.isfinite(v).sum()) for k, v in weights.items() if v.is_floating_point()}
-    if not any(bad.values()): return
+    if not any(bad.values()):
+        return
     first = next(k for k, n in bad.items() if n)
     total = sum(v.numel() for v in weights.values() if v.is_floating_point())
     raise CheckpointError(f'{folder}: {sum(bad.values()):,} of its {total:,} weights are NaN or infinite (first in '
@@ -571,7 +606,8 @@ def checkpoint_parts(path) -> tuple:
     folder = find(path)
     state, cfg = _verified_state(folder), read_config(folder)
     weights = _read_weights(folder)
-    with torch.device('meta'): shell = GPT(cfg.model)
+    with torch.device('meta'):
+        shell = GPT(cfg.model)
     check_shapes({k: list(v.shape) for k, v in weights.items()}, shell, str(folder))
     _check_finite(weights, folder)
     tok = None
@@ -583,14 +619,17 @@ def checkpoint_parts(path) -> tuple:
 def check_device(device: str | None, key: str = 'device') -> str | None:
     "`device` if torch can run on it here, else a `ConfigError` naming the setting (None: the caller's default)"
     import torch
-    if device is None: return None
-    try: kind = torch.device(device).type
+    if device is None:
+        return None
+    try:
+        kind = torch.device(device).type
     except (RuntimeError, ValueError):
         raise ConfigError([(key, f'{{key}} {device!r} is not a device torch knows; use cpu, cuda or cuda:N')]) from None
     if kind == 'cuda' and not torch.cuda.is_available():
         why = 'was built without CUDA' if torch.version.cuda is None else 'sees no GPU'
         raise ConfigError([(key, f'{{key}} {device}: this torch {why}; use --device cpu')])
-    if kind not in ('cpu', 'cuda'): raise ConfigError([(key, f'{{key}} {device!r}: gptkit runs on cpu or cuda')])
+    if kind not in ('cpu', 'cuda'):
+        raise ConfigError([(key, f'{{key}} {device!r}: gptkit runs on cpu or cuda')])
     return device
 
 def load_model(path: str | Path, device: str = 'cpu', dtype=None) -> Loaded:
@@ -600,7 +639,8 @@ def load_model(path: str | Path, device: str = 'cpu', dtype=None) -> Loaded:
     from gptkit.model import GPT
     check_device(device)
     folder, cfg, state, weights, tok = checkpoint_parts(path)
-    with torch.device('meta'): model = GPT(cfg.model)
+    with torch.device('meta'):
+        model = GPT(cfg.model)
     model.load_state_dict(weights, strict=True, assign=True)
     return Loaded(model.to(device=device, dtype=dtype or torch.float32).eval(), cfg, tok, folder, state)
 

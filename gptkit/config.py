@@ -58,7 +58,8 @@ class ConfigError(GptkitError, ValueError):
 # %% ../nbs/00_config.ipynb #9b117049
 def check(problems: list[tuple[str, str]]):
     "Raise a `ConfigError` if `problems` is not empty"
-    if problems: raise ConfigError(problems)
+    if problems:
+        raise ConfigError(problems)
 
 # %% ../nbs/00_config.ipynb #5b0c7e21
 def shorten(text: str, most: int = 60) -> str:
@@ -81,7 +82,8 @@ _SIZE_RE = re.compile(r'^\s*([0-9][0-9_,]*(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmbgt]?
 
 def parse_size(text: str | int | float, key: str = 'size') -> int:
     "The integer that `text` (like '13B', '1.3b', '300B', '2048') stands for"
-    if isinstance(text, (int, float)) and not isinstance(text, bool): value = float(text)
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
     else:
         m = _SIZE_RE.match(str(text))
         if not m:
@@ -147,7 +149,8 @@ class ModelConfig:
     bias: bool = True            # biases on the linear layers (the norms keep theirs)
     tie_embeddings: bool = True  # the output layer reuses the word embedding matrix
 
-    def __post_init__(self): check(self.problems())
+    def __post_init__(self):
+        check(self.problems())
 
     def problems(self) -> list[tuple[str, str]]:
         "Everything wrong with these values"
@@ -176,11 +179,13 @@ class ModelConfig:
 
     @property
     def ffn(self) -> int:
-        if self.ffn_hidden: return self.ffn_hidden
+        if self.ffn_hidden:
+            return self.ffn_hidden
         return _swiglu_ffn(self.hidden) if self.activation == 'swiglu' else 4 * self.hidden
 
     @property
-    def head_dim(self) -> int: return self.hidden // self.heads
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
 
     @property
     def kv(self) -> int:
@@ -197,7 +202,8 @@ class ModelConfig:
         m = self.make_vocab_size_divisible_by * tp
         return -(-self.vocab // m) * m
 
-    def to_dict(self) -> dict: return dataclasses.asdict(self)
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 # %% ../nbs/00_config.ipynb #decf9fd8
 @dataclass(frozen=True)
@@ -261,11 +267,13 @@ class ParallelConfig:
     balance: str = 'layers'    # pipeline stages balanced by 'layers' (equal counts) or 'parameters'
 
     @property
-    def world_size(self) -> int: return self.tp * self.pp * self.dp
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
 
     def problems(self) -> list[tuple[str, str]]:
         out = _positive({'tp': self.tp, 'pp': self.pp, 'dp': self.dp})
-        if self.zero not in (0, 1, 2, 3): out.append(('zero', f'{{key}} must be 0, 1, 2 or 3, not {shown(self.zero)}'))
+        if self.zero not in (0, 1, 2, 3):
+            out.append(('zero', f'{{key}} must be 0, 1, 2 or 3, not {shown(self.zero)}'))
         if self.offload not in OFFLOADS:
             out.append(('offload', f"{{key}} must be one of {', '.join(OFFLOADS)}, not {shown(self.offload)}"))
         elif self.offload == 'optimizer' and self.zero == 0:
@@ -363,11 +371,14 @@ class Layout:
         "What makes this layout impossible for `model` on nodes of `gpus_per_node` GPUs"
         out = []
         if model is not None:
-            if model.heads % self.tp: out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
-            elif model.ffn % self.tp: out.append(('tp', f'{{key}} {self.tp} must divide the MLP width {model.ffn}'))
+            if model.heads % self.tp:
+                out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
+            elif model.ffn % self.tp:
+                out.append(('tp', f'{{key}} {self.tp} must divide the MLP width {model.ffn}'))
             elif model.kv % self.tp and self.tp % model.kv:       # fewer KV heads than ranks: each is replicated
                 out.append(('tp', f'{{key}} {self.tp} must divide model.kv_heads {model.kv} or be a multiple of it'))
-            if model.layers % self.pp: out.append(('pp', f'{{key}} {self.pp} must divide the {model.layers} layers'))
+            if model.layers % self.pp:
+                out.append(('pp', f'{{key}} {self.pp} must divide the {model.layers} layers'))
             if self.sequence_parallel and model.seq_len % self.tp:
                 out.append(('sequence_parallel',
                             f'{{key}} needs model.seq_len {model.seq_len} divisible by tp {self.tp}'))
@@ -377,7 +388,8 @@ class Layout:
         return out
 
     @property
-    def world(self) -> int: return self.tp * self.pp * self.dp
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         "(tp_rank, dp_rank, pp_rank) of a global rank"
@@ -394,11 +406,13 @@ class Layout:
         found = {}
         for r in range(self.world):
             c = list(self.coords(r))
-            for a in axes: c[a] = 0
+            for a in axes:
+                c[a] = 0
             found.setdefault(tuple(c), []).append(r)
         return list(found.values())
 
-    def to_dict(self) -> dict: return dataclasses.asdict(self)
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Layout:
@@ -436,13 +450,16 @@ class BatchPlan:
         return cls(mb, batch // (mb * dp), dp, seq_len, iters)
 
     @property
-    def global_batch(self) -> int: return self.micro_batch * self.accumulation * self.dp
+    def global_batch(self) -> int:
+        return self.micro_batch * self.accumulation * self.dp
 
     @property
-    def tokens_per_step(self) -> int: return self.global_batch * self.seq_len
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
 
     @property
-    def tokens(self) -> int: return self.iters * self.tokens_per_step
+    def tokens(self) -> int:
+        return self.iters * self.tokens_per_step
 
 # %% ../nbs/00_config.ipynb #400a9574
 def validate_layout(model: ModelConfig, par: ParallelConfig, train: TrainConfig,
@@ -453,7 +470,8 @@ def validate_layout(model: ModelConfig, par: ParallelConfig, train: TrainConfig,
     if not bad & {'tp', 'pp', 'dp', 'balance'}:
         layout = Layout(par.tp, par.pp, par.dp, par.sequence_parallel, par.balance)
         out += layout.problems(model, gpus_per_node)
-        if not bad & {'micro_batch', 'global_batch'}: out += BatchPlan.problems(train, layout.dp)
+        if not bad & {'micro_batch', 'global_batch'}:
+            out += BatchPlan.problems(train, layout.dp)
     check(out)
 
 # %% ../nbs/00_config.ipynb #2788f992
@@ -472,7 +490,8 @@ class OptimConfig:
     def problems(self) -> list[tuple[str, str]]:
         out = []
         def num(k):
-            v = getattr(self, k); return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            v = getattr(self, k)
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         for k in ('lr', 'eps'):
             if not num(k) or getattr(self, k) <= 0:
                 out.append((k, f'{{key}} must be positive, not {shown(getattr(self, k))}'))
@@ -490,24 +509,32 @@ class OptimConfig:
         return out
 
     @property
-    def floor(self) -> float: return self.lr / 10 if self.min_lr is None else self.min_lr
+    def floor(self) -> float:
+        return self.lr / 10 if self.min_lr is None else self.min_lr
 
 # %% ../nbs/00_config.ipynb #1ee016f5
 def parse_blend(text: str | None, key: str = 'prefix') -> tuple[tuple[str, ...], tuple[float, ...] | None] | None:
     "Megatron's --data-path: one PREFIX -> ((PREFIX,), None); 'W1 P1 W2 P2 ...' -> ((P1, P2, ...), (W1, W2, ...))"
-    if text is None or not str(text).strip(): return None
+    if text is None or not str(text).strip():
+        return None
     items = str(text).split()
     def number(s):
-        try: return float(s)
-        except ValueError: return None
-    if len(items) == 1 or number(items[0]) is None: return (str(text),), None   # a plain prefix, spaces and all
+        try:
+            return float(s)
+        except ValueError:
+            return None
+    if len(items) == 1 or number(items[0]) is None:
+        return (str(text),), None   # a plain prefix, spaces and all
     bad = lambda why: ConfigError([(key, f"{{key}} must be one PREFIX or weight-prefix pairs like '0.3 A 0.7 B' "
                                          f"(positive weights); {why} in {shown(text)}")])
-    if len(items) % 2: raise bad(f'{len(items)} items are not pairs')
+    if len(items) % 2:
+        raise bad(f'{len(items)} items are not pairs')
     weights, prefixes = items[0::2], tuple(items[1::2])
     for w in weights:
-        if number(w) is None: raise bad(f'weight {shown(w)} is not a number')
-        if not math.isfinite(number(w)) or number(w) <= 0: raise bad(f'weight {shown(w)} is not positive')
+        if number(w) is None:
+            raise bad(f'weight {shown(w)} is not a number')
+        if not math.isfinite(number(w)) or number(w) <= 0:
+            raise bad(f'weight {shown(w)} is not positive')
     return prefixes, tuple(number(w) for w in weights)
 
 
@@ -527,14 +554,18 @@ class DataConfig:
     def problems(self) -> list[tuple[str, str]]:
         out = []
         parts = str(self.split).replace('/', ',').split(',')
-        try: weights = [float(p) for p in parts]
-        except ValueError: weights = None
+        try:
+            weights = [float(p) for p in parts]
+        except ValueError:
+            weights = None
         if not weights or len(weights) > 3 or any(w < 0 for w in weights) or not weights[0] > 0:
             out.append(('split', f"{{key}} must be up to three weights like '949,50,1' with a positive first one, "
                                  f"not {shown(self.split)}"))
         for k in ('prefix', *_PER_SPLIT):
-            try: parse_blend(getattr(self, k), k)
-            except ConfigError as e: out += e.problems
+            try:
+                parse_blend(getattr(self, k), k)
+            except ConfigError as e:
+                out += e.problems
         if self.prefix and any(getattr(self, k) for k in _PER_SPLIT):
             out.append(('prefix', '{key} cannot be combined with data.train_prefix, data.valid_prefix or '
                                   'data.test_prefix: give one blend split by data.split, or one blend per split'))
@@ -543,7 +574,8 @@ class DataConfig:
         return out
 
     @property
-    def per_split(self) -> bool: return bool(self.train_prefix or self.valid_prefix or self.test_prefix)
+    def per_split(self) -> bool:
+        return bool(self.train_prefix or self.valid_prefix or self.test_prefix)
 
     def blend(self, name: str) -> tuple[str, tuple, tuple | None] | None:
         "(key, prefixes, weights) that split `name` ('train', 'valid', 'test') is drawn from; None for no data"
@@ -566,7 +598,8 @@ class RunConfig:
     out: str = 'runs/gpt'          # run folder: config, logs, TensorBoard events, checkpoints
     preset: str | None = None      # the preset it started from, for the record
 
-    def to_dict(self) -> dict: return dataclasses.asdict(self)
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
     @property
     def layout(self) -> Layout:
@@ -579,10 +612,12 @@ class RunConfig:
         return _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
 
     @property
-    def iters(self) -> int: return self.plan.iters
+    def iters(self) -> int:
+        return self.plan.iters
 
     @property
-    def tokens_per_step(self) -> int: return self.plan.tokens_per_step
+    def tokens_per_step(self) -> int:
+        return self.plan.tokens_per_step
 
     def for_world(self, world: int) -> RunConfig:
         "This run on `world` processes: `parallel.dp` becomes what tp x pp leave of them (checked, batch plan included)"
@@ -600,8 +635,10 @@ _LAYOUT_KEYS = {**{k: f'parallel.{k}' for k in ('tp', 'pp', 'dp', 'zero', 'seque
 
 def _section_keys(fn: Callable):
     "`fn()`, with the keys of a `ConfigError` it raises named by their sections (tp -> parallel.tp)"
-    try: return fn()
-    except ConfigError as e: raise ConfigError([(_LAYOUT_KEYS.get(k, k), m) for k, m in e.problems]) from None
+    try:
+        return fn()
+    except ConfigError as e:
+        raise ConfigError([(_LAYOUT_KEYS.get(k, k), m) for k, m in e.problems]) from None
 
 def _section(cls, name: str, values, problems: list):
     "Build section `name` from `values`, adding its problems (under dotted keys) to `problems`"
@@ -615,10 +652,14 @@ def _section(cls, name: str, values, problems: list):
                              f"{{key}} is not a setting; {name} has {', '.join(sorted(known))}"))
     values = {k: v for k, v in values.items() if k in known}
     if name == 'train' and isinstance(values.get('tokens'), str):   # sizes like '300B' read as numbers
-        try: values['tokens'] = parse_size(values['tokens'], 'train.tokens')
-        except ConfigError as e: problems += e.problems; values.pop('tokens')
+        try:
+            values['tokens'] = parse_size(values['tokens'], 'train.tokens')
+        except ConfigError as e:
+            problems += e.problems
+            values.pop('tokens')
     obj = cls.__new__(cls)                       # fill the fields without running __post_init__'s check ...
-    for f in dataclasses.fields(cls): object.__setattr__(obj, f.name, values.get(f.name, f.default))
+    for f in dataclasses.fields(cls):
+        object.__setattr__(obj, f.name, values.get(f.name, f.default))
     found = obj.problems()                       # ... so all problems are collected here, under dotted keys
     problems += [(f'{name}.{k}', m) for k, m in found]
     return None if found else cls(**values)
@@ -631,8 +672,10 @@ def from_dict(d: dict) -> RunConfig:
                 for k in d if k not in (*SECTIONS, 'out', 'preset')]
     parts = {name: _section(cls, name, d.get(name, {}), problems) for name, cls in _CLASSES.items()}
     if not problems:
-        try: _section_keys(lambda: validate_layout(parts['model'], parts['parallel'], parts['train']))
-        except ConfigError as e: problems += e.problems
+        try:
+            _section_keys(lambda: validate_layout(parts['model'], parts['parallel'], parts['train']))
+        except ConfigError as e:
+            problems += e.problems
     check(problems)
     return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'))
 
@@ -643,7 +686,8 @@ CONFIG_DEPTH = 32       # levels of nesting, aliases expanded; a run config has 
 
 def _size(n: float) -> str:
     for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
-        if n < 1024 or unit == 'GiB': return f'{n:,.0f} {unit}' if unit == 'bytes' else f'{n:,.1f} {unit}'
+        if n < 1024 or unit == 'GiB':
+            return f'{n:,.0f} {unit}' if unit == 'bytes' else f'{n:,.1f} {unit}'
         n /= 1024
 
 def read_text(path: str | Path, key: str, most: int) -> str:
@@ -736,7 +780,8 @@ def read_config_file(path: str | Path) -> tuple[dict, dict[str, int]]:
     except Exception as e:
         where = f' (line {e.lineno})' if getattr(e, 'lineno', None) else ''
         mark = getattr(e, 'problem_mark', None)
-        if mark is not None: where = f' (line {mark.line + 1})'
+        if mark is not None:
+            where = f' (line {mark.line + 1})'
         why = getattr(e, 'msg', None) or getattr(e, 'problem', None) or e
         raise ConfigError([('config', f'{{key}} file {path}{where} is not valid {"YAML" if yaml_file else "JSON"}: '
                                       f'{shorten(str(why))}')]) from None
@@ -855,7 +900,8 @@ def resolve(preset: str | None = None, file: str | Path | None = None, sets: Ite
         from_file, lines = read_config_file(file)
         d = _merge(d, from_file)
     d = apply_sets(d, sets)
-    if overrides: d = _merge(d, overrides)
+    if overrides:
+        d = _merge(d, overrides)
     top = {k: v for k, v in top.items() if v is not None}
     d.update(top)
     later = {str(s).partition('=')[0].strip() for s in sets} | _keys(overrides or {}) | set(top)
@@ -869,13 +915,16 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT)   # no space left; over the user's quot
 def free_space(path: str | Path) -> int:
     "Bytes free to this user where `path` is (or would be)"
     p = Path(path).absolute()
-    while not p.exists() and p != p.parent: p = p.parent
+    while not p.exists() and p != p.parent:
+        p = p.parent
     return shutil.disk_usage(p).free
 
 def _full_disk(e: Exception, path, needed: int | None) -> bool:
     "Whether `e` says the disk is full: an OSError does; torch.save's RuntimeError and safetensors' error lose errno"
-    if isinstance(e, OSError): return e.errno in FULL_DISK
-    if 'No space left on device' in str(e) or 'os error 28' in str(e): return True
+    if isinstance(e, OSError):
+        return e.errno in FULL_DISK
+    if 'No space left on device' in str(e) or 'os error 28' in str(e):
+        return True
     return isinstance(e, RuntimeError) and free_space(path) < max(needed or 0, 16 * 2**20)
 
 @contextmanager
@@ -883,10 +932,12 @@ def written(path: str | Path, needed: int | Callable[[], int | None] | None = No
     """Writes to `path` inside the block: a full disk (ENOSPC, EDQUOT) becomes one `DiskFullError` naming `path`, the
     bytes `needed` (or a function that estimates them when it happens) and the space free; `kept` says what is intact.
     The block removes its own partial output"""
-    try: yield
+    try:
+        yield
     except Exception as e:
         need = needed() if callable(needed) else needed
-        if not _full_disk(e, path, need): raise
+        if not _full_disk(e, path, need):
+            raise
         need = f'at least {_size(need)} needed, ' if need else ''
         raise DiskFullError(f'{path}: the disk is full ({need}{_size(free_space(path))} free), so it was not written'
                             f'{"; " + kept if kept else ""}; free some space and run again') from None
@@ -898,10 +949,14 @@ def write_atomic(path: str | Path, text: str):
     data = text.encode('utf-8')
     with written(path, len(data), f'{path.name} is as it was' if path.exists() else ''):
         try:
-            with open(tmp, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
+            with open(tmp, 'wb') as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
-            tmp.unlink(missing_ok=True); raise
+            tmp.unlink(missing_ok=True)
+            raise
 
 def check_folder(path: str | Path, key: str) -> Path:
     "`path` for an output folder (made later if missing), refused naming `key` if a file blocks it or it is unwritable"
@@ -918,9 +973,12 @@ def check_folder(path: str | Path, key: str) -> Path:
 
 def finite_or_none(obj):
     "`obj` with every NaN or infinite float inside (dicts, lists, tuples) replaced by None"
-    if isinstance(obj, float): return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict): return {k: finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)): return [finite_or_none(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
     return obj
 
 def json_text(obj, **kw) -> str:

@@ -28,7 +28,8 @@ class Check:
     detail: str
     value: float | None = None    # the number measured, where there is one
 
-    def to_dict(self) -> dict: return asdict(self)
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 PACKAGES = ('gptkit', 'torch', 'deepspeed', 'triton', 'transformers', 'tokenizers', 'numpy')
 
@@ -36,7 +37,8 @@ def versions() -> list[Check]:
     "Python and each package gptkit runs on (read from the installed metadata, importing nothing)"
     out = [Check('python', 'ok', f'{platform.python_version()} on {platform.system()} {platform.machine()}')]
     for p in PACKAGES:
-        try: out.append(Check(p, 'ok', version(p)))
+        try:
+            out.append(Check(p, 'ok', version(p)))
         except PackageNotFoundError:
             optional = p in ('triton', 'transformers')
             out.append(Check(p, 'skipped' if optional else 'failed', 'not installed'))
@@ -56,13 +58,16 @@ def device_checks() -> list[Check]:
         p = torch.cuda.get_device_properties(i)
         out.append(Check(f'gpu {i}', 'ok', f'{p.name}, sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB, '
                                            f'bf16 {"yes" if torch.cuda.is_bf16_supported() else "no"}'))
-    try: out.append(Check('nccl', 'ok', '.'.join(map(str, torch.cuda.nccl.version()))))
-    except Exception as e: out.append(Check('nccl', 'failed', f'{type(e).__name__}: {e}'))
+    try:
+        out.append(Check('nccl', 'ok', '.'.join(map(str, torch.cuda.nccl.version()))))
+    except Exception as e:
+        out.append(Check('nccl', 'failed', f'{type(e).__name__}: {e}'))
     try:
         import triton
         triton.runtime.driver.active.get_current_target()
         out.append(Check('triton gpu', 'ok', f'Triton {triton.__version__} compiles for this GPU'))
-    except Exception as e: out.append(Check('triton gpu', 'failed', f'{type(e).__name__}: {e}'))
+    except Exception as e:
+        out.append(Check('triton gpu', 'failed', f'{type(e).__name__}: {e}'))
     return out
 
 # %% ../nbs/18_doctor.ipynb #8a8d8c6e
@@ -82,7 +87,8 @@ def kernel_checks(device: str | None = None, dtype=None, tokens: int = 4096, hid
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if device == 'cpu' and not K.interpreted():
         return [Check('kernels', 'skipped', "no GPU: tests/test_kernels.py runs them in Triton's interpreter")]
-    if K.triton is None: return [Check('kernels', 'failed', 'Triton is not installed')]
+    if K.triton is None:
+        return [Check('kernels', 'failed', 'Triton is not installed')]
     dtype = dtype or (torch.bfloat16 if device == 'cuda' else torch.float32)
     torch.manual_seed(0)
     r = lambda *s: torch.randn(*s, device=device, dtype=dtype)
@@ -111,7 +117,8 @@ def kernel_checks(device: str | None = None, dtype=None, tokens: int = 4096, hid
             ok = err <= 8 * eps
             out.append(Check(f'kernel {name}', 'ok' if ok else 'failed', f'max error {err:.1e} of the largest value '
                              f'(allowed {8 * eps:.1e}), forward and backward, {str(dtype).split(".")[1]}', err))
-        except Exception as e: out.append(Check(f'kernel {name}', 'failed', f'{type(e).__name__}: {e}'))
+        except Exception as e:
+            out.append(Check(f'kernel {name}', 'failed', f'{type(e).__name__}: {e}'))
     return out
 
 # %% ../nbs/18_doctor.ipynb #d355330f
@@ -137,11 +144,15 @@ def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | N
     losses, start = [], None
     for step in range(steps):
         if step == steps // 2:
-            if cuda: torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
-        loss = engine(data[:, :-1], data[:, 1:]); engine.backward(loss); engine.step()
+        loss = engine(data[:, :-1], data[:, 1:])
+        engine.backward(loss)
+        engine.step()
         losses.append(loss.item())
-    if cuda: torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     t = (time.perf_counter() - start) / (steps - steps // 2)
     flops = flops_per_iteration(cfg.model, mb)
     peak = peak_flops('cuda' if cuda else 'cpu', precision)
@@ -151,9 +162,11 @@ def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | N
         return [Check('train', 'failed', f'{what}; the loss is not finite: {losses}')]
     out = [Check('train', 'ok', f'{what}; loss {losses[0]:.2f} -> {losses[-1]:.2f}'),
            Check('train TFLOP/s', 'ok', f'{flops / t / 1e12:.3f} TFLOP/s of model FLOPs', flops / t / 1e12)]
-    if peak: out.append(Check('train MFU', 'ok', f'{flops / t / peak:.1%} of the {peak / 1e12:.0f} TFLOP/s peak',
+    if peak:
+        out.append(Check('train MFU', 'ok', f'{flops / t / peak:.1%} of the {peak / 1e12:.0f} TFLOP/s peak',
                               flops / t / peak))
-    else: out.append(Check('train MFU', 'skipped', 'no known peak for this device (a CPU or an unlisted GPU)'))
+    else:
+        out.append(Check('train MFU', 'skipped', 'no known peak for this device (a CPU or an unlisted GPU)'))
     return out
 
 # %% ../nbs/18_doctor.ipynb #3c586779
@@ -168,19 +181,25 @@ def _allreduce_worker():
     dist.init_process_group(backend, init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=world)
     try:
         dev = torch.device('cuda', rank) if backend == 'nccl' else torch.device('cpu')
-        if backend == 'nccl': torch.cuda.set_device(dev)
+        if backend == 'nccl':
+            torch.cuda.set_device(dev)
         buf = torch.full((numel,), float(rank + 1), device=dev)
         dist.all_reduce(buf)                                     # warm up (and connect)
-        if backend == 'nccl': torch.cuda.synchronize()
+        if backend == 'nccl':
+            torch.cuda.synchronize()
         dist.barrier()
         start = time.perf_counter()
-        for _ in range(iters): dist.all_reduce(buf)
-        if backend == 'nccl': torch.cuda.synchronize()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        if backend == 'nccl':
+            torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / iters
         expected = world * (world + 1) / 2 * world ** iters      # 1 + ... + world, then multiplied by world each time
         right = abs(buf[0].item() - expected) <= 1e-3 * expected
-        if rank == 0: print(f'allreduce {seconds} {int(right)}')
-    finally: dist.destroy_process_group()
+        if rank == 0:
+            print(f'allreduce {seconds} {int(right)}')
+    finally:
+        dist.destroy_process_group()
 
 def allreduce_bandwidth(nproc: int, backend: str = 'nccl', mbytes: float = 256, iters: int = 10) -> tuple[float, bool]:
     "(bus bandwidth in GB/s, whether the sums were right) of an fp32 all-reduce of `mbytes` MB over `nproc` processes"
@@ -203,9 +222,12 @@ def allreduce_check(mbytes: float = 256) -> list[Check]:
     "The NCCL all-reduce bus bandwidth between this machine's GPUs, when it has two or more"
     import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n < 2: return [Check('all-reduce', 'skipped', f'{n} GPU(s): nothing to measure between')]
-    try: bw, right = allreduce_bandwidth(n, 'nccl', mbytes)
-    except Exception as e: return [Check('all-reduce', 'failed', f'{type(e).__name__}: {e}')]
+    if n < 2:
+        return [Check('all-reduce', 'skipped', f'{n} GPU(s): nothing to measure between')]
+    try:
+        bw, right = allreduce_bandwidth(n, 'nccl', mbytes)
+    except Exception as e:
+        return [Check('all-reduce', 'failed', f'{type(e).__name__}: {e}')]
     return [Check('all-reduce', 'ok' if right else 'failed', f'{bw:.1f} GB/s bus bandwidth over {n} GPUs '
                   f'({mbytes:.0f} MB fp32){"" if right else "; the sums were WRONG"}', bw)]
 
@@ -214,7 +236,8 @@ def doctor(steps: int = 20, report=lambda checks: None) -> list[Check]:
     "Every check: versions, the device, the kernels, a short training run, the all-reduce bandwidth"
     out = []
     for group in (versions, device_checks, kernel_checks, lambda: train_check(steps=steps), allreduce_check):
-        try: checks = group()
+        try:
+            checks = group()
         except Exception as e:
             name = getattr(group, '__name__', 'train_check').replace('_checks', '').replace('_check', '')
             checks = [Check(name, 'failed', f'{type(e).__name__}: {e}')]

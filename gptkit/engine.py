@@ -25,9 +25,12 @@ def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | No
     "The DeepSpeed config for `cfg` stepping as `plan` says (default: `cfg.plan`), with `override` merged over it"
     t, par, plan = cfg.train, cfg.parallel, plan or cfg.plan
     zero = {'stage': par.zero}
-    if par.zero == 3: zero['memory_efficient_linear'] = False   # it patches torch.nn.functional.linear process-wide
-    if par.offload != 'none': zero['offload_optimizer'] = {'device': 'cpu'}
-    if par.offload == 'optimizer+params': zero['offload_param'] = {'device': 'cpu'}
+    if par.zero == 3:
+        zero['memory_efficient_linear'] = False   # it patches torch.nn.functional.linear process-wide
+    if par.offload != 'none':
+        zero['offload_optimizer'] = {'device': 'cpu'}
+    if par.offload == 'optimizer+params':
+        zero['offload_param'] = {'device': 'cpu'}
     out = {
         'train_batch_size': plan.global_batch,
         'train_micro_batch_size_per_gpu': plan.micro_batch,
@@ -57,7 +60,8 @@ def param_groups(model, weight_decay: float) -> list[dict]:
     "AdamW groups: decay on parameters with 2 or more dimensions, none on biases and norms"
     decay, plain = [], []
     for p in model.parameters():
-        if p.requires_grad: (decay if p.dim() >= 2 else plain).append(p)
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else plain).append(p)
     return [{'params': decay, 'weight_decay': weight_decay}, {'params': plain, 'weight_decay': 0.0}]
 
 def make_optimizer(cfg: RunConfig, groups: list[dict], device: str):
@@ -83,25 +87,29 @@ class Schedule:
     def __call__(self, step: int) -> float:
         "The learning rate of optimizer step `step` (0-based)"
         o, warm = self.optim, self.warmup
-        if step < warm: return o.lr * (step + 1) / warm
+        if step < warm:
+            return o.lr * (step + 1) / warm
         progress = min(1.0, (step - warm) / max(1, self.iters - warm))
         return o.floor + 0.5 * (o.lr - o.floor) * (1 + math.cos(math.pi * progress))
 
     def scheduler(self, optimizer):
         "A torch `LambdaLR` that sets `optimizer`'s learning rate to this schedule's, step by step"
         import torch
-        for g in optimizer.param_groups: g['initial_lr'] = g['lr'] = self.optim.lr
+        for g in optimizer.param_groups:
+            g['initial_lr'] = g['lr'] = self.optim.lr
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self(step) / self.optim.lr)
 
     def follow(self, engine):
         "After a resume, make `engine` follow this schedule rather than the peak lr its checkpoint saved"
         from torch.optim.lr_scheduler import LambdaLR
         sched = engine.lr_scheduler
-        if not isinstance(sched, LambdaLR) or all(b == self.optim.lr for b in sched.base_lrs): return
+        if not isinstance(sched, LambdaLR) or all(b == self.optim.lr for b in sched.base_lrs):
+            return
         log.info('learning rate: following optim.lr=%g of this run (the checkpoint had %g)',
                  self.optim.lr, sched.base_lrs[0])
         sched.base_lrs = [self.optim.lr] * len(sched.base_lrs)
-        for g in engine.optimizer.param_groups: g['initial_lr'], g['lr'] = self.optim.lr, self(sched.last_epoch)
+        for g in engine.optimizer.param_groups:
+            g['initial_lr'], g['lr'] = self.optim.lr, self(sched.last_epoch)
 
 # %% ../nbs/10_engine.ipynb #5075b8c9
 def device_type() -> str:
@@ -115,7 +123,8 @@ def machine_defaults() -> dict:
 
 def world_size(cfg: RunConfig, nproc: int | None = None) -> int:
     "Processes that run `cfg`: a launcher's WORLD_SIZE inside one, else `nproc`, else one per rank (tp x pp x dp)"
-    if 'RANK' in os.environ and 'WORLD_SIZE' in os.environ: return int(os.environ['WORLD_SIZE'])
+    if 'RANK' in os.environ and 'WORLD_SIZE' in os.environ:
+        return int(os.environ['WORLD_SIZE'])
     return nproc or cfg.parallel.world_size
 
 def free_port() -> int:
@@ -128,7 +137,8 @@ def _restart_store():
     """The store of a process group that torchrun restarted (`--max-restarts`), under keys of its own: the launcher's
     store outlives the processes, and the new ones would otherwise read the dead ones' addresses. None otherwise"""
     attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)
-    if not attempt: return None
+    if not attempt:
+        return None
     import torch.distributed as dist
     rank, world = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     host = rank == 0 and os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True'
@@ -140,7 +150,8 @@ def init_distributed() -> tuple[int, int, int]:
     "Start torch.distributed through DeepSpeed, alone or under a launcher; returns (rank, world_size, local_rank)"
     import torch
     cpu = not torch.cuda.is_available()
-    if cpu: os.environ.setdefault('DS_ACCELERATOR', 'cpu')
+    if cpu:
+        os.environ.setdefault('DS_ACCELERATOR', 'cpu')
     alone = {}
     if 'RANK' not in os.environ and not torch.distributed.is_initialized():
         alone = {'RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': os.environ.get('MASTER_ADDR', '127.0.0.1'),
@@ -149,7 +160,8 @@ def init_distributed() -> tuple[int, int, int]:
     import deepspeed
     import deepspeed.ops
     logging.getLogger('DeepSpeed').setLevel(logging.WARNING)
-    if cpu: deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False   # gloo instead of a compiled op
+    if cpu:
+        deepspeed.ops.__compatible_ops__['deepspeed_shm_comm'] = False   # gloo instead of a compiled op
     try:
         store = None if torch.distributed.is_initialized() else _restart_store()
         if store is not None:
@@ -159,9 +171,11 @@ def init_distributed() -> tuple[int, int, int]:
             deepspeed.init_distributed(dist_backend='gloo' if cpu else 'nccl', verbose=False)
     finally:
         # a process started later from this one (a launcher, a notebook) must not think it is rank 0 of this group
-        for k in alone: os.environ.pop(k, None)
+        for k in alone:
+            os.environ.pop(k, None)
     local = int(os.environ.get('LOCAL_RANK', 0))
-    if not cpu: torch.cuda.set_device(local)
+    if not cpu:
+        torch.cuda.set_device(local)
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), local
 
 # %% ../nbs/10_engine.ipynb #f06e6974

@@ -75,7 +75,8 @@ def get_gpu(name: str = 'a100-80gb', memory: int | None = None, tflops: float | 
     if tflops is not None and not tflops > 0:
         problems.append(('gpu_tflops', f'{{key}} must be positive, not {tflops!r}'))
     check(problems)
-    if memory is None and tflops is None: return gpu
+    if memory is None and tflops is None:
+        return gpu
     scale = (tflops * 1e12 / gpu.peak_16bit) if tflops else 1.0
     return GPU(f'{gpu.name} (custom)' if memory or tflops else gpu.name, memory or gpu.memory,
                gpu.peak_16bit * scale, gpu.peak_tf32 * scale, gpu.link, gpu.network)
@@ -90,7 +91,8 @@ class StageParams:
     largest_layer: int  # the biggest single layer on this rank (what ZeRO-3 gathers at once)
 
     @property
-    def per_rank(self) -> int: return self.split + self.replicated + self.tied_copy
+    def per_rank(self) -> int:
+        return self.split + self.replicated + self.tied_copy
 
 @dataclass(frozen=True)
 class ParamCount:
@@ -104,7 +106,8 @@ class ParamCount:
     stages: tuple[StageParams, ...]
 
     @property
-    def per_rank_max(self) -> int: return max(s.per_rank for s in self.stages)
+    def per_rank_max(self) -> int:
+        return max(s.per_rank for s in self.stages)
 
 # %% ../nbs/01_estimate.ipynb #52c1f7cb
 def count_params(model: ModelConfig, tp: int = 1, pp: int = 1, balance: str = 'layers') -> ParamCount:
@@ -155,8 +158,10 @@ def model_states(params: int, largest_layer: int, par: ParallelConfig, precision
     opt = params * o if z < 1 else params * o / d
     if par.offload != 'none':
         opt = 0
-        if z >= 2: grads = 0
-    if par.offload == 'optimizer+params': weights = largest_layer * w
+        if z >= 2:
+            grads = 0
+    if par.offload == 'optimizer+params':
+        weights = largest_layer * w
     return weights, grads, opt
 
 # %% ../nbs/01_estimate.ipynb #29ebdeb3
@@ -174,7 +179,8 @@ class LayerActivations(NamedTuple):
 
 def norm_bytes(model: ModelConfig, element: int) -> tuple[int, int]:
     "(bytes per element, fp32 bytes per token) a norm keeps: LayerNorm input, mean, 1/std; RMSNorm fp32 input, x/rms"
-    if model.norm == 'layernorm': return element, 8
+    if model.norm == 'layernorm':
+        return element, 8
     return (element, 4) if model.kernels == 'triton' else (4 + element, 4)     # the Triton kernel keeps x and 1/rms
 
 def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
@@ -203,8 +209,10 @@ def stage_moments(layer: LayerActivations, layers: int, in_flight: int, recomput
     "Bytes a stage's layers keep (when the forward ends, while the backward rebuilds the first recomputed part)"
     base, scores, inp, core, released = layer
     kn = in_flight * layers
-    if recompute == 'none': return kn * (base + scores), 0.0
-    if recompute == 'selective': return kn * base, kn * base - released + core
+    if recompute == 'none':
+        return kn * (base + scores), 0.0
+    if recompute == 'selective':
+        return kn * base, kn * base - released + core
     return kn * inp, (kn - 1) * inp + base + scores
 
 def stage_activations(layer: LayerActivations, layers: int, in_flight: int, recompute: str) -> float:
@@ -228,7 +236,8 @@ def ce_chunk_tokens(tokens: int, columns: int) -> int:
     """Tokens per chunk of the chunked cross entropy: the largest power of two (16 at least) whose fp32 logits
     over `columns` fit CE_CHUNK_BYTES, `tokens` at most"""
     c = 16
-    while 2 * c * columns * 4 <= CE_CHUNK_BYTES: c *= 2
+    while 2 * c * columns * 4 <= CE_CHUNK_BYTES:
+        c *= 2
     return max(1, min(c, tokens))
 
 def logits_bytes(model: ModelConfig, micro_batch: int, tp: int = 1, precision: str = 'bf16',
@@ -294,11 +303,14 @@ class Memory:
     def total(self) -> float:
         return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.other
     @property
-    def allocated(self) -> float: return self.total - self.other
+    def allocated(self) -> float:
+        return self.total - self.other
     @property
-    def headroom(self) -> float: return self.capacity - self.total
+    def headroom(self) -> float:
+        return self.capacity - self.total
     @property
-    def fits(self) -> bool: return self.total <= self.capacity
+    def fits(self) -> bool:
+        return self.total <= self.capacity
 
 # %% ../nbs/01_estimate.ipynb #bc6925bb
 def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, capacity: int = 80 * GiB,
@@ -311,7 +323,8 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
         act, lg = stage_activation_bytes(model, par, train, i)
         rest = w + g + o + act + lg
         mem = Memory(w, g, o, act, lg, overhead_bytes(rest), capacity, i)
-        if worst is None or mem.total > worst.total: worst = mem
+        if worst is None or mem.total > worst.total:
+            worst = mem
     return worst
 
 # %% ../nbs/01_estimate.ipynb #ebb21591
@@ -334,12 +347,14 @@ class StepTime:
     bubble_fraction: float
 
     @property
-    def total(self) -> float: return (self.compute + self.tp_comm + self.dp_comm) * (1 + self.bubble_fraction)
+    def total(self) -> float:
+        return (self.compute + self.tp_comm + self.dp_comm) * (1 + self.bubble_fraction)
 
 # %% ../nbs/01_estimate.ipynb #b6c6a96e
 def dp_bytes(params: int, par: ParallelConfig, micro_batches: int, precision: str) -> float:
     "Bytes each GPU sends for data parallelism in one step under its ZeRO stage"
-    if par.dp == 1: return 0.0
+    if par.dp == 1:
+        return 0.0
     w, g, _ = state_bytes(precision)
     per_param = {0: 2 * g, 1: g + w, 2: micro_batches * g + w, 3: micro_batches * (2 * w + g)}[par.zero]
     return per_param * params * (par.dp - 1) / par.dp
@@ -364,10 +379,13 @@ def train_flags(par: ParallelConfig, train: TrainConfig) -> str:
     "The `gptkit train` options that select this layout (every setting the estimate assumed, spelled out)"
     flags = [f'--tp {par.tp}', f'--pp {par.pp}', f'--set parallel.zero={par.zero}',
              f'--set parallel.sequence_parallel={str(par.sequence_parallel).lower()}']
-    if par.offload != 'none': flags.append(f'--set parallel.offload={par.offload}')
-    if par.pp > 1 and par.balance != 'layers': flags.append(f'--set parallel.balance={par.balance}')
+    if par.offload != 'none':
+        flags.append(f'--set parallel.offload={par.offload}')
+    if par.pp > 1 and par.balance != 'layers':
+        flags.append(f'--set parallel.balance={par.balance}')
     flags += [f'--set train.micro_batch={train.micro_batch}']
-    if train.global_batch is not None: flags.append(f'--set train.global_batch={train.global_batch}')
+    if train.global_batch is not None:
+        flags.append(f'--set train.global_batch={train.global_batch}')
     flags += [f'--set train.precision={train.precision}', f'--set train.recompute={train.recompute}']
     return ' '.join(flags)
 
@@ -388,9 +406,11 @@ class Estimate:
     step: StepTime
 
     @property
-    def batch(self) -> int: return _plan(self.model, self.parallel, self.train).global_batch
+    def batch(self) -> int:
+        return _plan(self.model, self.parallel, self.train).global_batch
     @property
-    def iterations(self) -> int: return -(-self.tokens // (self.batch * self.model.seq_len))
+    def iterations(self) -> int:
+        return -(-self.tokens // (self.batch * self.model.seq_len))
     @property
     def seconds(self) -> float:
         "Training time at the assumed MFU"
@@ -435,7 +455,8 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
              gpus_per_node: int | None = None) -> Estimate:
     "Parameters, memory per GPU, FLOPs and time for `model` trained on `tokens` with this layout"
     problems = []
-    if not 0 < mfu <= 1: problems.append(('mfu', f'{{key}} must be a fraction in (0, 1], not {mfu!r}'))
+    if not 0 < mfu <= 1:
+        problems.append(('mfu', f'{{key}} must be a fraction in (0, 1], not {mfu!r}'))
     if not isinstance(tokens, int) or tokens <= 0:
         problems.append(('tokens', f'{{key}} must be positive, not {tokens!r}'))
     check(problems)
@@ -473,19 +494,22 @@ def resolve_model(params: str | None = None, preset: str | None = None,
         check([(k, '{key} is required when neither --params nor --preset is given')
                for k in ('layers', 'hidden', 'heads') if k not in dims])
         return ModelConfig(**dims), None, 'custom model'
-    if dims: note += ' with ' + ', '.join(f'{k}={v}' for k, v in dims.items())
+    if dims:
+        note += ' with ' + ', '.join(f'{k}={v}' for k, v in dims.items())
     return dataclasses.replace(base.model, **dims), base, note
 
 # %% ../nbs/01_estimate.ipynb #a9ac0df0
 def data_parallel(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None) -> int:
     "The data-parallel degree of `gpus` GPUs split tp x pp ways (a given `dp` must fill them); no `gpus`: `dp` or 1"
-    if dp is None: return Layout.build(ParallelConfig(tp=tp, pp=pp), gpus).dp if gpus is not None else 1
+    if dp is None:
+        return Layout.build(ParallelConfig(tp=tp, pp=pp), gpus).dp if gpus is not None else 1
     if gpus is not None and gpus != tp * pp * dp:
         raise ConfigError([('gpus', f'{{key}} {gpus} is not tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}')])
     return dp
 
 # %% ../nbs/01_estimate.ipynb #7d8befd6
-def _divisors(n: int) -> list[int]: return [k for k in range(1, n + 1) if n % k == 0]
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
 
 def candidate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, precision: str = 'bf16',
                       flash: bool = True, micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)):
@@ -493,15 +517,20 @@ def candidate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, global_
     for tp in _divisors(model.heads):
         for pp in _divisors(model.layers):
             degrees = ParallelConfig(tp=tp, pp=pp, sequence_parallel=tp > 1)
-            try: layout = Layout.build(degrees, gpus, model, gpus_per_node)
-            except ConfigError: continue                         # these degrees do not split these GPUs or this model
+            try:
+                layout = Layout.build(degrees, gpus, model, gpus_per_node)
+            except ConfigError:
+                continue                         # these degrees do not split these GPUs or this model
             for zero in ((0, 1) if pp > 1 else (0, 1, 2, 3)):
                 par = ParallelConfig(tp=tp, pp=pp, dp=layout.dp, zero=zero, sequence_parallel=tp > 1)
-                if par.problems(): continue                      # a combination gptkit refuses to train
+                if par.problems():
+                    continue                      # a combination gptkit refuses to train
                 for mb in micro_batches:
                     train = TrainConfig(micro_batch=mb, global_batch=global_batch, precision=precision, flash=flash)
-                    if BatchPlan.problems(train, layout.dp): continue
-                    for rc in ('none', 'selective', 'full'): yield par, dataclasses.replace(train, recompute=rc)
+                    if BatchPlan.problems(train, layout.dp):
+                        continue
+                    for rc in ('none', 'selective', 'full'):
+                        yield par, dataclasses.replace(train, recompute=rc)
 
 # %% ../nbs/01_estimate.ipynb #910cf1de
 def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, global_batch: int = 512,
@@ -515,9 +544,11 @@ def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, glob
     found = []
     for par, train in candidate_layouts(model, gpus, gpus_per_node, global_batch, precision, flash):
         key = (par.tp, par.pp, par.balance)
-        if key not in params: params[key] = count_params(model, par.tp, par.pp, par.balance)
+        if key not in params:
+            params[key] = count_params(model, par.tp, par.pp, par.balance)
         mem = memory_per_gpu(model, par, train, gpu.memory, params[key])
-        if not mem.fits: continue
+        if not mem.fits:
+            continue
         found.append((step_time(model, par, train, gpu, mfu, gpus_per_node, params[key]).total, mem.total, par, train))
     found.sort(key=lambda r: (r[0], r[1]))
     return [estimate(model, par, train, gpu, tokens, mfu, gpus_per_node) for _, _, par, train in found[:top]]

@@ -35,7 +35,8 @@ class Window:
 
 def check_stride(stride: int | None, context: int) -> int:
     "The stride to use: `context` when None; otherwise it must be in [1, context]"
-    if stride is None: return context
+    if stride is None:
+        return context
     if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= context:
         why = f'{{key}} must be between 1 and the context of {context} tokens, not {stride!r}'
         raise ConfigError([('stride', why)])
@@ -44,7 +45,8 @@ def check_stride(stride: int | None, context: int) -> int:
 def windows(n: int, context: int, stride: int | None = None) -> list[Window]:
     "Windows of at most `context` inputs over `n` tokens, `stride` apart; each of the n - 1 targets is scored once"
     stride = check_stride(stride, context)
-    if n < 2: return []
+    if n < 2:
+        return []
     count = 1 + -(-max(n - 1 - context, 0) // stride)
     return [Window(0, min(context, n - 1), 0)] + [Window(w * stride, min(w * stride + context, n - 1), context - stride)
                                                    for w in range(1, count)]
@@ -65,7 +67,8 @@ def token_losses(model, tokens: Sequence[int], context: int, stride: int | None 
         for i in range(0, len(ws), batch_size):
             group = ws[i:i + batch_size]
             width = max(w.stop - w.start for w in group)
-            x = torch.zeros(len(group), width, dtype=torch.long); y = torch.zeros_like(x)
+            x = torch.zeros(len(group), width, dtype=torch.long)
+            y = torch.zeros_like(x)
             keep = torch.zeros(len(group), width, dtype=torch.bool)
             for j, w in enumerate(group):
                 k = w.stop - w.start
@@ -74,13 +77,16 @@ def token_losses(model, tokens: Sequence[int], context: int, stride: int | None 
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.to(device).view(-1), reduction='none')
             total += loss[keep.to(device).view(-1)].double().sum().cpu()
             count += int(keep.sum())
-            if progress: progress('perplexity', min(i + batch_size, len(ws)), len(ws))
+            if progress:
+                progress('perplexity', min(i + batch_size, len(ws)), len(ws))
     return float(total), count, len(ws)
 
 # %% ../nbs/16_evaluate.ipynb #edc0b4c4
 def _exp(x: float) -> float:
-    try: return math.exp(x)
-    except OverflowError: return math.inf
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 def word_perplexity(loss: float, tokens: int, words: int) -> float | None:
     "Megatron's adjusted perplexity: exp(loss x (tokens - 1) / (words - 1)), `loss` the mean over tokens - 1 targets"
@@ -132,8 +138,10 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 def _utf8(raw: bytes, where: str) -> str:
-    try: return raw.decode('utf-8')
-    except UnicodeDecodeError as e: raise DataError(f'{where}: byte {e.start} is not UTF-8') from None
+    try:
+        return raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        raise DataError(f'{where}: byte {e.start} is not UTF-8') from None
 
 def is_jsonl(source: str | Path) -> bool:
     "Whether `source` names a JSON Lines file (.jsonl or .jsonl.gz)"
@@ -145,11 +153,13 @@ def read_texts(source: str | Path, jsonl: bool | None = None, text_key: str = 't
     path = _path(source)
     jsonl = is_jsonl(path) if jsonl is None else jsonl
     raw = _read_bytes(path)
-    if not jsonl: docs = [Document(clean_text(_utf8(raw, str(path))), str(source), 0)]
+    if not jsonl:
+        docs = [Document(clean_text(_utf8(raw, str(path))), str(source), 0)]
     else:
         docs = []
         for n, line in enumerate(raw.split(b'\n'), 1):
-            if not line.strip(): continue
+            if not line.strip():
+                continue
             where = f'{path}:{n}'
             if len(line) > LINE_BYTES:
                 raise DataError(f'{where}: the line holds {_size(len(line))}, more than the {_size(LINE_BYTES)} of one '
@@ -165,8 +175,10 @@ def read_texts(source: str | Path, jsonl: bool | None = None, text_key: str = 't
             if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
                 raise DataError(f'{where}: no string under the key {text_key!r} (choose the key with --text-key)')
             docs.append(Document(clean_text(obj[text_key]), str(source), n))
-    if not keep_empty: docs = [d for d in docs if d.text.strip()]
-    if not docs: raise DataError(f'{path} holds no text')
+    if not keep_empty:
+        docs = [d for d in docs if d.text.strip()]
+    if not docs:
+        raise DataError(f'{path} holds no text')
     return docs[:max_documents] if max_documents else docs
 
 # %% ../nbs/16_evaluate.ipynb #03fc2a5d
@@ -176,7 +188,8 @@ def perplexity(model, tokenizer, docs: Sequence[Document], context: int, stride:
     stride = check_stride(stride, context)
     start = time.perf_counter()
     tokens = []
-    for ids in tokenizer.encode_batch([d.text for d in docs]): tokens += ids + [tokenizer.eod]
+    for ids in tokenizer.encode_batch([d.text for d in docs]):
+        tokens += ids + [tokenizer.eod]
     words = sum(len(d.text.split()) for d in docs)
     total, scored, nw = token_losses(model, tokens, context, stride, batch_size, progress)
     loss = total / scored
@@ -195,7 +208,8 @@ class ClozeExample:
 def cloze_example(tokenizer, text: str, where: str = '') -> ClozeExample:
     "Split `text` before its last whitespace-separated word, as Megatron's strict LAMBADA does"
     words = text.split()
-    if len(words) < 2: raise DataError(f'{where or repr(text)}: a cloze example needs a context and a last word')
+    if len(words) < 2:
+        raise DataError(f'{where or repr(text)}: a cloze example needs a context and a last word')
     last = words[-1]
     return ClozeExample(tokenizer.encode(text[:text.rfind(last)].strip()), tokenizer.encode(' ' + last), where)
 
@@ -231,12 +245,14 @@ def cloze_accuracy(model, examples: Sequence[ClozeExample], context: int, batch_
             seqs = [(ex.context + ex.target)[-(context + 1):] for ex in group]
             width = max(len(s) for s in seqs) - 1
             x = torch.zeros(len(group), width, dtype=torch.long)
-            for j, s in enumerate(seqs): x[j, :len(s) - 1] = torch.tensor(s[:-1])
+            for j, s in enumerate(seqs):
+                x[j, :len(s) - 1] = torch.tensor(s[:-1])
             pred = model(x.to(device)).argmax(-1).cpu()                       # (b, width)
             for j, (s, ex) in enumerate(zip(seqs, group)):
                 k, m = len(s) - 1, len(ex.target)
                 correct += pred[j, k - m:k].tolist() == ex.target
-            if progress: progress('cloze', min(i + batch_size, len(examples)), len(examples))
+            if progress:
+                progress('cloze', min(i + batch_size, len(examples)), len(examples))
     n = len(examples)
     return Cloze(source, n, correct, correct / n if n else 0.0, time.perf_counter() - start)
 
@@ -252,7 +268,8 @@ class Evaluation:
     perplexity: Perplexity | None
     cloze: Cloze | None
 
-    def to_dict(self) -> dict: return asdict(self)
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl: bool | None = None,
              text_key: str = 'text', cloze: str | Path | None = None, stride: int | None = None,

@@ -39,7 +39,8 @@ class Sampling:
     stop_at_eod: bool = True   # stop at the end-of-document token
     top_logprobs: int = 0      # also report this many likeliest tokens and their log-probabilities (up to 20)
 
-    def __post_init__(self): check(self.problems())
+    def __post_init__(self):
+        check(self.problems())
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
@@ -82,7 +83,8 @@ def next_tokens(logits: torch.Tensor, s: Sampling,
                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     "(token ids [batch], their log-probabilities [batch]) from the last position's logits [batch, vocab]"
     logits = logits.float()
-    if s.greedy: ids = logits.argmax(-1)
+    if s.greedy:
+        ids = logits.argmax(-1)
     else:
         probs = filter_logits(logits, s).softmax(-1)
         ids = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -100,7 +102,9 @@ def left_pad(prompts: list[list[int]], pad: int, device=None) -> tuple[torch.Ten
     ids = torch.full((len(prompts), n), pad, dtype=torch.long)
     valid = torch.zeros(len(prompts), n, dtype=torch.bool)
     for r, p in enumerate(prompts):
-        if p: ids[r, n - len(p):] = torch.tensor(p); valid[r, n - len(p):] = True
+        if p:
+            ids[r, n - len(p):] = torch.tensor(p)
+            valid[r, n - len(p):] = True
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), positions.to(device), valid.to(device)
 
@@ -134,7 +138,8 @@ class TextStream:
         if cut >= 0:
             self.stopped = True
             return self._release(text[:cut])
-        if text.endswith('\ufffd'): return ''
+        if text.endswith('\ufffd'):
+            return ''
         return self._release(text[:len(text) - self._held(text)])
 
     def finish(self) -> str:
@@ -148,7 +153,8 @@ class TextStream:
         return new
 
     @property
-    def full_text(self) -> str: return getattr(self, 'text', '')
+    def full_text(self) -> str:
+        return getattr(self, 'text', '')
 
 # %% ../nbs/14_generate.ipynb #d1a0c002
 class DecodeLinear(nn.Module):
@@ -182,8 +188,10 @@ def decode_layout(model):
     net = copy.deepcopy(model, shared)                  # no tensor is copied here
     for m in list(net.modules()):
         for name, child in list(m.named_children()):
-            if type(child) is nn.Linear: setattr(m, name, DecodeLinear(child))
-    if type(net.head) is OutputLayer and net.wte is not None: net.head = DecodeHead(net.head, net.output_weight())
+            if type(child) is nn.Linear:
+                setattr(m, name, DecodeLinear(child))
+    if type(net.head) is OutputLayer and net.wte is not None:
+        net.head = DecodeHead(net.head, net.output_weight())
     return net.eval()
 
 # %% ../nbs/14_generate.ipynb #7cf094f1
@@ -239,8 +247,10 @@ def tensor_parallel_part(model, tp: int):
 def _device_dtype(device: str | None, dtype):
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if dtype is None:
-        if device == 'cpu': dtype = torch.float32
-        else: dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device == 'cpu':
+            dtype = torch.float32
+        else:
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return device, dtype
 
 # %% ../nbs/14_generate.ipynb #c172fdf7
@@ -266,7 +276,8 @@ class Generator:
         loaded = load_model(path, device='cpu' if tp > 1 else device, dtype=dtype)
         if loaded.tokenizer is None:
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
-        if tp > 1: loaded.model = tensor_parallel_part(loaded.model, tp).to(device)
+        if tp > 1:
+            loaded.model = tensor_parallel_part(loaded.model, tp).to(device)
         g = cls(loaded.model, loaded.tokenizer)
         loaded.model, g.loaded = g.model, loaded          # the original's matrices are not kept twice
         return g
@@ -279,10 +290,12 @@ class Generator:
     def check_batch(self, batch: int, key: str = 'batch_size'):
         "Refuse a batch whose KV cache alone would not fit in the memory this device has free"
         need, p = self.kv_cache_bytes(batch), next(self.model.parameters())
-        if p.device.type == 'cuda': free = torch.cuda.mem_get_info(p.device)[0]
+        if p.device.type == 'cuda':
+            free = torch.cuda.mem_get_info(p.device)[0]
         elif 'SC_AVPHYS_PAGES' in getattr(os, 'sysconf_names', {}):   # Linux; macOS has no such count
             free = os.sysconf('SC_AVPHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
-        else: free = None
+        else:
+            free = None
         if free is not None and need > free:
             fits = max(1, int(batch * free / need))
             raise ConfigError([(key, f'{{key}} {batch:,}: the KV cache of {batch:,} sequences of {self.context:,} '
@@ -307,11 +320,13 @@ class Generator:
         if prompt_logprobs:
             got = [batch.prompt_logprobs.pop(k) for k in keys]
             self.last_prompt_logprobs = [lp for lp, _ in got]
-            if s.top_logprobs: self.last_prompt_top = [top for _, top in got]     # for an echo
+            if s.top_logprobs:
+                self.last_prompt_top = [top for _, top in got]     # for an echo
         while batch:
             yield from batch.sample()
             dropping = agree(drop or set(), self.tp_group) if self.tp_group is not None else drop
-            if dropping: batch.drop(dropping)
+            if dropping:
+                batch.drop(dropping)
 
     @torch.no_grad()
     def score(self, prompts: list[list[int]]) -> list[list[float]]:
@@ -330,10 +345,14 @@ class Generator:
         for c in self.stream(enc, s, prompt_logprobs):
             r = res[c.index]
             r.text += c.text
-            if c.token is not None: r.tokens.append(c.token); r.logprobs.append(c.logprob)
-            if c.finish_reason: r.finish_reason = c.finish_reason
+            if c.token is not None:
+                r.tokens.append(c.token)
+                r.logprobs.append(c.logprob)
+            if c.finish_reason:
+                r.finish_reason = c.finish_reason
         if prompt_logprobs:
-            for r, lp in zip(res, self.last_prompt_logprobs): r.prompt_logprobs = lp
+            for r, lp in zip(res, self.last_prompt_logprobs):
+                r.prompt_logprobs = lp
         return res
 
 # %% ../nbs/14_generate.ipynb #275df537
@@ -357,15 +376,18 @@ class RunningBatch:
         self.keys, self.joins = itertools.count(), itertools.count()
         self.prompt_logprobs: dict[int, tuple] = {}               # key: (log-probabilities of prompt tokens 2..,
                                                                   # their top alternatives), for the caller to pop
-    def __len__(self): return len(self.rows)
+    def __len__(self):
+        return len(self.rows)
 
     @property
-    def device(self): return self.gen.model.wte.weight.device
+    def device(self):
+        return self.gen.model.wte.weight.device
 
     @torch.inference_mode()
     def catch_up(self):
         "Run the tokens sampled last through the model: every row's next logits"
-        if self.tokens is None: return
+        if self.tokens is None:
+            return
         self.pos = self.pos + 1
         self.logits = self.gen.logits(self.tokens[:, None], cache=self.cache, positions=self.pos)[:, -1]
         self.tokens = None
@@ -381,12 +403,14 @@ class RunningBatch:
         logits = self.gen.logits(ids, cache=cache, positions=positions, valid=valid, logits_to_keep=keep)
         group = self._group(s)
         rows = [Row(next(self.keys), s, TextStream(self.gen.tok, s.stop), n, group) for n in left]
-        if prompt_logprobs: self._prompt_logprobs(rows, prompts, ids, logits, s.top_logprobs)
+        if prompt_logprobs:
+            self._prompt_logprobs(rows, prompts, ids, logits, s.top_logprobs)
         if self.rows:
             room = max(r.left for r in self.rows + rows)
             self.cache = KVCache.stacked([(self.cache, None), (cache, None)], room, self.gen.context)
             self.logits, self.pos = torch.cat([self.logits, logits[:, -1]]), torch.cat([self.pos, positions[:, -1:]])
-        else: self.cache, self.logits, self.pos = cache, logits[:, -1], positions[:, -1:]
+        else:
+            self.cache, self.logits, self.pos = cache, logits[:, -1], positions[:, -1:]
         self.rows += rows
         return [r.key for r in rows]
 
@@ -395,7 +419,8 @@ class RunningBatch:
         seed = None if s.greedy else s.seed
         if seed is None and not s.greedy and self.gen.tp_group is not None:   # every rank must pick the same tokens
             seed = agree(int(torch.randint(2**62, ())), self.gen.tp_group)
-        if seed is None: return s
+        if seed is None:
+            return s
         n = next(self.joins)
         self.generators[n] = torch.Generator(device=self.device).manual_seed(seed)
         return n
@@ -411,31 +436,46 @@ class RunningBatch:
     def sample(self) -> list[Chunk]:
         "Every row's next token: a chunk for each row (its new text, or its end); the rows that ended leave"
         self.catch_up()
-        if not self.rows: return []
+        if not self.rows:
+            return []
         n, dev = len(self.rows), self.device
         groups: dict[object, list[int]] = {}
-        for b, r in enumerate(self.rows): groups.setdefault(r.group, []).append(b)
-        if len(groups) > 1: tokens, logps = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev)
+        for b, r in enumerate(self.rows):
+            groups.setdefault(r.group, []).append(b)
+        if len(groups) > 1:
+            tokens, logps = torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, device=dev)
         tops = [None] * n
         for group, idx in groups.items():
             s = self.rows[idx[0]].sampling
-            if len(groups) == 1: logits = self.logits
-            else: at = torch.tensor(idx, device=dev); logits = self.logits[at]
+            if len(groups) == 1:
+                logits = self.logits
+            else:
+                at = torch.tensor(idx, device=dev)
+                logits = self.logits[at]
             picked = next_tokens(logits, s, self.generators.get(group))
-            if len(groups) == 1: tokens, logps = picked
-            else: tokens[at], logps[at] = picked
+            if len(groups) == 1:
+                tokens, logps = picked
+            else:
+                tokens[at], logps[at] = picked
             if s.top_logprobs:
-                for b, alts in zip(idx, top_alternatives(logits, s.top_logprobs)): tops[b] = alts
+                for b, alts in zip(idx, top_alternatives(logits, s.top_logprobs)):
+                    tops[b] = alts
         chunks, going, eod = [], [], self.gen.tok.eod
         for b, (row, t, lp) in enumerate(zip(self.rows, tokens.tolist(), logps.tolist())):
-            if row.left == 0: chunks.append(Chunk(row.key, '', None, None, 'length')); continue
+            if row.left == 0:
+                chunks.append(Chunk(row.key, '', None, None, 'length'))
+                continue
             row.left -= 1
             if row.sampling.stop_at_eod and t == eod:
-                chunks.append(Chunk(row.key, row.text.finish(), t, lp, 'stop', tops[b])); continue
+                chunks.append(Chunk(row.key, row.text.finish(), t, lp, 'stop', tops[b]))
+                continue
             piece = row.text.add(t)
-            if row.text.stopped: chunks.append(Chunk(row.key, piece, t, lp, 'stop', tops[b])); continue
+            if row.text.stopped:
+                chunks.append(Chunk(row.key, piece, t, lp, 'stop', tops[b]))
+                continue
             if row.left == 0:
-                chunks.append(Chunk(row.key, piece + row.text.finish(), t, lp, 'length', tops[b])); continue
+                chunks.append(Chunk(row.key, piece + row.text.finish(), t, lp, 'length', tops[b]))
+                continue
             chunks.append(Chunk(row.key, piece, t, lp, top=tops[b]))
             going.append(b)
         self.logits, self.tokens = None, tokens
@@ -453,16 +493,20 @@ class RunningBatch:
     @torch.inference_mode()
     def _keep(self, going: list[int]):
         "Only the rows at `going` stay, with their cache rows, the columns none of them uses any more left out"
-        if len(going) == len(self.rows): return
+        if len(going) == len(self.rows):
+            return
         self.rows = [self.rows[b] for b in going]
         if not going:
             self.cache = self.logits = self.tokens = self.pos = None
-            self.generators.clear(); return
+            self.generators.clear()
+            return
         at = torch.tensor(going, device=self.device)
         self.cache = KVCache.stacked([(self.cache, at)], max(r.left for r in self.rows), self.gen.context)
         self.pos = self.pos[at]
-        if self.tokens is not None: self.tokens = self.tokens[at]
-        if self.logits is not None: self.logits = self.logits[at]
+        if self.tokens is not None:
+            self.tokens = self.tokens[at]
+        if self.logits is not None:
+            self.logits = self.logits[at]
         groups = {r.group for r in self.rows}
         self.generators = {g: v for g, v in self.generators.items() if g in groups}
 
@@ -471,5 +515,6 @@ class RunningBatch:
 def reference_greedy(model, ids: list[int], n: int) -> list[int]:
     "The plain loop, for tests: rerun the whole sequence every step and take the argmax"
     x = torch.tensor([ids])
-    for _ in range(n): x = torch.cat([x, model(x)[:, -1].argmax(-1, keepdim=True)], 1)
+    for _ in range(n):
+        x = torch.cat([x, model(x)[:, -1].argmax(-1, keepdim=True)], 1)
     return x[0, len(ids):].tolist()

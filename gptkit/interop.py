@@ -74,13 +74,15 @@ def to_hf(weights: dict, cfg: ModelConfig) -> dict:
         w = weights[p.name][:cfg.vocab] if p.tp == 'vocab' else weights[p.name]
         w = w.t() if p.hf_transposed else w
         parts = w.split(list(p.hf_rows)) if p.hf_rows else [w]
-        for name, part in zip(p.hf if p.hf_rows else [p.hf], parts): out[name] = part.contiguous()
+        for name, part in zip(p.hf if p.hf_rows else [p.hf], parts):
+            out[name] = part.contiguous()
     return out
 
 def _pad_rows(w, rows: int):
     "`w` with zero rows appended (or extra rows cut) to `rows` rows"
     import torch
-    if w.shape[0] >= rows: return w[:rows].contiguous()
+    if w.shape[0] >= rows:
+        return w[:rows].contiguous()
     return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])])
 
 def _unexpected(have: set, want: set, where: str):
@@ -123,7 +125,8 @@ def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
     "The `ModelConfig` for a GPT-2 config dict, or a `CheckpointError` naming the key gptkit cannot represent"
     if not isinstance(c, dict):
         raise CheckpointError(f'{where} must hold a JSON object of settings, not {shown(c)}')
-    if c.get('model_type', 'gpt2') == 'llama': return _llama_config(c, where)
+    if c.get('model_type', 'gpt2') == 'llama':
+        return _llama_config(c, where)
     if c.get('model_type', 'gpt2') != 'gpt2':
         raise CheckpointError(f"{where}: model_type {c.get('model_type')!r} is not supported; "
                               "only GPT-2 (model_type 'gpt2') and Llama ('llama') can be imported")
@@ -140,11 +143,13 @@ def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
                            seq_len=c.get('n_positions') or c.get('n_ctx'), vocab=c['vocab_size'],
                            ffn_hidden=_ffn(c.get('n_inner'), c['n_embd']), dropout=c.get('resid_pdrop', 0.1),
                            init_std=c.get('initializer_range', 0.02), activation=HF_ACTIVATIONS[act])
-    except ConfigError as e: raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
+    except ConfigError as e:
+        raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 def config_to_hf(m: ModelConfig, eod: int | None, dtype: str = 'float32') -> dict:
     "The GPT-2 or Llama config.json for a gptkit model"
-    if hf_family(m) == 'llama': return _llama_config_to_hf(m, eod, dtype)
+    if hf_family(m) == 'llama':
+        return _llama_config_to_hf(m, eod, dtype)
     return {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2', 'vocab_size': m.vocab, 'n_positions': m.seq_len,
             'n_embd': m.hidden, 'n_layer': m.layers, 'n_head': m.heads, 'n_inner': m.ffn_hidden,
             'activation_function': 'gelu_new' if m.activation == 'gelu_tanh' else 'gelu',
@@ -210,14 +215,16 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
     from safetensors.torch import save_file
     folder, cfg, _, weights, tok = checkpoint_parts(path)
-    if tok is None: log.warning('%s has no tokenizer/; the export holds the model only', folder)
+    if tok is None:
+        log.warning('%s has no tokenizer/; the export holds the model only', folder)
     tensors = to_hf(weights, cfg.model)
     dtype = str(next(iter(tensors.values())).dtype).removeprefix('torch.')
     with _staged(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
         config = config_to_hf(cfg.model, tok.eod if tok else None, dtype)
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))
         save_file(tensors, tmp / 'model.safetensors', metadata={'format': 'pt'})
-        if tok is not None: write_hf_tokenizer(tok, tmp, cfg.model.seq_len)
+        if tok is not None:
+            write_hf_tokenizer(tok, tmp, cfg.model.seq_len)
     log.info('exported %s to %s', folder, out_dir)
     return Path(out_dir)
 
@@ -234,7 +241,8 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
     out = Path(out_dir).resolve()
     cfg = RunConfig(model=model_cfg, data=DataConfig(tokenizer=str(out / 'tokenizer')),
                     train=TrainConfig(precision='fp32'), out=str(out))
-    with torch.device('meta'): model = GPT(model_cfg)
+    with torch.device('meta'):
+        model = GPT(model_cfg)
     check_shapes({k: list(v.shape) for k, v in weights.items()}, model, where)
     model.load_state_dict({k: v.float().contiguous() for k, v in weights.items()}, strict=True, assign=True)
     with _staged(out) as tmp:
@@ -251,7 +259,8 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
 def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
     "The tensors of a folder (safetensors, sharded or not, or pytorch_model.bin); GPT-2's named transformer.*"
     import torch
-    if (hf / 'model.safetensors').is_file(): files = [hf / 'model.safetensors']
+    if (hf / 'model.safetensors').is_file():
+        files = [hf / 'model.safetensors']
     elif (hf / 'model.safetensors.index.json').is_file():
         path = hf / 'model.safetensors.index.json'
         index = read_json(path, 'safetensors index', error=CheckpointError, expect=dict)
@@ -259,23 +268,29 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
         if not isinstance(names, dict) or not all(isinstance(f, str) for f in names.values()):
             raise CheckpointError(f'{path}: weight_map must map each weight to the name of its file')
         files = [hf / f for f in sorted(set(names.values()))]
-    elif (hf / 'pytorch_model.bin').is_file(): files = [hf / 'pytorch_model.bin']
-    else: raise CheckpointError(f'{hf} has no model.safetensors or pytorch_model.bin')
+    elif (hf / 'pytorch_model.bin').is_file():
+        files = [hf / 'pytorch_model.bin']
+    else:
+        raise CheckpointError(f'{hf} has no model.safetensors or pytorch_model.bin')
     sd = {}
     for f in files:
         try:
             if f.suffix == '.safetensors':
                 from safetensors.torch import load_file
                 sd.update(load_file(f))
-            else: sd.update(read_torch_file(f))
-        except CheckpointError: raise
-        except Exception as e: raise CheckpointError(f'{f} cannot be read as weights: {e}') from None
+            else:
+                sd.update(read_torch_file(f))
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f'{f} cannot be read as weights: {e}') from None
     embedding = 'model.embed_tokens.weight'
     if hf_family(m) == 'gpt2':
         sd = {k if k.startswith(('transformer.', 'lm_head.')) else f'transformer.{k}': v for k, v in sd.items()
               if not k.endswith(('.attn.bias', '.attn.masked_bias'))}        # causal-mask buffers of old exports
         embedding = 'transformer.wte.weight'
-    if not m.tie_embeddings: return sd
+    if not m.tie_embeddings:
+        return sd
     head = sd.pop('lm_head.weight', None)
     if head is not None and embedding in sd and not torch.equal(head, sd[embedding]):
         raise CheckpointError(f'{hf}: lm_head.weight differs from {embedding}, but config.json ties them '
@@ -292,8 +307,10 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
         raise CheckpointError(f'{hf} is not a Hugging Face model folder: it has no config.json')
     c = read_json(hf / 'config.json', 'Hugging Face config', error=CheckpointError, expect=dict)
     m = config_from_hf(c, str(hf / 'config.json'))
-    try: tok = load_tokenizer(hf)
-    except DataError as e: raise CheckpointError(f'{hf} has no usable tokenizer ({e})') from None
+    try:
+        tok = load_tokenizer(hf)
+    except DataError as e:
+        raise CheckpointError(f'{hf} has no usable tokenizer ({e})') from None
     if tok.vocab_size != m.vocab:
         raise CheckpointError(f'{hf / "config.json"}: vocab_size {m.vocab} does not match '
                               f'the tokenizer\'s {tok.vocab_size} entries')
@@ -329,7 +346,8 @@ def to_megatron(weights: dict, cfg: ModelConfig) -> dict:
         w = qkv_to_megatron(weights[p.name], *p.qkv) if p.qkv else weights[p.name]
         *parents, leaf = p.megatron.split('/')
         d = lm
-        for k in parents: d = d.setdefault(k, {})
+        for k in parents:
+            d = d.setdefault(k, {})
         d[leaf] = w.contiguous()
     return {'language_model': lm}
 
@@ -344,15 +362,18 @@ def from_megatron(model: dict, cfg: ModelConfig, where: str = 'the Megatron chec
     if isinstance(lm.get('output_layer'), dict):                  # untied embeddings: the output layer's own matrix
         flat.update({('output_layer', p): v for p, v in lm['output_layer'].items()})
     for k, v in enc.items():
-        if k.endswith('._extra_state'): continue
-        for pattern, new in _MEGATRON_RENAMES: k = re.sub(pattern, new, k)
+        if k.endswith('._extra_state'):
+            continue
+        for pattern, new in _MEGATRON_RENAMES:
+            k = re.sub(pattern, new, k)
         flat[('encoder', k)] = v
     table = param_table(cfg)
     _unexpected({'/'.join(k) for k in flat}, {p.megatron for p in table}, where)
     out = {}
     for p in table:
         w = flat[tuple(p.megatron.split('/'))]
-        if p.qkv: w = qkv_from_megatron(w, *p.qkv)
+        if p.qkv:
+            w = qkv_from_megatron(w, *p.qkv)
         out[p.name] = _pad_rows(w, cfg.padded_vocab()) if p.tp == 'vocab' else w.contiguous()
     return out
 
@@ -387,7 +408,8 @@ def config_from_megatron(args, vocab: int, seq_len: int, where: str = 'args') ->
     "The `ModelConfig` for Megatron `args` and a tokenizer of `vocab` entries, or a `CheckpointError` naming the arg"
     a = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
     for key in ('num_layers', 'hidden_size', 'num_attention_heads'):
-        if a.get(key) is None: raise CheckpointError(f'{where} has no args.{key}; the model sizes cannot be known')
+        if a.get(key) is None:
+            raise CheckpointError(f'{where} has no args.{key}; the model sizes cannot be known')
     for key, want in _MEGATRON_FIXED.items():
         if a.get(key) is not None and a[key] != want:
             raise CheckpointError(f'{where}: args.{key} = {a[key]!r} is not supported; gptkit needs {want!r}')
@@ -419,7 +441,8 @@ def config_from_megatron(args, vocab: int, seq_len: int, where: str = 'args') ->
                            norm_eps=a.get('norm_epsilon') or a.get('layernorm_epsilon') or 1e-5,
                            kv_heads=None if groups in (None, a['num_attention_heads']) else groups, bias=bool(bias),
                            tie_embeddings=not a.get('untie_embeddings_and_output_weights', False))
-    except ConfigError as e: raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
+    except ConfigError as e:
+        raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 # %% ../nbs/12c_interop.ipynb #8c57deb8
 def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
@@ -444,16 +467,20 @@ def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
 
 def _megatron_shard(src: Path) -> Path:
     "The model_optim_rng.pt of the latest iteration in a Megatron legacy folder (or of an iter_ folder)"
-    if not src.is_dir(): raise CheckpointError(f'Megatron checkpoint folder {src} does not exist')
+    if not src.is_dir():
+        raise CheckpointError(f'Megatron checkpoint folder {src} does not exist')
     it_dir, tracker = src, src / 'latest_checkpointed_iteration.txt'
     if tracker.is_file():
         try:
             text = read_text(tracker, 'Megatron tracker', 1024).strip()    # an iteration number or 'release'
         except ConfigError as e:
             raise CheckpointError(e.render()) from None
-        if text == 'release': it_dir = src / 'release'
-        elif text.isdigit(): it_dir = src / f'iter_{int(text):07d}'
-        else: raise CheckpointError(f'{tracker} holds {text!r}, not an iteration')
+        if text == 'release':
+            it_dir = src / 'release'
+        elif text.isdigit():
+            it_dir = src / f'iter_{int(text):07d}'
+        else:
+            raise CheckpointError(f'{tracker} holds {text!r}, not an iteration')
     shards = sorted(p for p in it_dir.glob('mp_rank_*') if p.is_dir()) if it_dir.is_dir() else []
     if not shards:
         raise CheckpointError(f'{src} is not a Megatron legacy checkpoint: no latest_checkpointed_iteration.txt '
@@ -462,19 +489,23 @@ def _megatron_shard(src: Path) -> Path:
         raise CheckpointError(f'{it_dir} holds {len(shards)} model-parallel shards; '
                               'only tp=1, pp=1 checkpoints are read '
                               "(merge them first with Megatron-LM's tools/checkpoint/convert.py)")
-    if not (shards[0] / 'model_optim_rng.pt').is_file(): raise CheckpointError(f'{shards[0]} has no model_optim_rng.pt')
+    if not (shards[0] / 'model_optim_rng.pt').is_file():
+        raise CheckpointError(f'{shards[0]} has no model_optim_rng.pt')
     return shards[0] / 'model_optim_rng.pt'
 
 def _megatron_tokenizer(src: Path, args: dict, tokenizer):
     "The tokenizer for a Megatron checkpoint: given, saved beside it, its args' vocab/merge files, or GPT-2's"
     from gptkit.tokenizer import from_bpe_files, gpt2, load
-    if tokenizer is not None: return load(tokenizer)
-    if (src / 'tokenizer').is_dir(): return load(src / 'tokenizer')
+    if tokenizer is not None:
+        return load(tokenizer)
+    if (src / 'tokenizer').is_dir():
+        return load(src / 'tokenizer')
     vf, mf = args.get('vocab_file'), args.get('merge_file')
     named = isinstance(vf, str) and isinstance(mf, str) and vf and mf
     if named and Path(vf).is_file() and Path(mf).is_file():
         return from_bpe_files(vf, mf)
-    if args.get('tokenizer_type') == 'GPT2BPETokenizer': return gpt2()
+    if args.get('tokenizer_type') == 'GPT2BPETokenizer':
+        return gpt2()
     raise CheckpointError(f'{src} has no tokenizer/ and its args name no readable vocab_file and merge_file; '
                           'give the tokenizer it was trained with')
 
@@ -491,22 +522,28 @@ def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path 
     if args is not None and not isinstance(args, (argparse.Namespace, dict)):
         raise CheckpointError(f"{shard}: its 'args' is {shown(args)}, not Megatron's argparse.Namespace or a dict")
     args = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
-    try: tok = _megatron_tokenizer(src, args, tokenizer)
-    except DataError as e: raise CheckpointError(f'the tokenizer for {src} cannot be loaded: {e}') from None
+    try:
+        tok = _megatron_tokenizer(src, args, tokenizer)
+    except DataError as e:
+        raise CheckpointError(f'the tokenizer for {src} cannot be loaded: {e}') from None
     if args.get('vocab_size') not in (None, tok.vocab_size):
         raise CheckpointError(f"{shard}: args.vocab_size {args['vocab_size']} does not match "
                               f"the tokenizer's {tok.vocab_size} entries")
     lm = ckpt['model'].get('language_model', ckpt['model'])
     if args.get('position_embedding_type') == 'rope':
         seq_len = args.get('max_position_embeddings') or args.get('seq_length')
-        if not seq_len: raise CheckpointError(f'{shard} has rotary positions but its args name no context length')
+        if not seq_len:
+            raise CheckpointError(f'{shard} has rotary positions but its args name no context length')
     else:
-        try: seq_len = lm['embedding']['position_embeddings']['weight'].shape[0]
+        try:
+            seq_len = lm['embedding']['position_embeddings']['weight'].shape[0]
         except (KeyError, TypeError):
             raise CheckpointError(f'{shard} has no learned position embeddings, and its args do not ask '
                                   "for rotary ones (position_embedding_type 'rope')") from None
-    try: rows = lm['embedding']['word_embeddings']['weight'].shape[0]
-    except (KeyError, TypeError): raise CheckpointError(f'{shard} has no word embeddings') from None
+    try:
+        rows = lm['embedding']['word_embeddings']['weight'].shape[0]
+    except (KeyError, TypeError):
+        raise CheckpointError(f'{shard} has no word embeddings') from None
     if rows < tok.vocab_size:
         raise CheckpointError(f'{shard}: the embedding has {rows} rows, '
                               f'fewer than the tokenizer\'s {tok.vocab_size} entries')
@@ -541,8 +578,11 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
                 shard = shard_weights(weights, cfg.model, layout, t, p, balance)
                 torch.save({'module': {k: v.contiguous() for k, v in shard.items()}},
                            ck / f'mp_rank_{t + tp * p:02d}_model_states.pt')
-        save_config(new, ck / 'config.json'); save_config(new, tmp / 'config.json')
-        if tok is not None: save_tokenizer(tok, ck / 'tokenizer'); save_tokenizer(tok, tmp / 'tokenizer')
+        save_config(new, ck / 'config.json')
+        save_config(new, tmp / 'config.json')
+        if tok is not None:
+            save_tokenizer(tok, ck / 'tokenizer')
+            save_tokenizer(tok, tmp / 'tokenizer')
         info = {'iteration': state['iteration'], **{k: state[k] for k in ('consumed_samples', 'tokens') if k in state},
                 'world_size': tp * pp, 'layout': layout.to_dict(),
                 'weights_only': True,

@@ -47,9 +47,11 @@ def interpreted() -> bool:
 
 def use_triton(kernels: str, x: torch.Tensor) -> bool:
     "Whether the `model.kernels` switch ('auto', 'triton', 'torch') picks the Triton kernels for tensor `x`"
-    if kernels == 'torch' or (kernels == 'auto' and not x.is_cuda): return False
+    if kernels == 'torch' or (kernels == 'auto' and not x.is_cuda):
+        return False
     if triton is None:
-        if kernels == 'auto': return False
+        if kernels == 'auto':
+            return False
         raise GptkitError("model.kernels='triton' needs Triton installed (pip install -c constraints.txt triton); "
                           "set model.kernels=auto to fall back to torch")
     if not x.is_cuda and not interpreted():
@@ -423,18 +425,21 @@ def _ce_grad_torch(z, local, lse, scale, real: int):
     p[rows, local[rows]] -= 1.0
     p.mul_(scale[:, None])
     z[:, real:] = 0
-    if p.data_ptr() != z.data_ptr(): z[:, :real] = p
+    if p.data_ptr() != z.data_ptr():
+        z[:, :real] = p
     return z
 
 def _ce_stats(z, local, real, use_triton):
-    if not use_triton: return _ce_stats_torch(z, local, real)
+    if not use_triton:
+        return _ce_stats_torch(z, local, real)
     lse = torch.empty(z.shape[0], dtype=torch.float32, device=z.device)
     picked = torch.empty_like(lse)
     _ce_fwd[(z.shape[0],)](z, local, lse, picked, z.shape[1], real, CE_BLOCK)
     return lse, picked
 
 def _ce_grad(z, local, lse, scale, real, use_triton):
-    if not use_triton: return _ce_grad_torch(z, local, lse, scale, real)
+    if not use_triton:
+        return _ce_grad_torch(z, local, lse, scale, real)
     _ce_bwd[(z.shape[0],)](z, local, lse, scale, z.shape[1], real, CE_BLOCK)
     return z
 
@@ -459,7 +464,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         for i in range(0, x.shape[0], chunk):
             z = x[i:i + chunk] @ weight.T                                          # [chunk, rows] in the model's dtype
             lse[i:i + chunk], picked[i:i + chunk] = _ce_stats(z, local[i:i + chunk], real, use_triton)
-        if group is not None and torch.distributed.get_world_size(group) > 1: lse, picked = _combine(lse, picked, group)
+        if group is not None and torch.distributed.get_world_size(group) > 1:
+            lse, picked = _combine(lse, picked, group)
         valid = targets != ignore_index
         n = valid.sum()
         ctx.save_for_backward(x, weight, local, lse, valid)
@@ -478,8 +484,10 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             gz = _ce_grad(xc @ weight.T, local[i:i + ctx.chunk], lse[i:i + ctx.chunk], scale[i:i + ctx.chunk], ctx.real,
                           ctx.use_triton)
             dx[i:i + ctx.chunk] = gz @ weight
-            if dw.dtype == gz.dtype: dw.addmm_(gz.T, xc)
-            else: dw += gz.T @ xc
+            if dw.dtype == gz.dtype:
+                dw.addmm_(gz.T, xc)
+            else:
+                dw += gz.T @ xc
         return dx, dw.to(weight.dtype), None, None, None, None, None, None, None
 
 def chunked_cross_entropy(x, weight, targets, real: int | None = None, start: int = 0, group=None,
@@ -499,7 +507,8 @@ def cross_entropy_reference(x, weight, targets, ignore_index: int = -100):
 def peak_cpu_bytes(fn) -> int:
     "Peak bytes allocated on the CPU while `fn()` runs, above those allocated before, from the profiler's memory events"
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof: fn()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
     live = peak = 0
     events = (e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]')
     for e in sorted(events, key=lambda e: e.start_ns()):
@@ -543,10 +552,13 @@ class KernelConfig:
         types = iter(KERNEL_ARGS[self.kernel])
         sig, attrs = {}, {}
         for i, name in enumerate(arg_names):
-            if name in consts: sig[name] = 'constexpr'; continue
+            if name in consts:
+                sig[name] = 'constexpr'
+                continue
             t = next(types)
             sig[name] = '*' + self.dtype if t == 'x' else t
-            if sig[name].startswith('*') or t == 'i32': attrs[(i,)] = [['tt.divisibility', 16]]
+            if sig[name].startswith('*') or t == 'i32':
+                attrs[(i,)] = [['tt.divisibility', 16]]
         return sig, attrs
 
 def kernel_configs(dtypes: tuple[str, ...] = ('bf16',)) -> list[KernelConfig]:
@@ -586,7 +598,8 @@ def _resources(cubin: bytes) -> tuple[int, int, int]:
     import triton.backends.nvidia as nv
     tool = os.path.join(os.path.dirname(nv.__file__), 'bin', 'cuobjdump')
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-        f.write(cubin); f.flush()
+        f.write(cubin)
+        f.flush()
         text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True,
                               check=True).stdout
     reg, stack, shared, local = map(int, _RESOURCES.search(text).groups())
@@ -597,7 +610,8 @@ def compile_kernel(config: KernelConfig, arch: int) -> CompiledKernel:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     fn = globals()[config.kernel]
-    if interpreted(): raise GptkitError('compile_kernel needs Triton without TRITON_INTERPRET=1: see compile_all')
+    if interpreted():
+        raise GptkitError('compile_kernel needs Triton without TRITON_INTERPRET=1: see compile_all')
     sig, attrs = config.signature(fn.arg_names)
     start = time.perf_counter()
     k = triton.compile(ASTSource(fn, sig, dict(config.constexprs), attrs), target=GPUTarget('cuda', arch, 32),
@@ -610,7 +624,8 @@ def _compile_worker():
     out = []
     for config, arch in json.load(sys.stdin):
         config = KernelConfig(**{**config, 'constexprs': tuple(map(tuple, config['constexprs']))})
-        try: out.append(asdict(compile_kernel(config, arch)))
+        try:
+            out.append(asdict(compile_kernel(config, arch)))
         except Exception as e:   # one line naming the configuration; Triton's own message after it
             sys.exit(f'{config} does not compile for sm_{arch}: {type(e).__name__}: {str(e).strip()[:2000]}')
     print('compiled: ' + json.dumps(out))
@@ -631,5 +646,6 @@ def compile_all(configs: list[KernelConfig], archs=(80, 90), workers: int = 2) -
         return [CompiledKernel(c, a, **{k: v for k, v in res.items() if k not in ('config', 'arch')})
                 for (c, a), res in zip(part, json.loads(lines[-1][len('compiled: '):]))]
     parts = [jobs[i::workers] for i in range(workers)]
-    with ThreadPoolExecutor(workers) as pool: done = list(pool.map(run, parts))
+    with ThreadPoolExecutor(workers) as pool:
+        done = list(pool.map(run, parts))
     return [done[i % workers][i // workers] for i in range(len(jobs))]

@@ -33,7 +33,8 @@ class Saved:
 class _Held:
     "What a saved tensor becomes while autograd holds it: when autograd lets go, the tracker hears of it"
     __slots__ = ('t', '__weakref__')
-    def __init__(self, t): self.t = t
+    def __init__(self, t):
+        self.t = t
 
 class SavedTensors:
     "Counts the distinct storages that autograd holds for backward, over time, leaving out those of `exclude`"
@@ -42,12 +43,14 @@ class SavedTensors:
         self.live, self.refs, self.peak = {}, {}, 0
 
     @property
-    def bytes(self) -> int: return sum(self.live.values())
+    def bytes(self) -> int:
+        return sum(self.live.values())
 
     def _pack(self, t):
         st = t.untyped_storage()
         ptr = st.data_ptr()
-        if ptr in self.exclude or st.nbytes() == 0: return t
+        if ptr in self.exclude or st.nbytes() == 0:
+            return t
         self.live.setdefault(ptr, st.nbytes())
         self.refs[ptr] = self.refs.get(ptr, 0) + 1
         held = _Held(t)
@@ -57,7 +60,8 @@ class SavedTensors:
 
     def _release(self, ptr):
         self.refs[ptr] -= 1
-        if not self.refs[ptr]: del self.refs[ptr], self.live[ptr]
+        if not self.refs[ptr]:
+            del self.refs[ptr], self.live[ptr]
 
     def hooks(self):
         "The context in which saved tensors are counted"
@@ -68,10 +72,12 @@ class SavedTensors:
         new = {}
         def pack(t):
             st = t.untyped_storage()
-            if st.data_ptr() not in self.exclude and st.data_ptr() not in self.live: new[st.data_ptr()] = st.nbytes()
+            if st.data_ptr() not in self.exclude and st.data_ptr() not in self.live:
+                new[st.data_ptr()] = st.nbytes()
             return t
         state = torch.get_rng_state()
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t): fn(*args, **kwargs)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(*args, **kwargs)
         torch.set_rng_state(state)
         self.peak = max(self.peak, self.bytes + sum(new.values()))
 
@@ -86,23 +92,29 @@ def watch_rebuilds(tracker: SavedTensors, modules=None):
         calls = [0]
         def region(*a, **k):
             calls[0] += 1
-            if calls[0] > 1: tracker.rebuild(fn, a, k)    # the second call is the backward pass rebuilding it
+            if calls[0] > 1:
+                tracker.rebuild(fn, a, k)    # the second call is the backward pass rebuilding it
             return fn(*a, **k)
         return real(region, *args, **kwargs)
     old = {m: m.checkpoint for m in modules if hasattr(m, 'checkpoint')}
-    for m in old: m.checkpoint = checkpoint
-    try: yield
+    for m in old:
+        m.checkpoint = checkpoint
+    try:
+        yield
     finally:
-        for m, f in old.items(): m.checkpoint = f
+        for m, f in old.items():
+            m.checkpoint = f
 
 def saved_activation_bytes(fn, exclude=(), backward: bool = True) -> Saved:
     "Bytes autograd keeps for backward while `fn()` runs and (if `backward`) while its result is backpropagated"
     import gptkit.model
     tracker = SavedTensors(exclude)
     with watch_rebuilds(tracker, [gptkit.model]):
-        with tracker.hooks(): out = fn()
+        with tracker.hooks():
+            out = fn()
         kept = tracker.bytes
-        if backward: (out if out.dim() == 0 else out.float().sum()).backward()
+        if backward:
+            (out if out.dim() == 0 else out.float().sum()).backward()
     return Saved(kept, tracker.peak)
 
 # %% ../nbs/17_memory.ipynb #00e75f39
@@ -144,7 +156,8 @@ class Row:
     measured: int
 
     @property
-    def error(self) -> float: return (self.predicted - self.measured) / self.measured
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
 
 def single_rows(model: ModelConfig, micro_batch: int = 2) -> list[Row]:
     "Measured against predicted on one process: math and fused attention, each recomputation, dropout, bf16"
@@ -190,7 +203,8 @@ def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
             step = (lambda: gpt(x, targets)) if ps.is_last_stage else (lambda: gpt(x))
             tracker = SavedTensors(list(gpt.parameters()))
             with watch_rebuilds(tracker, [gptkit.model, gptkit.parallel]):
-                with tracker.hooks(): y = step()
+                with tracker.hooks():
+                    y = step()
                 kept = tracker.bytes
                 (y if y.dim() == 0 else y.float().sum()).backward()
             results.append(dict(tp=tp, pp=pp, sp=sp, recompute=rc, tp_rank=ps.tp_rank, stage=ps.pp_rank, kept=kept,
@@ -210,9 +224,11 @@ def measure_parallel(model: ModelConfig, micro_batch: int = 2, cases=PARALLEL_CA
     env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
            if k in os.environ}
     with tempfile.TemporaryDirectory() as tmp:
-        try: mp.spawn(gptkit.memory._parallel_worker, args=(world, model, micro_batch, cases, f'{tmp}/init', tmp),
+        try:
+            mp.spawn(gptkit.memory._parallel_worker, args=(world, model, micro_batch, cases, f'{tmp}/init', tmp),
                       nprocs=world, join=True)
-        finally: os.environ.update(env)
+        finally:
+            os.environ.update(env)
         return [r for rank in range(world) for r in read_torch_file(f'{tmp}/{rank}.pt')]
 
 def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, measured: list[dict]) -> list[Row]:

@@ -26,7 +26,8 @@ __all__ = ['RMSNorm', 'rms_norm', 'rotary_tables', 'apply_rotary', 'repeat_kv', 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
     "gptkit.kernels when the `model.kernels` switch picks Triton for tensor `x`; None: the torch code runs"
-    if mode == 'torch' or (mode == 'auto' and not x.is_cuda): return None    # decided without importing Triton
+    if mode == 'torch' or (mode == 'auto' and not x.is_cuda):
+        return None    # decided without importing Triton
     from gptkit import kernels
     return kernels if kernels.use_triton(mode, x) else None
 
@@ -103,8 +104,10 @@ class Attention(nn.Module):
                 k, v = cache.update(self.layer, k, v)                         # 2 x [b, kv_heads, cache.len, d]
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, dropout_p=p, is_causal=cache.causal,
                                                    enable_gqa=groups > 1)
-            elif self.recompute: y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
-            else: y = core_attention(q, k, v, p)
+            elif self.recompute:
+                y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
+            else:
+                y = core_attention(q, k, v, p)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 # %% ../nbs/07b_model.ipynb #d54813e5
@@ -141,12 +144,14 @@ class LayerNorm(nn.LayerNorm):
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     "The norm `cfg` asks for: LayerNorm or RMSNorm, `hidden` wide"
-    if cfg.norm == 'rmsnorm': return RMSNorm(cfg.hidden, cfg.norm_eps, cfg.kernels)
+    if cfg.norm == 'rmsnorm':
+        return RMSNorm(cfg.hidden, cfg.norm_eps, cfg.kernels)
     return LayerNorm(cfg.hidden, cfg.kernels, cfg.norm_eps)
 
 class Dropout(nn.Dropout):
     "nn.Dropout that hands its input back at once when it drops nothing (eval, or p = 0): decoding calls it per layer"
-    def forward(self, x): return F.dropout(x, self.p, True, self.inplace) if self.training and self.p else x
+    def forward(self, x):
+        return F.dropout(x, self.p, True, self.inplace) if self.training and self.p else x
 
 class Block(nn.Module):
     "Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))"
@@ -165,8 +170,10 @@ class OutputLayer(nn.Module):
     def __init__(self, vocab: int, rows: int = 0, hidden: int = 0):
         super().__init__()
         self.vocab = vocab
-        if rows: self.weight = nn.Parameter(torch.empty(rows, hidden))   # untied: padded rows, like the embedding
-    def forward(self, x, weight): return F.linear(x, weight[:self.vocab])
+        if rows:
+            self.weight = nn.Parameter(torch.empty(rows, hidden))   # untied: padded rows, like the embedding
+    def forward(self, x, weight):
+        return F.linear(x, weight[:self.vocab])
     def loss(self, logits, targets):
         "Mean next-token cross entropy, in fp32"
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
@@ -198,13 +205,17 @@ class GPT(nn.Module):
         std = {'normal': self.cfg.init_std, 'scaled': self.cfg.init_std / math.sqrt(2 * self.cfg.layers)}
         group = {p.name: p.init for p in param_table(self.cfg)}
         for name, p in self.named_parameters():
-            if group[name] == 'zeros': p.zero_()
-            elif group[name] == 'ones': p.fill_(1.0)
-            else: p.normal_(0.0, std[group[name]])
+            if group[name] == 'zeros':
+                p.zero_()
+            elif group[name] == 'ones':
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std[group[name]])
 
     def compile_blocks(self):
         "torch.compile each block in place (same names and weights): the elementwise code around the matmuls fused"
-        for b in self.blocks.values(): b.compile()
+        for b in self.blocks.values():
+            b.compile()
         return self
 
     def set_recompute(self, mode: str):
@@ -212,7 +223,8 @@ class GPT(nn.Module):
         if mode not in RECOMPUTE:
             raise ConfigError([('train.recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {mode!r}")])
         self.recompute = mode
-        for b in self.blocks.values(): b.attn.recompute = mode == 'selective'
+        for b in self.blocks.values():
+            b.attn.recompute = mode == 'selective'
         return self
 
     def _recomputed(self, block, x, rope):
@@ -221,8 +233,10 @@ class GPT(nn.Module):
 
     def hidden_states(self, x, cache: KVCache | None = None, positions=None, valid=None):
         "The final LayerNorm's output for token ids [batch, seq] (a pipeline stage: its blocks' output)"
-        if cache is not None: self._extend(cache, x.shape[1], valid)
-        elif valid is not None: raise ValueError('valid (which new tokens are left padding) needs a KVCache')
+        if cache is not None:
+            self._extend(cache, x.shape[1], valid)
+        elif valid is not None:
+            raise ValueError('valid (which new tokens are left padding) needs a KVCache')
         if self.wte is not None and cache is None and x.shape[1] > self.cfg.seq_len:
             raise ValueError(f'{x.shape[1]} tokens do not fit the model context of {self.cfg.seq_len}')
         if positions is None:      # a later pipeline stage's hidden states may be a slice of the sequence (SP)
@@ -233,15 +247,19 @@ class GPT(nn.Module):
             x = self.drop(e if self.wpe is None else e + self.wpe(positions))
         rope = self._rope(positions, x.dtype) if self.cfg.position == 'rotary' else None
         for block in self.blocks.values():
-            if cache is not None: x = block(x, cache, rope)
-            elif self.recompute == 'full' and self.training: x = self._recomputed(block, x, rope)
-            else: x = block(x, None, rope)
+            if cache is not None:
+                x = block(x, cache, rope)
+            elif self.recompute == 'full' and self.training:
+                x = self._recomputed(block, x, rope)
+            else:
+                x = block(x, None, rope)
         return x if self.ln_f is None else self.ln_f(x)
 
     def _rope(self, positions, dtype):
         "The rotary cos and sin at `positions` [t] (or [batch, t]: then [batch, 1, t, d], one per row), in `dtype`"
         cos, sin = rotary_tables(self.cfg.head_dim, positions, self.cfg.rope_theta)
-        if positions.dim() > 1: cos, sin = cos[:, None], sin[:, None]
+        if positions.dim() > 1:
+            cos, sin = cos[:, None], sin[:, None]
         return cos.to(dtype), sin.to(dtype)
 
     def _extend(self, cache: KVCache, t: int, valid):
@@ -268,10 +286,12 @@ class GPT(nn.Module):
     def forward(self, x, targets=None, *, cache: KVCache | None = None, positions=None, valid=None,
                 logits_to_keep: int = 0):
         h = self.hidden_states(x, cache, positions, valid)
-        if self.ln_f is None: return h            # a pipeline stage before the last hands on its hidden states
+        if self.ln_f is None:
+            return h            # a pipeline stage before the last hands on its hidden states
         if targets is not None and _kernels(self.cfg.kernels, h) is not None:   # fused output layer and loss
             return self.head.chunked_loss(h, self.output_weight(), targets)
-        if logits_to_keep: h = h[:, -logits_to_keep:]      # generation needs only the last position's logits
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]      # generation needs only the last position's logits
         logits = self.logits(h)
         return logits if targets is None else self.loss(logits, targets)
 
@@ -300,19 +320,23 @@ class KVCache:
         return cls([a.layer for a in attn], batch, attn[0].kv_heads, max_len, model.cfg.head_dim, p.dtype, p.device)
 
     @property
-    def max_len(self) -> int: return self.valid.shape[1]
+    def max_len(self) -> int:
+        return self.valid.shape[1]
 
     def extend(self, t: int, valid: torch.Tensor | None = None):
         "Take the next `t` columns for new tokens (`valid` [batch, t]: which are real) and set the step's mask"
         start, end = self.len, self.len + t
-        if end > self.max_len: raise ValueError(f'{end} positions do not fit the cache of {self.max_len}')
+        if end > self.max_len:
+            raise ValueError(f'{end} positions do not fit the cache of {self.max_len}')
         self.valid[:, start:end] = True if valid is None else valid
         self.padded = self.padded or (valid is not None and not bool(valid.all()))
         self.start, self.len = start, end
         self.mask, self.causal = None, start == 0 and t > 1      # no padding: the causal kernel, or one query, all keys
-        if not self.padded and (start == 0 or t == 1): return
+        if not self.padded and (start == 0 or t == 1):
+            return
         if t == 1 and valid is None:                              # one real token: it sees every real key, itself too
-            self.mask = self.valid[:, None, None, :end]; return
+            self.mask = self.valid[:, None, None, :end]
+            return
         cols = torch.arange(end, device=self.valid.device)
         rows = cols[start:, None]                                 # [t, 1]: the new tokens' columns
         see = (cols <= rows) & self.valid[:, None, :end]          # [batch, t, end]: earlier or here, and real
@@ -330,7 +354,8 @@ class KVCache:
 
     def select(self, rows: torch.Tensor):
         "Keep only the batch rows `rows` (a tensor of indices), in that order"
-        for i in self.k: self.k[i], self.v[i] = self.k[i][rows], self.v[i][rows]
+        for i in self.k:
+            self.k[i], self.v[i] = self.k[i][rows], self.v[i][rows]
         self.valid = self.valid[rows]
 
     @classmethod

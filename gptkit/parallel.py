@@ -43,11 +43,13 @@ class ParallelState:
             raise ConfigError([('tp', f'{{key}} {layout.tp} x pp {layout.pp} x dp {layout.dp} = {layout.world} '
                                       f'does not match the {world} processes')])
         state = cls(layout, rank)
-        if not dist.is_initialized(): return state
+        if not dist.is_initialized():
+            return state
         for kind in ('tp', 'dp', 'pp', 'mp', 'embedding'):
             for ranks in layout.groups(kind):
                 g = dist.new_group(ranks)
-                if rank in ranks: state.groups[kind] = g
+                if rank in ranks:
+                    state.groups[kind] = g
         return state
 
     def stage_rank(self, pp_rank: int) -> int:
@@ -55,69 +57,97 @@ class ParallelState:
         return self.layout.rank(self.tp_rank, self.dp_rank, pp_rank)
 
     @property
-    def tp_rank(self) -> int: return self.layout.coords(self.rank)[0]
+    def tp_rank(self) -> int:
+        return self.layout.coords(self.rank)[0]
     @property
-    def dp_rank(self) -> int: return self.layout.coords(self.rank)[1]
+    def dp_rank(self) -> int:
+        return self.layout.coords(self.rank)[1]
     @property
-    def pp_rank(self) -> int: return self.layout.coords(self.rank)[2]
+    def pp_rank(self) -> int:
+        return self.layout.coords(self.rank)[2]
     @property
-    def tp_group(self): return self.groups.get('tp')
+    def tp_group(self):
+        return self.groups.get('tp')
     @property
-    def dp_group(self): return self.groups.get('dp')
+    def dp_group(self):
+        return self.groups.get('dp')
     @property
-    def pp_group(self): return self.groups.get('pp')
+    def pp_group(self):
+        return self.groups.get('pp')
     @property
-    def mp_group(self): return self.groups.get('mp')
+    def mp_group(self):
+        return self.groups.get('mp')
     @property
-    def is_first_stage(self) -> bool: return self.pp_rank == 0
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
     @property
-    def is_last_stage(self) -> bool: return self.pp_rank == self.layout.pp - 1
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.layout.pp - 1
     @property
-    def is_main(self) -> bool: return self.rank == 0
+    def is_main(self) -> bool:
+        return self.rank == 0
 
 # %% ../nbs/08_parallel.ipynb #08126f5f
-def _size(group) -> int: return 1 if group is None else dist.get_world_size(group)
-def _rank(group) -> int: return 0 if group is None else dist.get_rank(group)
+def _size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+def _rank(group) -> int:
+    return 0 if group is None else dist.get_rank(group)
 
 def _all_reduce(x, group):
-    if _size(group) == 1: return x
-    x = x.clone(); dist.all_reduce(x, group=group); return x
+    if _size(group) == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x, group=group)
+    return x
 
 def _split(x, group, dim: int = -1):
     "This rank's chunk of `x` along `dim`"
-    if _size(group) == 1: return x
+    if _size(group) == 1:
+        return x
     return x.chunk(_size(group), dim=dim)[_rank(group)].contiguous()
 
 def _gather(x, group, dim: int = -1):
     "Every rank's `x` concatenated along `dim`"
-    if _size(group) == 1: return x
+    if _size(group) == 1:
+        return x
     parts = [torch.empty_like(x) for _ in range(_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
 
 class _CopyToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return x
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
     @staticmethod
-    def backward(ctx, g): return _all_reduce(g, ctx.group), None
+    def backward(ctx, g):
+        return _all_reduce(g, ctx.group), None
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): return _all_reduce(x, group)
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
     @staticmethod
-    def backward(ctx, g): return g, None
+    def backward(ctx, g):
+        return g, None
 
 class _ScatterToTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return _split(x, group)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split(x, group)
     @staticmethod
-    def backward(ctx, g): return _gather(g, ctx.group), None
+    def backward(ctx, g):
+        return _gather(g, ctx.group), None
 
 class _GatherFromTP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return _gather(x, group)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather(x, group)
     @staticmethod
-    def backward(ctx, g): return _split(g, ctx.group), None
+    def backward(ctx, g):
+        return _split(g, ctx.group), None
 
 def copy_to_tp(x, group=None):
     "Identity forward, all-reduce backward"
@@ -144,17 +174,21 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, group=None, gather: bool = False, sequence_parallel: bool = False):
         super().__init__()
         p, r = _size(group), _rank(group)
-        if full.out_features % p: raise ValueError(f'{full.out_features} outputs do not split over {p} ranks')
+        if full.out_features % p:
+            raise ValueError(f'{full.out_features} outputs do not split over {p} ranks')
         self.group, self.gather, self.sequence_parallel = group, gather, sequence_parallel
         self.weight = _split_param(full.weight.detach().chunk(p, 0)[r])
         self.bias = _split_param(full.bias.detach().chunk(p, 0)[r]) if full.bias is not None else None
 
-    def _params(self): return self.weight, self.bias
+    def _params(self):
+        return self.weight, self.bias
 
     def forward(self, x):
         weight, bias = self._params()
-        if self.sequence_parallel: y = _SequenceGatheredLinear.apply(x, weight, bias, self.group)
-        else: y = F.linear(copy_to_tp(x, self.group), weight, bias)
+        if self.sequence_parallel:
+            y = _SequenceGatheredLinear.apply(x, weight, bias, self.group)
+        else:
+            y = F.linear(copy_to_tp(x, self.group), weight, bias)
         return gather_from_tp(y, self.group) if self.gather else y
 
 class RowParallelLinear(nn.Module):
@@ -162,42 +196,57 @@ class RowParallelLinear(nn.Module):
     def __init__(self, full: nn.Linear, group=None, split_input: bool = False, sequence_parallel: bool = False):
         super().__init__()
         p, r = _size(group), _rank(group)
-        if full.in_features % p: raise ValueError(f'{full.in_features} inputs do not split over {p} ranks')
+        if full.in_features % p:
+            raise ValueError(f'{full.in_features} inputs do not split over {p} ranks')
         self.group, self.split_input, self.sequence_parallel = group, split_input, sequence_parallel
         self.weight = _split_param(full.weight.detach().chunk(p, 1)[r])
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
     def forward(self, x):
-        if self.split_input: x = scatter_to_tp(x, self.group)
+        if self.split_input:
+            x = scatter_to_tp(x, self.group)
         y = F.linear(x, self.weight)
-        if not self.sequence_parallel: y = reduce_from_tp(y, self.group)
-        else: y = reduce_scatter_to_sequence(y, self.group)
-        if self.bias is None: return y
+        if not self.sequence_parallel:
+            y = reduce_from_tp(y, self.group)
+        else:
+            y = reduce_scatter_to_sequence(y, self.group)
+        if self.bias is None:
+            return y
         return y + (copy_to_tp(self.bias, self.group) if self.sequence_parallel else self.bias)
 
 # %% ../nbs/08_parallel.ipynb #1283b358
 def _reduce_scatter_seq(x, group):
     "Sum over the group, keep this rank's part of the sequence (an all-reduce then a slice: gloo has no reduce-scatter)"
-    if _size(group) == 1: return x
+    if _size(group) == 1:
+        return x
     return _split(_all_reduce(x, group), group, 1)
 
 class _ScatterToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return _split(x, group, 1)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split(x, group, 1)
     @staticmethod
-    def backward(ctx, g): return _gather(g, ctx.group, 1), None
+    def backward(ctx, g):
+        return _gather(g, ctx.group, 1), None
 
 class _GatherFromSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return _gather(x, group, 1)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather(x, group, 1)
     @staticmethod
-    def backward(ctx, g): return _reduce_scatter_seq(g, ctx.group), None
+    def backward(ctx, g):
+        return _reduce_scatter_seq(g, ctx.group), None
 
 class _ReduceScatterToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group): ctx.group = group; return _reduce_scatter_seq(x, group)
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
     @staticmethod
-    def backward(ctx, g): return _gather(g, ctx.group, 1), None
+    def backward(ctx, g):
+        return _gather(g, ctx.group, 1), None
 
 class _SequenceGatheredLinear(torch.autograd.Function):
     "F.linear of the sequence gathered over the TP group that keeps only this rank's slice for backward"
@@ -232,7 +281,8 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, full: nn.Embedding, group=None):
         super().__init__()
         p, r = _size(group), _rank(group)
-        if full.num_embeddings % p: raise ValueError(f'{full.num_embeddings} rows do not split over {p} ranks')
+        if full.num_embeddings % p:
+            raise ValueError(f'{full.num_embeddings} rows do not split over {p} ranks')
         self.group, self.rows = group, full.num_embeddings // p
         self.start = r * self.rows
         self.weight = _split_param(full.weight.detach()[self.start:self.start + self.rows])
@@ -248,7 +298,8 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, target, start, group):
         z = logits.float()
         m = z.max(-1).values
-        if _size(group) > 1: dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+        if _size(group) > 1:
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
         e = (z - m[..., None]).exp()
         total = e.sum(-1)
         local = target - start
@@ -276,11 +327,13 @@ def _rng_get():
 
 def _rng_set(state):
     torch.set_rng_state(state[0])
-    if state[1] is not None: torch.cuda.set_rng_state(state[1])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1])
 
 class RNGTracker:
     "Named random states beside the default generator (CPU and CUDA), swapped in with `fork`"
-    def __init__(self): self.states = {}
+    def __init__(self):
+        self.states = {}
 
     def add(self, name: str, seed: int):
         saved = _rng_get()
@@ -293,7 +346,8 @@ class RNGTracker:
         "Draw from state `name` inside the block; the default generator is untouched"
         saved = _rng_get()
         _rng_set(self.states[name])
-        try: yield
+        try:
+            yield
         finally:
             self.states[name] = _rng_get()
             _rng_set(saved)
@@ -304,8 +358,10 @@ class RNGTracker:
         @contextlib.contextmanager
         def replay():
             current, self.states = self.states, dict(snapshot)
-            try: yield
-            finally: self.states = current
+            try:
+                yield
+            finally:
+                self.states = current
         return contextlib.nullcontext(), replay()
 
 def seed_parallel(seed: int, parallel: ParallelState) -> RNGTracker:
@@ -321,8 +377,10 @@ class TrackedDropout(nn.Module):
         super().__init__()
         self.p, self.tracker = p, tracker
     def forward(self, x):
-        if not self.training or self.p == 0: return x
-        with self.tracker.fork(): return F.dropout(x, self.p, True)
+        if not self.training or self.p == 0:
+            return x
+        with self.tracker.fork():
+            return F.dropout(x, self.p, True)
 
 # %% ../nbs/08_parallel.ipynb #ed0c97b3
 class SequenceParallelNorm(nn.Module):
@@ -334,7 +392,8 @@ class SequenceParallelNorm(nn.Module):
         self.bias = None if self.rms else nn.Parameter(full.bias.detach().clone())
     def forward(self, x):
         w = copy_to_tp(self.weight, self.group)
-        if self.rms: return rms_norm(x, w, self.eps)
+        if self.rms:
+            return rms_norm(x, w, self.eps)
         return F.layer_norm(x, w.shape, w, copy_to_tp(self.bias, self.group), self.eps)
 
 class ScatterToSequence(nn.Module):
@@ -342,7 +401,8 @@ class ScatterToSequence(nn.Module):
     def __init__(self, group=None):
         super().__init__()
         self.group = group
-    def forward(self, x): return scatter_to_sequence(x, self.group)
+    def forward(self, x):
+        return scatter_to_sequence(x, self.group)
 
 class ParallelOutputLayer(nn.Module):
     "Logits over this rank's block of the vocabulary (padding columns at -inf) and the vocabulary-parallel loss"
@@ -350,15 +410,19 @@ class ParallelOutputLayer(nn.Module):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.real = max(0, min(rows, vocab - _rank(group) * rows))   # this block's columns that are real tokens
-        if weight is not None: self.weight = _split_param(weight)      # an untied output layer: this rank's rows
+        if weight is not None:
+            self.weight = _split_param(weight)      # an untied output layer: this rank's rows
     def forward(self, x, weight):
-        if self.sequence_parallel: z = _SequenceGatheredLinear.apply(x, weight, None, self.group)
-        else: z = F.linear(copy_to_tp(x, self.group), weight)
+        if self.sequence_parallel:
+            z = _SequenceGatheredLinear.apply(x, weight, None, self.group)
+        else:
+            z = F.linear(copy_to_tp(x, self.group), weight)
         if self.real < z.shape[-1]:
             pad = torch.arange(z.shape[-1], device=z.device) >= self.real
             z = z.masked_fill(pad, float('-inf'))
         return z
-    def loss(self, logits, targets): return vocab_parallel_cross_entropy(logits, targets, self.group).mean()
+    def loss(self, logits, targets):
+        return vocab_parallel_cross_entropy(logits, targets, self.group).mean()
     def chunked_loss(self, x, weight, targets, use_triton: bool = True):
         "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels, model.kernels)"
         from gptkit.kernels import chunked_cross_entropy
@@ -383,7 +447,8 @@ def ungroup_qkv(t, heads: int, tp: int, kv_heads: int | None = None):
     d, rest = t.shape[0] // tp // (heads // tp + 2 * local_kv), t.shape[1:]
     ranks = t.reshape(tp, -1, *rest)
     q, k, v = ranks.split((heads // tp * d, local_kv * d, local_kv * d), 1)
-    if kv < tp: k, v = k[::tp // kv], v[::tp // kv]                   # one copy of each shared KV head
+    if kv < tp:
+        k, v = k[::tp // kv], v[::tp // kv]                   # one copy of each shared KV head
     return torch.cat([x.reshape(-1, *rest) for x in (q, k, v)])
 
 def regroup_glu(t, tp: int):
@@ -417,23 +482,27 @@ class QKVParallelLinear(ColumnParallelLinear):
                               tp * (heads // tp + 2 * max(kv_heads // tp, 1)), bias=full.bias is not None)
         with torch.no_grad():
             regrouped.weight.copy_(regroup_qkv(full.weight, heads, tp, kv_heads))
-            if full.bias is not None: regrouped.bias.copy_(regroup_qkv(full.bias, heads, tp, kv_heads))
+            if full.bias is not None:
+                regrouped.bias.copy_(regroup_qkv(full.bias, heads, tp, kv_heads))
         super().__init__(regrouped, group, sequence_parallel=sequence_parallel)
         d = full.out_features // (heads + 2 * kv_heads)
         self.shared = None                    # (first K row, this rank's KV head, KV heads) when they are replicated
-        if kv_heads < tp: self.shared = (heads // tp * d, _rank(group) // (tp // kv_heads), kv_heads)
+        if kv_heads < tp:
+            self.shared = (heads // tp * d, _rank(group) // (tp // kv_heads), kv_heads)
         for p in (self.weight, self.bias):
             if p is not None and self.shared:   # counted once in the gradient norm: on the first rank of each KV head
                 p.shared_rows, p.shared_owner = self.shared[0], _rank(group) % (tp // kv_heads) == 0
 
     def _params(self):
-        if self.shared is None: return self.weight, self.bias
+        if self.shared is None:
+            return self.weight, self.bias
         sync = lambda p: None if p is None else _SumSharedKVGrads.apply(p, *self.shared, self.group)
         return sync(self.weight), sync(self.bias)
 
 def _resized_embedding(emb: nn.Embedding, rows: int) -> nn.Embedding:
     "`emb` with `rows` rows: padding rows added as zeros (they are never looked up nor predicted) or dropped"
-    if emb.num_embeddings == rows: return emb
+    if emb.num_embeddings == rows:
+        return emb
     out = nn.Embedding(rows, emb.embedding_dim, device=emb.weight.device, dtype=emb.weight.dtype)
     with torch.no_grad():
         out.weight.zero_()
@@ -447,12 +516,14 @@ def _tp_linears(cfg) -> list[Param]:
 
 def _tp_linear(p: Param, linear: nn.Linear, g, sequence_parallel: bool) -> nn.Module:
     "The parallel form of the block's `linear`, whose weight is the table's row `p`"
-    if p.qkv: return QKVParallelLinear(linear, *p.qkv, g, sequence_parallel)
+    if p.qkv:
+        return QKVParallelLinear(linear, *p.qkv, g, sequence_parallel)
     if p.glu:
         regrouped = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
         with torch.no_grad():
             regrouped.weight.copy_(regroup_glu(linear.weight, _size(g)))
-            if linear.bias is not None: regrouped.bias.copy_(regroup_glu(linear.bias, _size(g)))
+            if linear.bias is not None:
+                regrouped.bias.copy_(regroup_glu(linear.bias, _size(g)))
         linear = regrouped
     cls = ColumnParallelLinear if p.tp == 'column' else RowParallelLinear
     return cls(linear, g, sequence_parallel=sequence_parallel)
@@ -464,7 +535,8 @@ def _tp_problems(cfg, tp: int, sequence_parallel: bool = False) -> list[tuple[st
 def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, seed: int = 1234):
     "Turn the plain `GPT` into its tensor-parallel (and optionally sequence-parallel) form, in place"
     tp, g = parallel.layout.tp, parallel.tp_group
-    if tp == 1: return model
+    if tp == 1:
+        return model
     cfg = model.cfg
     check(_tp_problems(cfg, tp, sequence_parallel))
     tracker = seed_parallel(seed, parallel) if model.rng_tracker is None else model.rng_tracker
@@ -492,28 +564,39 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
 
 # %% ../nbs/08_parallel.ipynb #a730a5a5
 def _pad_rows(t, rows: int):
-    if t.shape[0] >= rows: return t[:rows]
+    if t.shape[0] >= rows:
+        return t[:rows]
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 def _tp_shard(p: Param, t, cfg, tp: int, r: int):
     "Rank `r`'s shard of the plain tensor `t`, cut as the table's row `p` says"
-    if tp == 1: return t
-    if p.tp == 'vocab': return _pad_rows(t, cfg.padded_vocab(tp)).chunk(tp, 0)[r].clone()
-    if p.qkv: t = regroup_qkv(t, p.qkv[0], tp, p.qkv[1])
-    if p.glu: t = regroup_glu(t, tp)
-    if p.tp == 'column': return t.chunk(tp, 0)[r].clone()
-    if p.tp == 'row': return t.chunk(tp, 1)[r].clone()
+    if tp == 1:
+        return t
+    if p.tp == 'vocab':
+        return _pad_rows(t, cfg.padded_vocab(tp)).chunk(tp, 0)[r].clone()
+    if p.qkv:
+        t = regroup_qkv(t, p.qkv[0], tp, p.qkv[1])
+    if p.glu:
+        t = regroup_glu(t, tp)
+    if p.tp == 'column':
+        return t.chunk(tp, 0)[r].clone()
+    if p.tp == 'row':
+        return t.chunk(tp, 1)[r].clone()
     return t
 
 def _tp_merge(p: Param, parts: list, cfg):
     "The plain tensor of the table's row `p` from its TP shards (in TP rank order)"
     tp = len(parts)
-    if p.tp == 'vocab': return _pad_rows(torch.cat(parts), cfg.padded_vocab())
-    if tp == 1: return parts[0]
+    if p.tp == 'vocab':
+        return _pad_rows(torch.cat(parts), cfg.padded_vocab())
+    if tp == 1:
+        return parts[0]
     if p.tp == 'column':
-        if p.qkv: return ungroup_qkv(torch.cat(parts), p.qkv[0], tp, p.qkv[1])
+        if p.qkv:
+            return ungroup_qkv(torch.cat(parts), p.qkv[0], tp, p.qkv[1])
         return ungroup_glu(torch.cat(parts), tp) if p.glu else torch.cat(parts)
-    if p.tp == 'row': return torch.cat(parts, 1)
+    if p.tp == 'row':
+        return torch.cat(parts, 1)
     return parts[0]
 
 def shard_weights(full: dict, cfg, layout: Layout, tp_rank: int, pp_rank: int, balance: str = 'layers') -> dict:
@@ -531,7 +614,8 @@ def merge_weights(shards: dict, cfg, tp: int) -> dict:
     table, names = {p.name: p for p in param_table(cfg)}, {}
     for (r, s), sd in shards.items():
         for name in sd:
-            if name != 'head.weight' or name in table: names.setdefault(name, s)   # a tied copy is the embedding
+            if name != 'head.weight' or name in table:
+                names.setdefault(name, s)   # a tied copy is the embedding
     whole = Param('', (), 'replicated', 'zeros', '', False, '')    # a tensor the table lacks: rank 0's, for the
     return {name: _tp_merge(table.get(name, whole), [shards[r, s][name] for r in range(tp)], cfg)   # loader to refuse
             for name, s in names.items()}
@@ -540,15 +624,18 @@ def merge_weights(shards: dict, cfg, tp: int) -> dict:
 def pipeline_stage(model, parallel: ParallelState, balance: str = 'layers'):
     "Keep this rank's pipeline stage of the (possibly tensor-parallel) `GPT`, in place"
     pp, s = parallel.layout.pp, parallel.pp_rank
-    if pp == 1: return model
+    if pp == 1:
+        return model
     lo, hi = stage_layers(model.cfg, pp, balance)[s]
     model.blocks = nn.ModuleDict({k: b for k, b in model.blocks.items() if lo <= int(k) < hi})
     if s == pp - 1 and model.cfg.tie_embeddings:
         model.head.weight = nn.Parameter(model.wte.weight.detach().clone())
         model.head.weight.ds_pipe_replicated = True
         model.head.weight.tensor_model_parallel = getattr(model.wte.weight, 'tensor_model_parallel', False)
-    if s > 0: model.wte = model.wpe = model.drop = None
-    if s < pp - 1: model.ln_f = model.head = None
+    if s > 0:
+        model.wte = model.wpe = model.drop = None
+    if s < pp - 1:
+        model.ln_f = model.head = None
     return model
 
 def stage_input_shape(cfg, micro_batch: int, tp: int = 1, sequence_parallel: bool = False) -> tuple[int, int, int]:
@@ -556,17 +643,21 @@ def stage_input_shape(cfg, micro_batch: int, tp: int = 1, sequence_parallel: boo
     return micro_batch, cfg.seq_len // (tp if sequence_parallel else 1), cfg.hidden
 
 def _tied_weight(model, parallel: ParallelState):
-    if parallel.layout.pp == 1 or not model.cfg.tie_embeddings: return None
-    if parallel.is_first_stage: return model.wte.weight
+    if parallel.layout.pp == 1 or not model.cfg.tie_embeddings:
+        return None
+    if parallel.is_first_stage:
+        return model.wte.weight
     return model.head.weight if parallel.is_last_stage else None
 
 def sync_tied_grads(model, parallel: ParallelState):
     "Sum the tied embedding's gradient over the first and last stage, which both hold a copy"
     p = _tied_weight(model, parallel)
-    if p is None: return
+    if p is None:
+        return
     # DeepSpeed's bf16 optimizer keeps fp32 grads aside
     grad = p.grad if getattr(p, '_hp_grad', None) is None else p._hp_grad
-    if grad is not None: dist.all_reduce(grad, group=parallel.groups['embedding'])
+    if grad is not None:
+        dist.all_reduce(grad, group=parallel.groups['embedding'])
 
 def one_f_one_b(forward, backward, batches: list, parallel: ParallelState, shape, dtype, device,
                 train: bool = True) -> list:
@@ -589,45 +680,72 @@ def one_f_one_b(forward, backward, batches: list, parallel: ParallelState, shape
     def run_forward(i):
         ids, targets = batches[i]
         x = ids if first else receive(prev).requires_grad_(train)
-        with torch.set_grad_enabled(train): y = forward(x, targets if last else None)
-        if last: losses.append(y.detach())
-        else: send(y.detach(), nxt)
-        if train: alive[i] = (x, y)
+        with torch.set_grad_enabled(train):
+            y = forward(x, targets if last else None)
+        if last:
+            losses.append(y.detach())
+        else:
+            send(y.detach(), nxt)
+        if train:
+            alive[i] = (x, y)
 
     def run_backward(i):
         x, y = alive.pop(i)
-        if last: backward(y, True)
-        else: backward((y * receive(nxt)).sum(), False)
-        if not first: send(x.grad if x.grad is not None else torch.zeros_like(x), prev)
+        if last:
+            backward(y, True)
+        else:
+            backward((y * receive(nxt)).sum(), False)
+        if not first:
+            send(x.grad if x.grad is not None else torch.zeros_like(x), prev)
 
     warm = min(pp - s - 1, m) if train else m
-    for i in range(warm): run_forward(i)
+    for i in range(warm):
+        run_forward(i)
     for i in range(m - warm):
-        run_forward(warm + i); run_backward(i)
+        run_forward(warm + i)
+        run_backward(i)
     if train:
-        for i in range(m - warm, m): run_backward(i)
-    for work, _ in sends: work.wait()
+        for i in range(m - warm, m):
+            run_backward(i)
+    for work, _ in sends:
+        work.wait()
     return losses
 
 # %% ../nbs/08_parallel.ipynb #d8d464e3
 class DeepSpeedMPU:
     "The model-parallel unit DeepSpeed asks for (Megatron's method names), answered from a ParallelState"
-    def __init__(self, parallel: ParallelState): self.p = parallel
-    def _size(self, kind): return dist.get_world_size(self.p.groups[kind])
-    def _rank(self, kind): return dist.get_rank(self.p.groups[kind])
-    def get_model_parallel_group(self): return self.p.groups['mp']
-    def get_model_parallel_rank(self): return self._rank('mp')
-    def get_model_parallel_world_size(self): return self._size('mp')
-    def get_tensor_model_parallel_group(self): return self.p.groups['tp']
-    def get_tensor_model_parallel_rank(self): return self._rank('tp')
-    def get_tensor_model_parallel_world_size(self): return self._size('tp')
-    def get_tensor_model_parallel_src_rank(self): return self.p.rank - self.p.tp_rank
-    def get_data_parallel_group(self): return self.p.groups['dp']
-    def get_data_parallel_rank(self): return self._rank('dp')
-    def get_data_parallel_world_size(self): return self._size('dp')
-    def get_pipe_parallel_group(self): return self.p.groups['pp']
-    def get_pipe_parallel_rank(self): return self._rank('pp')
-    def get_pipe_parallel_world_size(self): return self._size('pp')
+    def __init__(self, parallel: ParallelState):
+        self.p = parallel
+    def _size(self, kind):
+        return dist.get_world_size(self.p.groups[kind])
+    def _rank(self, kind):
+        return dist.get_rank(self.p.groups[kind])
+    def get_model_parallel_group(self):
+        return self.p.groups['mp']
+    def get_model_parallel_rank(self):
+        return self._rank('mp')
+    def get_model_parallel_world_size(self):
+        return self._size('mp')
+    def get_tensor_model_parallel_group(self):
+        return self.p.groups['tp']
+    def get_tensor_model_parallel_rank(self):
+        return self._rank('tp')
+    def get_tensor_model_parallel_world_size(self):
+        return self._size('tp')
+    def get_tensor_model_parallel_src_rank(self):
+        return self.p.rank - self.p.tp_rank
+    def get_data_parallel_group(self):
+        return self.p.groups['dp']
+    def get_data_parallel_rank(self):
+        return self._rank('dp')
+    def get_data_parallel_world_size(self):
+        return self._size('dp')
+    def get_pipe_parallel_group(self):
+        return self.p.groups['pp']
+    def get_pipe_parallel_rank(self):
+        return self._rank('pp')
+    def get_pipe_parallel_world_size(self):
+        return self._size('pp')
     get_pipeline_model_parallel_group = get_pipe_parallel_group
     get_pipeline_model_parallel_rank = get_pipe_parallel_rank
     get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
@@ -636,8 +754,10 @@ def grad_norm(model, parallel: ParallelState) -> float:
     "The global L2 norm of the gradients of a (tensor- and pipeline-) parallel model, each shard counted once"
     sq = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for p in model.parameters():
-        if p.grad is None or getattr(p, 'ds_pipe_replicated', False): continue
-        if parallel.tp_rank > 0 and not getattr(p, 'tensor_model_parallel', False): continue
+        if p.grad is None or getattr(p, 'ds_pipe_replicated', False):
+            continue
+        if parallel.tp_rank > 0 and not getattr(p, 'tensor_model_parallel', False):
+            continue
         g = p.grad if getattr(p, 'shared_owner', True) else p.grad[:p.shared_rows]   # a replicated KV head: once
         sq += g.double().pow(2).sum()
     if parallel.mp_group is not None and dist.get_world_size(parallel.mp_group) > 1:
@@ -648,7 +768,8 @@ def grad_norm(model, parallel: ParallelState) -> float:
 def parallelize(model, parallel: ParallelState, recompute: str = 'none', seed: int = 1234):
     "The plain `GPT` as this rank's part of `parallel.layout`: TP random states, TP and SP, PP stage, recomputation"
     layout = parallel.layout
-    if layout.world > layout.dp: model.rng_tracker = seed_parallel(seed, parallel)
+    if layout.world > layout.dp:
+        model.rng_tracker = seed_parallel(seed, parallel)
     model = apply_tp(model, parallel, layout.sequence_parallel, seed)
     model = pipeline_stage(model, parallel, layout.balance)
     return model.set_recompute(recompute)

@@ -37,12 +37,14 @@ class Param:
     @property
     def numel(self) -> int:
         n = 1
-        for d in self.shape: n *= d
+        for d in self.shape:
+            n *= d
         return n
 
     def shard_numel(self, tp: int, padded_rows: int | None = None) -> int:
         "Elements on one of `tp` ranks (`padded_rows`: the vocabulary as padded for that tp)"
-        if self.tp == 'vocab': return (padded_rows or self.shape[0]) * self.shape[1] // tp
+        if self.tp == 'vocab':
+            return (padded_rows or self.shape[0]) * self.shape[1] // tp
         if self.qkv and tp > 1:        # fewer KV heads than ranks: each rank keeps a whole (replicated) KV head
             heads, kv = self.qkv
             return self.numel // (heads + 2 * kv) * (heads // tp + 2 * max(kv // tp, 1))
@@ -52,8 +54,10 @@ class Param:
 def hf_family(cfg: ModelConfig) -> str | None:
     "The Hugging Face architecture that computes `cfg` exactly: 'gpt2', 'llama', or None (a mix of the two)"
     if (cfg.position, cfg.norm, cfg.activation != 'swiglu', cfg.kv, cfg.bias, cfg.tie_embeddings) == \
-            ('learned', 'layernorm', True, cfg.heads, True, True): return 'gpt2'
-    if (cfg.position, cfg.norm, cfg.activation) == ('rotary', 'rmsnorm', 'swiglu'): return 'llama'
+            ('learned', 'layernorm', True, cfg.heads, True, True):
+                return 'gpt2'
+    if (cfg.position, cfg.norm, cfg.activation) == ('rotary', 'rmsnorm', 'swiglu'):
+        return 'llama'
     return None
 
 # per module of a block: gptkit, GPT-2, Llama and Megatron names, TP role of weight and of bias, init of the weight
@@ -74,8 +78,10 @@ def _layer_rows(cfg: ModelConfig) -> dict:
 
 def _hf_names(pattern: str, prefix: str, suffix: str) -> str | tuple[str, ...]:
     "'self_attn.{q,k,v}_proj' -> its three full names; a plain pattern -> its one name"
-    if '{' not in pattern: return f'{prefix}.{pattern}.{suffix}'
-    head, rest = pattern.split('{'); options, tail = rest.split('}')
+    if '{' not in pattern:
+        return f'{prefix}.{pattern}.{suffix}'
+    head, rest = pattern.split('{')
+    options, tail = rest.split('}')
     return tuple(f'{prefix}.{head}{o}{tail}.{suffix}' for o in options.split(','))
 
 def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
@@ -88,7 +94,8 @@ def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
         qkv = (cfg.heads, cfg.kv) if g == 'attn.qkv' else ()
         glu = g == 'mlp.fc1' and cfg.gated
         for kind in ('weight', 'bias'):
-            if kind == 'bias' and (cfg.norm == 'rmsnorm' if norm else not cfg.bias): continue
+            if kind == 'bias' and (cfg.norm == 'rmsnorm' if norm else not cfg.bias):
+                continue
             hf = (_hf_names(gpt2, f'transformer.h.{i}', kind) if fam == 'gpt2' else
                   _hf_names(llama, f'model.layers.{i}', kind) if fam == 'llama' else '')
             out.append(Param(f'blocks.{i}.{g}.{kind}', shape if kind == 'weight' else shape[:1],
@@ -107,7 +114,8 @@ def param_table(cfg: ModelConfig) -> list[Param]:
     if cfg.position == 'learned':
         out.append(Param('wpe.weight', (cfg.seq_len, h), 'replicated', 'normal', name[1], False,
                          'embedding/position_embeddings/weight'))
-    for i in range(cfg.layers): out += layer_table(cfg, i)
+    for i in range(cfg.layers):
+        out += layer_table(cfg, i)
     for p in ('weight',) if cfg.norm == 'rmsnorm' else ('weight', 'bias'):
         out.append(Param(f'ln_f.{p}', (h,), 'replicated', 'ones' if p == 'weight' else 'zeros',
                          f'{name[2]}.{p}' if fam else '', False, f'encoder/final_layernorm.{p}'))
@@ -128,9 +136,12 @@ def stage_layers(cfg: ModelConfig, pp: int, balance: str = 'layers') -> list[tup
     if pp > L:
         raise ConfigError([('parallel.pp', f"{{key}} {pp} is more than the model's {L} layers; "
                                            "every stage needs at least one")])
-    if balance == 'layers': sizes = [L // pp + (1 if i < L % pp else 0) for i in range(pp)]
-    elif balance == 'parameters': sizes = _balanced_sizes(cfg, pp)
-    else: raise ConfigError([('parallel.balance', f"{{key}} must be 'layers' or 'parameters', not {balance!r}")])
+    if balance == 'layers':
+        sizes = [L // pp + (1 if i < L % pp else 0) for i in range(pp)]
+    elif balance == 'parameters':
+        sizes = _balanced_sizes(cfg, pp)
+    else:
+        raise ConfigError([('parallel.balance', f"{{key}} must be 'layers' or 'parameters', not {balance!r}")])
     edges = [sum(sizes[:i]) for i in range(pp + 1)]
     return [(edges[i], edges[i + 1]) for i in range(pp)]
 
@@ -139,7 +150,8 @@ def stage_extras(cfg: ModelConfig, pp: int) -> list[list[Param]]:
     table, out = param_table(cfg), [[] for _ in range(pp)]
     out[0] += [p for p in table if p.layer is None and p.name.startswith(('wte.', 'wpe.'))]
     out[-1] += [p for p in table if p.name.startswith(('ln_f.', 'head.'))]
-    if pp > 1 and cfg.tie_embeddings: out[-1].append(replace(table[0], name='head.weight'))
+    if pp > 1 and cfg.tie_embeddings:
+        out[-1].append(replace(table[0], name='head.weight'))
     return out
 
 def _balanced_sizes(cfg: ModelConfig, pp: int) -> list[int]:

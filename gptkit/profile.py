@@ -32,7 +32,8 @@ MAX_PROFILE_STEP = 10_000   # profiling trains every step before the last one pr
 
 def parse_steps(spec: str, key: str = 'steps') -> list[tuple[int, int]]:
     "'2-4,7-9' -> [(2, 4), (7, 9)]: inclusive ranges of steps counted from 0, increasing and disjoint"
-    def bad(why): return ConfigError([(key, f'{{key}} {spec!r} {why}')])
+    def bad(why):
+        return ConfigError([(key, f'{{key}} {spec!r} {why}')])
     ranges = []
     for part in str(spec).split(','):
         m = re.fullmatch(r'\s*(\d+)\s*(?:-\s*(\d+)\s*)?', part)
@@ -40,7 +41,8 @@ def parse_steps(spec: str, key: str = 'steps') -> list[tuple[int, int]]:
             raise bad(f'is not a list of step ranges like 3-5 or 2-4,7-9 '
                       f'({part.strip() or "an empty part"!r} is not A-B or N)')
         a, b = int(m[1]), int(m[2] if m[2] is not None else m[1])
-        if b < a: raise bad(f'has the range {a}-{b}, which ends before it starts')
+        if b < a:
+            raise bad(f'has the range {a}-{b}, which ends before it starts')
         if ranges and a <= ranges[-1][1]:
             raise bad(f'has the range {a}-{b} overlapping or before {ranges[-1][0]}-{ranges[-1][1]}; '
                       'give ranges in increasing order')
@@ -56,11 +58,13 @@ def step_actions(ranges: list[tuple[int, int]], warmup: int = 1) -> dict:
     from torch.profiler import ProfilerAction as A
     acts = {}
     for a, b in ranges:
-        for s in range(a, b): acts[s] = A.RECORD
+        for s in range(a, b):
+            acts[s] = A.RECORD
         acts[b] = A.RECORD_AND_SAVE
     for a, _ in ranges:
         for s in range(max(0, a - warmup), a):
-            if s not in acts: acts[s] = A.WARMUP
+            if s not in acts:
+                acts[s] = A.WARMUP
     return acts
 
 def profiler_schedule(ranges: list[tuple[int, int]], warmup: int = 1) -> Callable:
@@ -89,7 +93,8 @@ def categorize(name: str) -> str:
     "The category of an operator or kernel name: one of CATEGORIES"
     n = name.lower()
     for cat, rx in RULES:
-        if re.search(rx, n): return cat
+        if re.search(rx, n):
+            return cat
     return 'other'
 
 # %% ../nbs/13_profile.ipynb #e68fa952
@@ -116,7 +121,8 @@ def op_stats(prof) -> dict[str, OpStat]:
         warnings.simplefilter('ignore')
         averages = prof.key_averages()
     for e in averages:
-        if _PYTHON.search(e.key): continue
+        if _PYTHON.search(e.key):
+            continue
         out[e.key] = OpStat(e.key, e.count, e.self_cpu_time_total, getattr(e, 'self_device_time_total', 0.0) or 0.0,
                             e.self_cpu_memory_usage, getattr(e, 'self_device_memory_usage', 0) or 0,
                             float(e.flops or 0), categorize(e.key))
@@ -126,7 +132,9 @@ def merge_stats(a: dict[str, OpStat], b: dict[str, OpStat]) -> dict[str, OpStat]
     "Two cycles' operator totals added up"
     out = dict(a)
     for k, s in b.items():
-        if k not in out: out[k] = s; continue
+        if k not in out:
+            out[k] = s
+            continue
         o = out[k]
         out[k] = OpStat(k, o.calls + s.calls, o.self_cpu_us + s.self_cpu_us, o.self_device_us + s.self_device_us,
                         o.self_cpu_memory + s.self_cpu_memory, o.self_device_memory + s.self_device_memory,
@@ -153,7 +161,8 @@ class Profiler(Callback):
                             with_flops=True)
         self._cycle = 0
         self.prof.start()
-        self._sync(); self._t = time.perf_counter()
+        self._sync()
+        self._t = time.perf_counter()
 
     def _sync(self):
         if self.info.device == 'cuda':
@@ -161,30 +170,38 @@ class Profiler(Callback):
             torch.cuda.synchronize()
 
     def on_train_step(self, iteration: int):
-        if self.info is None: return
+        if self.info is None:
+            return
         self._sync()
         self.step_seconds[iteration - 1] = time.perf_counter() - self._t    # step iteration-1 just ended
         if self.prof is not None:
             self.prof.step()
-            if iteration > self.ranges[-1][1]: self._stop()
+            if iteration > self.ranges[-1][1]:
+                self._stop()
         self._t = time.perf_counter()
 
     def _stop(self):
-        if self.prof is not None: self.prof.stop(); self.prof = None
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
 
     def _ready(self, prof):
-        a, b = self.ranges[self._cycle]; self._cycle += 1
+        a, b = self.ranges[self._cycle]
+        self._cycle += 1
         path = self.out / 'traces' / (f'steps_{a}-{b}.json' if b > a else f'step_{a}.json')
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))
         tb = self.out / 'tensorboard' / f'{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json.gz'
         tb.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, 'rb') as src, gzip.open(tb, 'wb', compresslevel=1) as dst: shutil.copyfileobj(src, dst)
+        with open(path, 'rb') as src, gzip.open(tb, 'wb', compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst)
         self.traces.append(path)
         self.ops = merge_stats(self.ops, op_stats(prof))
-        for k, v in category_times(read_trace(path)).items(): self.categories[k] = self.categories.get(k, 0.0) + v
+        for k, v in category_times(read_trace(path)).items():
+            self.categories[k] = self.categories.get(k, 0.0) + v
 
-    def on_end(self, result): self._stop()
+    def on_end(self, result):
+        self._stop()
 
 # %% ../nbs/13_profile.ipynb #433d1103
 @dataclass
@@ -207,15 +224,18 @@ class ProfileResult:
     categories: dict = field(default_factory=dict)   # self seconds per step in each category, read from the traces
 
     @property
-    def profiled(self) -> list[int]: return [s for a, b in self.ranges for s in range(a, b + 1)]
+    def profiled(self) -> list[int]:
+        return [s for a, b in self.ranges for s in range(a, b + 1)]
     @property
-    def seconds(self) -> float: return sum(self.step_seconds[s] for s in self.profiled)
+    def seconds(self) -> float:
+        return sum(self.step_seconds[s] for s in self.profiled)
     @property
     def tflops(self) -> float:
         "Achieved model TFLOP/s per device over the profiled steps"
         return self.flops_per_step * len(self.profiled) / self.seconds / self.world_size / 1e12
     @property
-    def mfu(self) -> float | None: return self.tflops * 1e12 / self.peak_flops if self.peak_flops else None
+    def mfu(self) -> float | None:
+        return self.tflops * 1e12 / self.peak_flops if self.peak_flops else None
     @property
     def plain_steps(self) -> list[int]:
         "Steps after step 0 and before the last profiled one that ran without the profiler recording or warming up"
@@ -225,7 +245,8 @@ class ProfileResult:
     def plain_tflops(self) -> float | None:
         "TFLOP/s of the plain steps, for the profiler's overhead"
         p = self.plain_steps
-        if not p: return None
+        if not p:
+            return None
         return self.flops_per_step * len(p) / sum(self.step_seconds[s] for s in p) / self.world_size / 1e12
     @property
     def profiler_flops_per_step(self) -> float:
@@ -242,7 +263,8 @@ class ProfileResult:
     def by_category(self) -> dict[str, float]:
         "Self seconds per step in each category by the operators' own names (`categories` applies the regions too)"
         dev, out = self.device == 'cuda', dict.fromkeys(CATEGORIES, 0.0)
-        for o in self.ops: out[o.category] += (o.self_device_us if dev else o.self_cpu_us) / 1e6 / len(self.profiled)
+        for o in self.ops:
+            out[o.category] += (o.self_device_us if dev else o.self_cpu_us) / 1e6 / len(self.profiled)
         return out
 
     def to_dict(self, top: int = 30) -> dict:
@@ -273,11 +295,13 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
     "Train `cfg` to the last step of `ranges` with torch.profiler on those steps; traces and summary.json go to `out`"
     from gptkit.train import train
     out = check_folder(out, 'out')        # a file there: refused before training
-    if not ranges: raise ConfigError([('steps', '{key} names no step to profile')])
+    if not ranges:
+        raise ConfigError([('steps', '{key} names no step to profile')])
     iters = ranges[-1][1] + 1 + (1 if deepspeed_flops else 0)
     run = out / 'run'
     shutil.rmtree(run, ignore_errors=True)
-    for old in ('traces', 'tensorboard'): shutil.rmtree(out / old, ignore_errors=True)
+    for old in ('traces', 'tensorboard'):
+        shutil.rmtree(out / old, ignore_errors=True)
     cfg = dataclasses.replace(cfg, out=str(run), train=dataclasses.replace(cfg.train, iters=iters, tokens=None,
                                                                           eval_iters=0, save_interval=None,
                                                                           log_interval=1))
@@ -322,7 +346,8 @@ def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | No
 # %% ../nbs/13_profile.ipynb #a4bbb9c7
 def read_trace(path: str | Path) -> dict:
     "A Chrome trace (.json or .json.gz) as written by torch.profiler"
-    with (gzip.open if str(path).endswith('.gz') else open)(path, 'rt') as f: return json.load(f)
+    with (gzip.open if str(path).endswith('.gz') else open)(path, 'rt') as f:
+        return json.load(f)
 
 def _cpu_categories(events: list[dict]) -> tuple[dict, dict]:
     "({category: self microseconds} of the CPU operators, {External id: category})"
@@ -339,14 +364,19 @@ def _cpu_categories(events: list[dict]) -> tuple[dict, dict]:
             if not e['name'].startswith('ProfilerStep#'):
                 cat = region or categorize(e['name'])
                 times[cat] += e['dur'] - child
-                if 'External id' in e.get('args', {}): by_id[e['args']['External id']] = cat
-            if stack: stack[-1][3] += e['dur']
+                if 'External id' in e.get('args', {}):
+                    by_id[e['args']['External id']] = cat
+            if stack:
+                stack[-1][3] += e['dur']
         for e in evs:
-            while stack and e['ts'] >= stack[-1][1]: close(stack.pop())
+            while stack and e['ts'] >= stack[-1][1]:
+                close(stack.pop())
             region = stack[-1][2] if stack else None
-            if region is None and categorize(e['name']) in REGIONS: region = categorize(e['name'])
+            if region is None and categorize(e['name']) in REGIONS:
+                region = categorize(e['name'])
             stack.append([e, e['ts'] + e['dur'], region, 0.0])
-        while stack: close(stack.pop())
+        while stack:
+            close(stack.pop())
     return times, by_id
 
 def category_times(trace: dict) -> dict[str, float]:
@@ -354,11 +384,13 @@ def category_times(trace: dict) -> dict[str, float]:
     events = trace['traceEvents']
     cpu, by_id = _cpu_categories(events)
     kernels = [e for e in events if e.get('ph') == 'X' and e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset')]
-    if not kernels: return {k: v / 1e6 for k, v in cpu.items()}
+    if not kernels:
+        return {k: v / 1e6 for k, v in cpu.items()}
     out = dict.fromkeys(CATEGORIES, 0.0)
     for k in kernels:
         cat = by_id.get(k.get('args', {}).get('External id'))
-        if cat in (None, 'other'): cat = categorize(k['name'])
+        if cat in (None, 'other'):
+            cat = categorize(k['name'])
         out[cat] += k['dur'] / 1e6
     return out
 

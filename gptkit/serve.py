@@ -97,7 +97,8 @@ class Job:
         "Requests with equal keys can share a batch that runs to its end (`Limits(continuous=False)`)"
         return None if self.sampling.seed is not None else (self.sampling, self.prompt_logprobs, self.score_only)
 
-    def put(self, item): self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    def put(self, item):
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 @dataclass
 class Work:
@@ -110,10 +111,13 @@ def advance(batch: RunningBatch, work: Work) -> tuple[list, list, list]:
     """Do `work` on `batch`: each score's log-probabilities and each join's keys (or the exception that failed that
     request alone), then every row's next token (`RunningBatch.sample`: an exception there fails the batch)"""
     def attempt(f, *args):
-        try: return f(*args)
+        try:
+            return f(*args)
         except Exception as e:
-            log.exception('a request failed'); return e
-    if work.drops: batch.drop(work.drops)
+            log.exception('a request failed')
+            return e
+    if work.drops:
+        batch.drop(work.drops)
     batch.catch_up()
     scored = [attempt(batch.gen.score, rows) for rows in work.scores]
     joined = [attempt(batch.join, *j) for j in work.joins]
@@ -126,9 +130,11 @@ def follow(gen: Generator):
         signal.signal(signal.SIGINT, signal.SIG_IGN)             # tells this rank to stop: both end cleanly
     batch = RunningBatch(gen)
     while (work := agree(None, gen.tp_group)) is not None:
-        try: advance(batch, work)
+        try:
+            advance(batch, work)
         except Exception:                                        # as the first rank: the batch fails, the rank goes on
-            log.exception('generation failed'); batch.clear()
+            log.exception('generation failed')
+            batch.clear()
 
 class Worker:
     "Owns the generator; runs queued jobs in one running batch on one thread"
@@ -144,8 +150,10 @@ class Worker:
 
     def submit(self, job: Job):
         with self.cv:
-            if len(self.waiting) >= self.limits.max_waiting: raise Busy()
-            self.waiting.append(job); self.cv.notify()
+            if len(self.waiting) >= self.limits.max_waiting:
+                raise Busy()
+            self.waiting.append(job)
+            self.cv.notify()
 
     def stop(self):
         "End the worker once the HTTP tasks have ended: a job still queued or running has nobody left to answer"
@@ -159,14 +167,18 @@ class Worker:
     def _admit(self) -> list[Job]:
         """The waiting jobs that start now, oldest first: while their rows fit in the batch (a job alone always
         does). Scoring jobs do not join the batch; they run before the next token"""
-        if not self.limits.continuous: return self._take() if not self.batch else []
+        if not self.limits.continuous:
+            return self._take() if not self.batch else []
         jobs, rows = [], len(self.batch)
         while self.waiting:
             job = self.waiting[0]
-            if not job.cancelled and not job.score_only and rows and rows + len(job.rows) > self.limits.max_batch: break
+            if not job.cancelled and not job.score_only and rows and rows + len(job.rows) > self.limits.max_batch:
+                break
             self.waiting.popleft()
-            if job.cancelled: continue
-            jobs.append(job); rows += 0 if job.score_only else len(job.rows)
+            if job.cancelled:
+                continue
+            jobs.append(job)
+            rows += 0 if job.score_only else len(job.rows)
         return jobs
 
     def _take(self) -> list[Job]:
@@ -176,32 +188,41 @@ class Worker:
         if first.key() is not None:
             for job in list(self.waiting):
                 if job.key() == first.key() and rows + len(job.rows) <= self.limits.max_batch:
-                    self.waiting.remove(job); group.append(job); rows += len(job.rows)
+                    self.waiting.remove(job)
+                    group.append(job)
+                    rows += len(job.rows)
         return [j for j in group if not j.cancelled]
 
     def _announce(self, work):
         "Tensor parallelism: tell the other ranks (`follow`) the work to do in step with this one, or None: stop"
-        if self.gen.tp_group is not None: agree(work, self.gen.tp_group)
+        if self.gen.tp_group is not None:
+            agree(work, self.gen.tp_group)
 
     def _loop(self):
         while True:
             with self.cv:
-                while not self.waiting and not self.batch and not self.stopping: self.cv.wait()
-                if self.stopping and not self.waiting and not self.batch: return self._announce(None)
+                while not self.waiting and not self.batch and not self.stopping:
+                    self.cv.wait()
+                if self.stopping and not self.waiting and not self.batch:
+                    return self._announce(None)
                 jobs = self._admit()
                 self.busy = True
             scores, joins = [j for j in jobs if j.score_only], [j for j in jobs if not j.score_only]
             left = {k for k, (job, _) in self.owner.items() if job.cancelled}
             work = Work([j.rows for j in scores], [(j.rows, j.sampling, j.prompt_logprobs) for j in joins], left)
             self._announce(work)
-            try: scored, joined, chunks = advance(self.batch, work)
+            try:
+                scored, joined, chunks = advance(self.batch, work)
             except Exception as e:                      # a failed batch fails its requests, not the server
                 log.exception('generation failed')
                 self.batch.clear()
-                for job in {job for job, _ in self.owner.values()} | set(joins): job.put(e)
-                self.owner.clear(); self.busy = False
+                for job in {job for job, _ in self.owner.values()} | set(joins):
+                    job.put(e)
+                self.owner.clear()
+                self.busy = False
                 continue
-            for k in left: self._leave(k)
+            for k in left:
+                self._leave(k)
             self._deliver(scores, scored, joins, joined, chunks)
             self.busy = bool(self.batch)
 
@@ -209,10 +230,14 @@ class Worker:
         "Each result to its job: scores, prompt log-probabilities, then every row's chunk"
         for job, got in zip(scores, scored):
             if not isinstance(got, Exception):
-                for i, lp in enumerate(got): job.put(('prompt_logprobs', i, lp))
-            job.put(got if isinstance(got, Exception) else None); self.served += 1
+                for i, lp in enumerate(got):
+                    job.put(('prompt_logprobs', i, lp))
+            job.put(got if isinstance(got, Exception) else None)
+            self.served += 1
         for job, keys in zip(joins, joined):
-            if isinstance(keys, Exception): job.put(keys); continue
+            if isinstance(keys, Exception):
+                job.put(keys)
+                continue
             job.running = len(keys)
             for i, k in enumerate(keys):
                 self.owner[k] = (job, i)
@@ -222,15 +247,19 @@ class Worker:
         for c in chunks:
             key = c.index
             job, c.index = self.owner[key]
-            if not job.cancelled: job.put(c)
-            if c.finish_reason: self._leave(key, job)
+            if not job.cancelled:
+                job.put(c)
+            if c.finish_reason:
+                self._leave(key, job)
 
     def _leave(self, key: int, job: Job | None = None):
         "Row `key` has left the batch; its job ends with its last row"
         job = job or self.owner[key][0]
         self.owner.pop(key, None)
         job.running -= 1
-        if job.running == 0: job.put(None); self.served += 1
+        if job.running == 0:
+            job.put(None)
+            self.served += 1
 
 # %% ../nbs/15_serve.ipynb #f532692c
 class MegatronRequest(BaseModel):
@@ -320,10 +349,12 @@ class ChatRequest(BaseModel):
 class BadRequest(Exception):
     "A request the server refuses, with the sentence to answer and the field it is about"
     def __init__(self, message: str, param: str | None = None, status: int = 400):
-        super().__init__(message); self.message, self.param, self.status = message, param, status
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
 
 def _sampling(param_names: dict, **kw) -> Sampling:
-    try: return Sampling(**kw)
+    try:
+        return Sampling(**kw)
     except ConfigError as e:
         k, m = e.problems[0]
         raise BadRequest(m.format(key=param_names.get(k, k)), param_names.get(k, k)) from None
@@ -345,8 +376,10 @@ def _encode(gen: Generator, prompts: list[str], limits: Limits, field: str) -> l
 
 def megatron_job(gen: Generator, r: MegatronRequest, limits: Limits) -> tuple[list[list[int]], Sampling, bool, int]:
     "Rows, sampling, whether to return log-probabilities, and the number of new tokens, from a Megatron request"
-    if r.tokens_to_generate is None: r = r.model_copy(update={'tokens_to_generate': min(64, limits.max_new_tokens)})
-    if not r.prompts: raise BadRequest('prompts is empty', 'prompts')
+    if r.tokens_to_generate is None:
+        r = r.model_copy(update={'tokens_to_generate': min(64, limits.max_new_tokens)})
+    if not r.prompts:
+        raise BadRequest('prompts is empty', 'prompts')
     if len(r.prompts) > limits.max_prompts:
         raise BadRequest(f'Maximum number of prompts is {limits.max_prompts}', 'prompts')
     if r.tokens_to_generate < 0:
@@ -360,14 +393,17 @@ def megatron_job(gen: Generator, r: MegatronRequest, limits: Limits) -> tuple[li
         raise BadRequest('temperature must be a positive number less than or equal to 100.0', 'temperature')
     if not 0 <= r.top_k <= 1000:
         raise BadRequest('top_k must be equal to or greater than 0 and less than or equal to 1000', 'top_k')
-    if not 0.0 <= r.top_p <= 1.0: raise BadRequest('top_p must be less than or equal to 1.0', 'top_p')
-    if r.top_p > 0 and r.top_k > 0: raise BadRequest('cannot set both top-k and top-p samplings.', 'top_p')
+    if not 0.0 <= r.top_p <= 1.0:
+        raise BadRequest('top_p must be less than or equal to 1.0', 'top_p')
+    if r.top_p > 0 and r.top_k > 0:
+        raise BadRequest('cannot set both top-k and top-p samplings.', 'top_p')
     if any(not p for p in r.prompts) and not r.add_BOS:
         raise BadRequest('Empty prompts require add_BOS=true', 'prompts')
     if r.random_seed is not None and r.random_seed < 0:
         raise BadRequest('random_seed must be a positive integer', 'random_seed')
     rows = _encode(gen, r.prompts, limits, 'prompts')
-    if r.add_BOS: rows = [[gen.tok.eod] + row if row != [gen.tok.eod] else row for row in rows]
+    if r.add_BOS:
+        rows = [[gen.tok.eod] + row if row != [gen.tok.eod] else row for row in rows]
     s = _sampling({'seed': 'random_seed'}, max_new_tokens=max(r.tokens_to_generate, 1), temperature=r.temperature,
                   top_k=r.top_k, top_p=r.top_p or 1.0, greedy=r.top_k == 1, seed=r.random_seed)
     return rows, s, r.logprobs, r.tokens_to_generate
@@ -376,7 +412,8 @@ def _openai_sampling(r, limits: Limits, prompts: int, max_tokens: int | None, ma
                      top_name: str, top_most: int, extra_stop: tuple[str, ...] = ()) -> tuple[int, Sampling]:
     "n and the sampling of an OpenAI completions or chat request; each refusal names its field"
     n = 1 if r.n is None else r.n
-    if not 1 <= n <= limits.max_prompts: raise BadRequest(f'n must be between 1 and {limits.max_prompts}', 'n')
+    if not 1 <= n <= limits.max_prompts:
+        raise BadRequest(f'n must be between 1 and {limits.max_prompts}', 'n')
     if prompts * n > limits.max_prompts:
         raise BadRequest(f'{prompts} prompts x n={n} is more than the {limits.max_prompts} sequences '
                          'this server takes per request', 'prompt')
@@ -384,16 +421,19 @@ def _openai_sampling(r, limits: Limits, prompts: int, max_tokens: int | None, ma
     if not 1 <= max_tokens <= limits.max_new_tokens:
         raise BadRequest(f'{max_name} must be between 1 and {limits.max_new_tokens}', max_name)
     temperature = 1.0 if r.temperature is None else r.temperature
-    if not 0 <= temperature <= 2: raise BadRequest('temperature must be between 0 and 2', 'temperature')
+    if not 0 <= temperature <= 2:
+        raise BadRequest('temperature must be between 0 and 2', 'temperature')
     if not 0 <= top <= top_most:
         raise BadRequest(f'{top_name} must be between 0 and {top_most} (the likeliest alternatives at each position)',
                          top_name)
     if r.stream_options is not None and not r.stream:
         raise BadRequest('stream_options is only allowed when stream is true', 'stream_options')
     for name in ('presence_penalty', 'frequency_penalty'):
-        if getattr(r, name) not in (None, 0): raise BadRequest(f'{name} is not supported; leave it out or 0', name)
+        if getattr(r, name) not in (None, 0):
+            raise BadRequest(f'{name} is not supported; leave it out or 0', name)
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
-    if len(stop) > 4 or any(not s for s in stop): raise BadRequest('stop must be up to 4 non-empty strings', 'stop')
+    if len(stop) > 4 or any(not s for s in stop):
+        raise BadRequest('stop must be up to 4 non-empty strings', 'stop')
     names = {'max_new_tokens': max_name, 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed',
              'temperature': 'temperature', 'top_logprobs': top_name}
     s = _sampling(names, max_new_tokens=max_tokens, temperature=temperature or 1.0, greedy=temperature == 0,
@@ -404,7 +444,8 @@ def _openai_sampling(r, limits: Limits, prompts: int, max_tokens: int | None, ma
 def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[list[str], list[list[int]], Sampling]:
     "Prompts, rows (each prompt n times) and sampling, from an OpenAI completions request"
     prompts = [r.prompt] if isinstance(r.prompt, str) else r.prompt
-    if not prompts: raise BadRequest('prompt must be a text or a non-empty list of texts', 'prompt')
+    if not prompts:
+        raise BadRequest('prompt must be a text or a non-empty list of texts', 'prompt')
     n, s = _openai_sampling(r, limits, len(prompts), r.max_tokens, 'max_tokens', r.logprobs or 0, 'logprobs', 5)
     rows = _encode(gen, prompts, limits, 'prompt')
     return prompts, [row for row in rows for _ in range(n)], s
@@ -416,8 +457,10 @@ def plain_chat_prompt(messages: list[dict]) -> str:
     each followed by a blank line, ending with `Assistant:` for the reply"""
     turns = []
     for m in messages:
-        if m['role'] in ('system', 'developer'): turns.append(f"{m['content']}\n\n")
-        else: turns.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n\n")
+        if m['role'] in ('system', 'developer'):
+            turns.append(f"{m['content']}\n\n")
+        else:
+            turns.append(f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n\n")
     return ''.join(turns) + 'Assistant:'
 
 TEMPLATE_MEMORY = 256 * 2**20   # what a chat template's render process may map beyond what it maps at rest, plus 32
@@ -454,9 +497,11 @@ def chat_prompt(renderer: ChatRenderer | None, messages: list[dict]) -> str:
 def chat_job(r: ChatRequest, limits: Limits, templated: bool) -> tuple[list[dict], int, Sampling]:
     """The conversation, the number of replies and the sampling of an OpenAI chat completions request, checked before
     the conversation is rendered (`templated`: with the tokenizer's chat template, else the plain one)"""
-    if not r.messages: raise BadRequest('messages must hold at least one message', 'messages')
+    if not r.messages:
+        raise BadRequest('messages must hold at least one message', 'messages')
     for i, m in enumerate(r.messages):
-        if m.content is None: raise BadRequest(f'messages.{i}.content is required: the text of the turn', 'messages')
+        if m.content is None:
+            raise BadRequest(f'messages.{i}.content is required: the text of the turn', 'messages')
         for j, p in enumerate([] if isinstance(m.content, str) else m.content):
             if p.type != 'text' or p.text is None:
                 raise BadRequest(f"messages.{i}.content.{j}: a part of type {p.type!r} is not supported; this model "
@@ -465,7 +510,8 @@ def chat_job(r: ChatRequest, limits: Limits, templated: bool) -> tuple[list[dict
                  ''.join(p.text for p in m.content)} for m in r.messages]
     max_name = 'max_completion_tokens' if r.max_completion_tokens is not None else 'max_tokens'
     top = r.top_logprobs or 0
-    if top and not r.logprobs: raise BadRequest('top_logprobs needs logprobs set to true', 'top_logprobs')
+    if top and not r.logprobs:
+        raise BadRequest('top_logprobs needs logprobs set to true', 'top_logprobs')
     stop = () if templated else (PLAIN_CHAT_STOP,)
     n, s = _openai_sampling(r, limits, 1, getattr(r, max_name), max_name, top, 'top_logprobs', 20, stop)
     return messages, n, s
@@ -487,8 +533,10 @@ def _validation_sentence(exc: RequestValidationError) -> tuple[str, str | None]:
     where = '.'.join(loc) or 'the body'
     if e.get('type') == 'json_invalid':
         return f'the body is not valid JSON ({e.get("ctx", {}).get("error", e["msg"])})', None
-    if e.get('type') == 'extra_forbidden': return f'{where} is not a field of this API', where
-    if e.get('type') == 'missing': return f'{where} is required', where
+    if e.get('type') == 'extra_forbidden':
+        return f'{where} is not a field of this API', where
+    if e.get('type') == 'missing':
+        return f'{where} is required', where
     return f'{where}: {e["msg"][0].lower() + e["msg"][1:]}', '.'.join(loc) or None
 
 ROUTES = {'/api': 'PUT', '/v1/completions': 'POST', '/v1/chat/completions': 'POST', '/v1/models': 'GET',
@@ -499,13 +547,18 @@ def _http_sentence(method: str, path: str, status: int, body: bytes) -> str:
     if status == 404:
         served = ', '.join(f'{m} {p}' for p, m in ROUTES.items())
         return f'Invalid URL ({method} {path}): this server answers {served}'
-    if status == 405: return f'{path} does not answer {method}; use {ROUTES.get(path, "another method")}'
-    try: body.decode('utf-8')
+    if status == 405:
+        return f'{path} does not answer {method}; use {ROUTES.get(path, "another method")}'
+    try:
+        body.decode('utf-8')
     except UnicodeDecodeError as e:
         return f'the body is not UTF-8 text (byte 0x{body[e.start]:02x} at offset {e.start})'
-    try: json.loads(body)
-    except RecursionError: return 'the body nests JSON arrays or objects too deeply to parse'
-    except ValueError as e: return f'the body is not valid JSON ({e})'
+    try:
+        json.loads(body)
+    except RecursionError:
+        return 'the body nests JSON arrays or objects too deeply to parse'
+    except ValueError as e:
+        return f'the body is not valid JSON ({e})'
     return 'the body could not be parsed'
 
 # %% ../nbs/15_serve.ipynb #cc18e224
@@ -699,7 +752,8 @@ async def _chunks(job: Job):
     "The job's items as they come, ending at None; an exception from the worker is raised as `GenerationFailed`"
     while True:
         item = await job.queue.get()
-        if item is None: return
+        if item is None:
+            return
         if isinstance(item, Exception):
             said = str(item).strip().splitlines()
             raise GenerationFailed(f'generation failed: {said[0] if said else type(item).__name__}') from item
@@ -715,14 +769,17 @@ class CompletionLogprobs:
         "Tokens with their log-probabilities (None: a prompt's first) and top alternatives [(id, logprob)] or None"
         for t, lp, top in zip(ids, logprobs, tops):
             piece = self.tok.decode([t])
-            self.tokens.append(self.name(t)); self.token_logprobs.append(lp); self.text_offset.append(self.offset)
+            self.tokens.append(self.name(t))
+            self.token_logprobs.append(lp)
+            self.text_offset.append(self.offset)
             self.top_logprobs.append(None if top is None else {self.name(i): v for i, v in top})
             self.offset += len(piece)
 
     def name(self, t: int) -> str:
         "A token's text, or as OpenAI writes a token that is part of a character, `bytes:\\xe2\\x80`"
         piece = self.tok.decode([t])
-        if '\ufffd' not in piece: return piece
+        if '\ufffd' not in piece:
+            return piece
         return 'bytes:' + ''.join(f'\\x{b:02x}' for b in self.tok.token_bytes(t))
 
     def since(self, mark: int) -> dict:
@@ -757,7 +814,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
 
     def openapi() -> dict:
         "The schema, with this server's limits in it"
-        if app.openapi_schema: return app.openapi_schema
+        if app.openapi_schema:
+            return app.openapi_schema
         from fastapi.openapi.utils import get_openapi
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         m, o = (schema['components']['schemas'][k]['properties'] for k in ('MegatronRequest', 'CompletionRequest'))
@@ -771,7 +829,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         message, param = _validation_sentence(exc)
-        if request.url.path == '/api': return _megatron_error(message)
+        if request.url.path == '/api':
+            return _megatron_error(message)
         return _openai_error(message, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -780,13 +839,15 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         body = await request.body() if exc.status_code == 400 else b''
         message = _http_sentence(request.method, request.url.path, exc.status_code, body)
         megatron = request.url.path == '/api' or request.url.path.startswith('/api/')
-        if megatron: return _megatron_error(message, exc.status_code)
+        if megatron:
+            return _megatron_error(message, exc.status_code)
         return _openai_error(message, None, exc.status_code)
 
     @app.exception_handler(GenerationFailed)
     async def failed(request: Request, exc: GenerationFailed):
         "The model failed (the worker logged why): one sentence with status 500, and the server goes on"
-        if request.url.path == '/api': return _megatron_error(str(exc), 500)
+        if request.url.path == '/api':
+            return _megatron_error(str(exc), 500)
         return _openai_error(str(exc), None, 500)
 
     def submit(rows, sampling, prompt_logprobs=False, score_only=False) -> Job:
@@ -806,19 +867,28 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         try:
             rows, s, logprobs, new = megatron_job(gen, r, limits)
             job = submit(rows, s, logprobs, new == 0)
-        except BadRequest as e: return _megatron_error(e.message, e.status)
-        except Busy: return _megatron_error('the server is busy; try again', 503)
+        except BadRequest as e:
+            return _megatron_error(e.message, e.status)
+        except Busy:
+            return _megatron_error('the server is busy; try again', 503)
         gen_ids, gen_lp, prompt_lp = [[] for _ in rows], [[] for _ in rows], [[] for _ in rows]
         try:
             async for c in _chunks(job):
-                if isinstance(c, tuple): prompt_lp[c[1]] = c[2]; continue
-                if c.token is not None and new > 0: gen_ids[c.index].append(c.token); gen_lp[c.index].append(c.logprob)
-        finally: job.cancelled = True
+                if isinstance(c, tuple):
+                    prompt_lp[c[1]] = c[2]
+                    continue
+                if c.token is not None and new > 0:
+                    gen_ids[c.index].append(c.token)
+                    gen_lp[c.index].append(c.logprob)
+        finally:
+            job.cancelled = True
         tokens = [p + g for p, g in zip(rows, gen_ids)]
         res = {'text': [gen.tok.decode(t) if t != [gen.tok.eod] else '' for t in tokens],
                'tokens': tokens, 'segments': [[gen.tok.decode([i]) for i in t] for t in tokens]}
-        if r.add_BOS: res['text'] = [gen.tok.decode(t[1:]) for t in tokens]
-        if logprobs: res['logprobs'] = [p + g for p, g in zip(prompt_lp, gen_lp)]
+        if r.add_BOS:
+            res['text'] = [gen.tok.decode(t[1:]) for t in tokens]
+        if logprobs:
+            res['logprobs'] = [p + g for p, g in zip(prompt_lp, gen_lp)]
         return res
 
     @app.get('/v1/models')
@@ -833,7 +903,9 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
     async def watch(request: Request, job: Job):
         "Cancel `job` when its client goes away (a non-streaming client has no write to fail)"
         while not job.cancelled:
-            if await request.is_disconnected(): job.cancelled = True; return
+            if await request.is_disconnected():
+                job.cancelled = True
+                return
             await asyncio.sleep(0.1)
 
     def events(r, job: Job, rows, head: dict, choices) -> StreamingResponse:
@@ -846,12 +918,15 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         async def lines():
             generated = [0]
             try:
-                async for listed in choices(generated): yield event(listed, **more)
-                if include_usage: yield event([], usage=usage(rows, generated[0]))
+                async for listed in choices(generated):
+                    yield event(listed, **more)
+                if include_usage:
+                    yield event([], usage=usage(rows, generated[0]))
                 yield 'data: [DONE]\n\n'
             except Exception as e:
                 yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
-            finally: job.cancelled = True
+            finally:
+                job.cancelled = True
         return StreamingResponse(lines(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
 
     ok = {'description': 'The completion, or with stream=true its server-sent events',
@@ -862,8 +937,10 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         try:
             prompts, rows, s = openai_job(gen, r, limits)
             job = submit(rows, s, prompt_logprobs=bool(r.echo and r.logprobs is not None))
-        except BadRequest as e: return _openai_error(e.message, e.param, e.status)
-        except Busy: return _openai_error('the server is busy; try again', None, 503)
+        except BadRequest as e:
+            return _openai_error(e.message, e.param, e.status)
+        except Busy:
+            return _openai_error('the server is busy; try again', None, 503)
         head = {'id': f'cmpl-{uuid.uuid4().hex}', 'object': 'text_completion', 'created': int(time.time()),
                 'model': name}
         n = len(rows) // len(prompts)
@@ -871,17 +948,23 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         logs = [CompletionLogprobs(gen.tok, 0 if r.echo else len(prompt_text[i])) for i in range(len(rows))]
         def echoed(i: int, lps=None, tops=None) -> dict:
             "The prompt as a row's first text; with logprobs, its tokens (the first has no log-probability)"
-            if r.logprobs is not None: logs[i].add(rows[i], [None] + lps, [None] + (tops or [None] * len(lps)))
+            if r.logprobs is not None:
+                logs[i].add(rows[i], [None] + lps, [None] + (tops or [None] * len(lps)))
             return {'text': prompt_text[i], 'index': i, 'finish_reason': None,
                     'logprobs': logs[i].since(0) if r.logprobs is not None else None}
         if r.stream:
             async def choices(generated: list[int]):
                 if r.echo and r.logprobs is None:
-                    for i in range(len(rows)): yield [echoed(i)]
+                    for i in range(len(rows)):
+                        yield [echoed(i)]
                 async for c in _chunks(job):
-                    if isinstance(c, tuple): yield [echoed(c[1], c[2], c[3])]; continue
-                    if c.token is not None: generated[0] += 1
-                    if not c.text and not c.finish_reason: continue
+                    if isinstance(c, tuple):
+                        yield [echoed(c[1], c[2], c[3])]
+                        continue
+                    if c.token is not None:
+                        generated[0] += 1
+                    if not c.text and not c.finish_reason:
+                        continue
                     mark = len(logs[c.index].tokens)
                     if c.token is not None and r.logprobs is not None:
                         logs[c.index].add([c.token], [c.logprob], [c.top])
@@ -892,14 +975,21 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         watcher = asyncio.create_task(watch(request, job))
         try:
             async for c in _chunks(job):
-                if isinstance(c, tuple): text[c[1]] = echoed(c[1], c[2], c[3])['text']; continue
+                if isinstance(c, tuple):
+                    text[c[1]] = echoed(c[1], c[2], c[3])['text']
+                    continue
                 text[c.index] += c.text
                 if c.token is not None:
                     toks[c.index].append(c.token)
-                    if r.logprobs is not None: logs[c.index].add([c.token], [c.logprob], [c.top])
-                if c.finish_reason: finish[c.index] = c.finish_reason
-        finally: job.cancelled = True; watcher.cancel()
-        if r.echo and r.logprobs is None: text = [prompt_text[i] + text[i] for i in range(len(rows))]
+                    if r.logprobs is not None:
+                        logs[c.index].add([c.token], [c.logprob], [c.top])
+                if c.finish_reason:
+                    finish[c.index] = c.finish_reason
+        finally:
+            job.cancelled = True
+            watcher.cancel()
+        if r.echo and r.logprobs is None:
+            text = [prompt_text[i] + text[i] for i in range(len(rows))]
         choices = [{'text': text[i], 'index': i, 'finish_reason': finish[i],
                     'logprobs': logs[i].since(0) if r.logprobs is not None else None} for i in range(len(rows))]
         return {**head, 'choices': choices, 'usage': usage(rows, sum(len(x) for x in toks))}
@@ -907,7 +997,8 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
     namer = CompletionLogprobs(gen.tok, 0)
     def chat_logprobs(c) -> list[dict]:
         "OpenAI's chat `logprobs.content` entries of one chunk's token"
-        if c.token is None: return []
+        if c.token is None:
+            return []
         entry = lambda t, v: {'token': namer.name(t), 'logprob': v, 'bytes': list(gen.tok.token_bytes(t))}
         return [{**entry(c.token, c.logprob), 'top_logprobs': [entry(i, v) for i, v in c.top or []]}]
 
@@ -919,13 +1010,17 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
             prompt = await asyncio.get_running_loop().run_in_executor(rendering, chat_prompt, renderer, messages)
             rows = _encode(gen, [prompt], limits, 'messages') * n
             job = submit(rows, s)
-        except BadRequest as e: return _openai_error(e.message, e.param, e.status)
-        except Busy: return _openai_error('the server is busy; try again', None, 503)
+        except BadRequest as e:
+            return _openai_error(e.message, e.param, e.status)
+        except Busy:
+            return _openai_error('the server is busy; try again', None, 503)
         head = {'id': f'chatcmpl-{uuid.uuid4().hex}', 'created': int(time.time()), 'model': name}
         leading = [True] * len(rows)
         def reply(i: int, text: str) -> str:
             "A reply's text without the whitespace it starts with (the template ends at 'Assistant:')"
-            if leading[i]: text = text.lstrip(); leading[i] = not text
+            if leading[i]:
+                text = text.lstrip()
+                leading[i] = not text
             return text
         if r.stream:
             async def choices(generated: list[int]):
@@ -933,9 +1028,11 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
                     yield [{'index': i, 'delta': {'role': 'assistant', 'content': ''}, 'logprobs': None,
                             'finish_reason': None}]
                 async for c in _chunks(job):
-                    if c.token is not None: generated[0] += 1
+                    if c.token is not None:
+                        generated[0] += 1
                     text = reply(c.index, c.text)
-                    if not text and not c.finish_reason and not r.logprobs: continue
+                    if not text and not c.finish_reason and not r.logprobs:
+                        continue
                     yield [{'index': c.index, 'delta': {'content': text} if text else {},
                             'logprobs': {'content': chat_logprobs(c)} if r.logprobs else None,
                             'finish_reason': c.finish_reason}]
@@ -945,9 +1042,14 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
         try:
             async for c in _chunks(job):
                 text[c.index] += reply(c.index, c.text)
-                if c.token is not None: made += 1; lps[c.index] += chat_logprobs(c)
-                if c.finish_reason: finish[c.index] = c.finish_reason
-        finally: job.cancelled = True; watcher.cancel()
+                if c.token is not None:
+                    made += 1
+                    lps[c.index] += chat_logprobs(c)
+                if c.finish_reason:
+                    finish[c.index] = c.finish_reason
+        finally:
+            job.cancelled = True
+            watcher.cancel()
         choices = [{'index': i, 'message': {'role': 'assistant', 'content': text[i]}, 'finish_reason': finish[i],
                     'logprobs': {'content': lps[i]} if r.logprobs else None} for i in range(len(rows))]
         return {**head, 'object': 'chat.completion', 'choices': choices, 'usage': usage(rows, made)}
@@ -1009,7 +1111,8 @@ def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Lim
     """Serve `gen` over HTTP until interrupted (graceful: running requests finish). With tensor parallelism every rank
     calls it: the first serves, the others follow its worker. `app`: one `make_app` made already for `gen`"""
     import torch.distributed as dist
-    if gen.tp_group is not None and dist.get_rank(gen.tp_group) != 0: return follow(gen)
+    if gen.tp_group is not None and dist.get_rank(gen.tp_group) != 0:
+        return follow(gen)
     app = app or make_app(gen, limits, name, access_on(host, access))
     server = _Uvicorn(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30))
     try:
@@ -1029,7 +1132,8 @@ class Server:
     def __enter__(self) -> str:
         self.thread.start()
         while not self.server.started:
-            if not self.thread.is_alive(): raise RuntimeError('the server did not start')
+            if not self.thread.is_alive():
+                raise RuntimeError('the server did not start')
             time.sleep(0.02)
         host, port = self.server.servers[0].sockets[0].getsockname()[:2]
         self.url = f'http://{host}:{port}'

@@ -35,19 +35,23 @@ class CheckpointError(GptkitError):
 
 TAG_RE = re.compile(r'^iter_(\d{7,})$')
 
-def tag(iteration: int) -> str: return f'iter_{iteration:07d}'
+def tag(iteration: int) -> str:
+    return f'iter_{iteration:07d}'
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, 'rb') as f:
-        while chunk := f.read(1 << 22): h.update(chunk)
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
     return h.hexdigest()
 
 def fsync_dir(path: Path):
     "Flush the entries of folder `path` (files created or renamed in it) to disk"
     fd = os.open(path, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 # %% ../nbs/12a_store.ipynb #2aaeae8d
 def manifest(folder: Path) -> dict:
@@ -81,23 +85,27 @@ def verify(folder: str | Path) -> str | None:
         return f'{folder / "state.json"} has a damaged manifest (its files must each have a size and a sha256)'
     for name, want in files.items():
         p = folder / name
-        if not p.is_file(): return f'{p} is missing'
+        if not p.is_file():
+            return f'{p} is missing'
         if p.stat().st_size != want['size']:
             return f"{p} has {p.stat().st_size:,} bytes, {want['size']:,} expected"
-        if _sha256(p) != want['sha256']: return f'{p} is corrupt (its SHA-256 does not match state.json)'
+        if _sha256(p) != want['sha256']:
+            return f'{p} is corrupt (its SHA-256 does not match state.json)'
     return None
 
 def read_state(folder: str | Path) -> dict:
     "The state.json of a checkpoint folder"
     problem = verify(folder)
-    if problem: raise CheckpointError(f'{folder} is not a usable checkpoint: {problem}')
+    if problem:
+        raise CheckpointError(f'{folder} is not a usable checkpoint: {problem}')
     return read_json(Path(folder) / 'state.json', 'checkpoint state', error=CheckpointError, expect=dict)
 
 # %% ../nbs/12a_store.ipynb #045af37c
 def checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     "(iteration, folder) of every finished checkpoint under `root`, oldest first"
     root = Path(root)
-    if not root.is_dir(): return []
+    if not root.is_dir():
+        return []
     found = [(int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := TAG_RE.match(p.name))]
     return sorted(found)
 
@@ -105,7 +113,8 @@ def newest(root: str | Path) -> Path | None:
     "The newest complete, intact checkpoint under `root`; damaged ones are logged and skipped"
     for _, folder in reversed(checkpoints(root)):
         problem = verify(folder)
-        if problem is None: return folder
+        if problem is None:
+            return folder
         log.warning('skipping checkpoint %s: %s', folder.name, problem)
     return None
 
@@ -113,15 +122,18 @@ def newest(root: str | Path) -> Path | None:
 def find(path: str | Path) -> Path:
     "The checkpoint folder for a run folder, a checkpoints folder or an iter_XXXXXXX folder"
     path = Path(path)
-    if not path.exists(): raise CheckpointError(f'checkpoint path {path} does not exist')
+    if not path.exists():
+        raise CheckpointError(f'checkpoint path {path} does not exist')
     if (path / 'state.json').is_file() or TAG_RE.match(path.name):
         problem = verify(path)
-        if problem: raise CheckpointError(f'{path} is not a usable checkpoint: {problem}')
+        if problem:
+            raise CheckpointError(f'{path} is not a usable checkpoint: {problem}')
         return path
     for root in (path / 'checkpoints', path):
         if checkpoints(root):
             folder = newest(root)
-            if folder is None: raise CheckpointError(f'{root} holds no intact checkpoint (see the warnings above)')
+            if folder is None:
+                raise CheckpointError(f'{root} holds no intact checkpoint (see the warnings above)')
             return folder
     raise CheckpointError(f'{path} is not a gptkit checkpoint: it has no state.json, no checkpoints/ '
                           'and no iter_XXXXXXX folders')
@@ -144,7 +156,8 @@ def staged_dir(out_dir: str | Path, needed: int | None = None):
         with written(out, needed):
             yield tmp
             fsync_dir(tmp)
-        if out.exists(): out.rmdir()
+        if out.exists():
+            out.rmdir()
         os.replace(tmp, out)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,7 +49,10 @@ def _unicode_to_bytes() -> dict[str, int]:
     bs = list(range(ord('!'), ord('~') + 1)) + list(range(ord('¡'), ord('¬') + 1)) + list(range(ord('®'), ord('ÿ') + 1))
     cs, n = bs[:], 0
     for b in range(256):
-        if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
     return {chr(c): b for b, c in zip(bs, cs)}
 
 PROBE = ("Hello world! It's 3.14159 -- isn't it?\n\n  Indented\tline\r\n naïve café — 日本語 🙂 "
@@ -64,11 +67,16 @@ def fast_encoder(hf: HFTokenizer, eod_token: str = EOD) -> 'tiktoken.Encoding | 
     ranks, specials = {}, {}
     try:
         for token, i in hf.get_vocab().items():
-            if token == eod_token: specials[token] = i; continue
+            if token == eod_token:
+                specials[token] = i
+                continue
             ranks[token.translate(table).encode('latin-1')] = i
-    except UnicodeEncodeError: return None                       # not a byte-level vocabulary
-    try: enc = tiktoken.Encoding('gptkit-bpe', pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
-    except Exception: return None
+    except UnicodeEncodeError:
+        return None                       # not a byte-level vocabulary
+    try:
+        enc = tiktoken.Encoding('gptkit-bpe', pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    except Exception:
+        return None
     same = enc.encode_ordinary(PROBE) == hf.encode(PROBE, add_special_tokens=False).ids
     return enc if same else None
 
@@ -86,7 +94,8 @@ class WordCache:
         for piece in self.split(text):
             ids = cache.get(piece)
             if ids is None:
-                if len(cache) >= self.limit: cache.clear()
+                if len(cache) >= self.limit:
+                    cache.clear()
                 mapped = ''.join(table[b] for b in piece.encode('utf-8'))
                 ids = cache[piece] = [t.id for t in self.model.tokenize(mapped)]
             out.extend(ids)
@@ -125,42 +134,54 @@ class Tokenizer:
     @property
     def fast(self) -> 'tiktoken.Encoding | None':
         "The equivalent tiktoken encoding, built on first use (None: encode with HF)"
-        if self._fast is None: self._fast = fast_encoder(self.hf) or False
+        if self._fast is None:
+            self._fast = fast_encoder(self.hf) or False
         return self._fast or None
 
     @property
     def words(self) -> WordCache | None:
         "The word-caching encoder, used when there is no fast one (None: plain HF)"
-        if self._words is None: self._words = word_cache(self.hf) or False
+        if self._words is None:
+            self._words = word_cache(self.hf) or False
         return self._words or None
 
     @property
-    def vocab_size(self) -> int: return self.hf.get_vocab_size()
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        if self.fast: return self.fast.encode_ordinary(text)
-        if self.words: return self.words.encode(text)
+        if self.fast:
+            return self.fast.encode_ordinary(text)
+        if self.words:
+            return self.words.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids
     def encode_batch(self, texts: list[str], threads: int = 2) -> list[list[int]]:
         "Encode many texts at once (on `threads` threads with the fast encoder)"
-        if self.fast: return self.fast.encode_ordinary_batch(texts, num_threads=threads)
-        if self.words: return [self.words.encode(t) for t in texts]
+        if self.fast:
+            return self.fast.encode_ordinary_batch(texts, num_threads=threads)
+        if self.words:
+            return [self.words.encode(t) for t in texts]
         return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
     def encode_arrays(self, texts: list[str], threads: int = 2) -> list[np.ndarray]:
         """`encode_batch` as uint32 arrays: the fast encoder writes them straight from Rust, with no Python int per
         token (what `prepare` writes); the others convert their lists"""
-        if not self.fast: return [np.array(ids, np.uint32) for ids in self.encode_batch(texts, threads)]
+        if not self.fast:
+            return [np.array(ids, np.uint32) for ids in self.encode_batch(texts, threads)]
         encode = partial(self.fast.encode_to_numpy, disallowed_special=())   # special tokens as plain text
-        if threads <= 1 or len(texts) < 2: return [encode(t) for t in texts]
-        with ThreadPoolExecutor(threads) as pool: return list(pool.map(encode, texts))
-    def decode(self, ids) -> str: return self.hf.decode(list(ids), skip_special_tokens=False)
+        if threads <= 1 or len(texts) < 2:
+            return [encode(t) for t in texts]
+        with ThreadPoolExecutor(threads) as pool:
+            return list(pool.map(encode, texts))
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False)
 
     def token_bytes(self, i: int) -> bytes:
         "The bytes token `i` stands for (a special token: its name in UTF-8); part of a character for some tokens"
         u2b, token = _unicode_to_bytes(), self.hf.id_to_token(i) or ''
         return bytes(u2b[c] for c in token) if all(c in u2b for c in token) else token.encode('utf-8')
 
-    def __repr__(self): return f'Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eod={self.eod})'
+    def __repr__(self):
+        return f'Tokenizer({self.name!r}, vocab_size={self.vocab_size}, eod={self.eod})'
 
 # %% ../nbs/02_tokenizer.ipynb #4b643d55
 def _read_bpe_files(vocab: dict, merges_text: str, vocab_name: str = 'vocab.json',
@@ -189,19 +210,26 @@ def save(tok: Tokenizer, directory: str | Path) -> Path:
     merges = [m if isinstance(m, str) else ' '.join(m) for m in model['merges']]
     files = {'vocab.json': json.dumps(vocab, ensure_ascii=False),
              'merges.txt': '#version: 0.2\n' + '\n'.join(merges) + '\n', 'tokenizer.json': tok.hf.to_str()}
-    if tok.chat_template: files['tokenizer_config.json'] = json.dumps({'chat_template': tok.chat_template})
+    if tok.chat_template:
+        files['tokenizer_config.json'] = json.dumps({'chat_template': tok.chat_template})
     # all three are written beside the old ones first, so a full disk leaves a tokenizer already there whole
     staged = {name: d / f'.{name}.new' for name in files}
     kept = '' if made else 'the files already there are as they were'
     with written(d, sum(len(t.encode('utf-8')) for t in files.values()), kept):
         try:
             for name, text in files.items():
-                with open(staged[name], 'w', encoding='utf-8') as f: f.write(text); f.flush(); os.fsync(f.fileno())
+                with open(staged[name], 'w', encoding='utf-8') as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
         except BaseException:
-            for p in staged.values(): p.unlink(missing_ok=True)
-            if made: shutil.rmtree(d, ignore_errors=True)
+            for p in staged.values():
+                p.unlink(missing_ok=True)
+            if made:
+                shutil.rmtree(d, ignore_errors=True)
             raise
-    for name, p in staged.items(): os.replace(p, d / name)
+    for name, p in staged.items():
+        os.replace(p, d / name)
     return d
 
 TOKENIZER_BYTES = 128 * 2**20   # MAX_VOCAB entries and their merges take ~60 MB in tokenizer.json; Gemma's 256k: 34 MB
@@ -231,14 +259,16 @@ def _chat_template(path: Path) -> str | None:
 
 def load(name_or_dir: str | Path) -> Tokenizer:
     "The built-in `gpt2` tokenizer, or one saved in a directory"
-    if str(name_or_dir) == 'gpt2': return gpt2()
+    if str(name_or_dir) == 'gpt2':
+        return gpt2()
     d = Path(name_or_dir)
     if not d.is_dir():
         raise DataError(f"{d}: no such tokenizer directory "
                         "(use 'gpt2' or a directory with tokenizer.json or vocab.json and merges.txt)")
     if (d / 'tokenizer.json').is_file():
         text = _tokenizer_text(d / 'tokenizer.json', 'tokenizer')        # bounded before the Rust reader sees it
-        try: hf = HFTokenizer.from_str(text)
+        try:
+            hf = HFTokenizer.from_str(text)
         except Exception as e:
             raise DataError(f'{d / "tokenizer.json"}: not a HuggingFace tokenizer file ({e})') from None
         tok = Tokenizer(hf, d.name)

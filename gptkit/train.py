@@ -73,7 +73,8 @@ class StepMetrics:
     step_seconds: float
     skipped: int = 0          # micro-batches dropped for a non-finite loss since the last report
 
-    def to_dict(self) -> dict: return dataclasses.asdict(self)
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 @dataclass
 class TrainResult:
@@ -96,20 +97,29 @@ class TrainResult:
 # %% ../nbs/11_train.ipynb #c4bd73d0
 class Callback:
     "Hooks called on rank 0; override the ones you need"
-    def on_start(self, info: RunInfo): pass
-    def on_step(self, m: StepMetrics): pass                # every log_interval steps, averaged
-    def on_train_step(self, iteration: int): pass          # after every optimizer step (a profiler's step())
-    def on_eval(self, split: str, iteration: int, loss: float): pass
-    def on_checkpoint(self, path: Path, iteration: int): pass
-    def on_end(self, result: TrainResult): pass
+    def on_start(self, info: RunInfo):
+        pass
+    def on_step(self, m: StepMetrics):
+        pass                # every log_interval steps, averaged
+    def on_train_step(self, iteration: int):
+        pass          # after every optimizer step (a profiler's step())
+    def on_eval(self, split: str, iteration: int, loss: float):
+        pass
+    def on_checkpoint(self, path: Path, iteration: int):
+        pass
+    def on_end(self, result: TrainResult):
+        pass
 
 def _rows_up_to(path: Path, iteration: int):
     "Drop the rows of a metrics.jsonl after `iteration`, which a run resumed from there logs again"
-    if not path.is_file(): return
+    if not path.is_file():
+        return
     lines = path.read_text(encoding='utf-8', errors='replace').splitlines(keepends=True)
     def keep(line: str) -> bool:
-        try: row = json.loads(line)
-        except (ValueError, RecursionError): return line.endswith('\n')   # a row cut by a kill is dropped
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            return line.endswith('\n')   # a row cut by a kill is dropped
         return not isinstance(row, dict) or not isinstance(row.get('iteration'), int) or row['iteration'] <= iteration
     kept = [line for line in lines if keep(line)]
     if len(kept) < len(lines):
@@ -119,18 +129,22 @@ def _rows_up_to(path: Path, iteration: int):
 class MetricsFile(Callback):
     "Appends one JSON object per report, evaluation and checkpoint to OUT/metrics.jsonl: one row per step, also resumed"
     def on_start(self, info):
-        if info.resumed_from is not None: _rows_up_to(info.out / 'metrics.jsonl', info.start)
+        if info.resumed_from is not None:
+            _rows_up_to(info.out / 'metrics.jsonl', info.start)
         self.path = info.out / 'metrics.jsonl'
         self.f = open(self.path, 'a')
     def _write(self, d):
         with written(self.path, kept='its earlier rows are intact (a cut last row is dropped on --resume)'):
-            self.f.write(json_text(d) + '\n'); self.f.flush()   # NaN as null
-    def on_step(self, m): self._write({'kind': 'train', 'time': time.time(), **m.to_dict()})
+            self.f.write(json_text(d) + '\n')
+            self.f.flush()   # NaN as null
+    def on_step(self, m):
+        self._write({'kind': 'train', 'time': time.time(), **m.to_dict()})
     def on_eval(self, split, iteration, loss):
         self._write({'kind': split, 'iteration': iteration, 'loss': loss, 'ppl': math.exp(min(loss, 50))})
     def on_checkpoint(self, path, iteration):
         self._write({'kind': 'checkpoint', 'iteration': iteration, 'path': str(path)})
-    def on_end(self, result): self.f.close()
+    def on_end(self, result):
+        self.f.close()
 
 class TensorBoard(Callback):
     "Scalars to TensorBoard event files in OUT/tensorboard (x axis: steps)"
@@ -139,17 +153,20 @@ class TensorBoard(Callback):
         # a resumed run hides the events its previous run wrote after the step it resumes from
         purge = info.start + 1 if info.resumed_from is not None else None
         self.path = info.out / 'tensorboard'
-        with written(self.path): self.w = SummaryWriter(str(self.path), purge_step=purge)
+        with written(self.path):
+            self.w = SummaryWriter(str(self.path), purge_step=purge)
     def on_step(self, m):
         with written(self.path):
             for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib'):
                 v = getattr(m, k)
-                if v is not None: self.w.add_scalar(f'train/{k}', v, m.iteration)
+                if v is not None:
+                    self.w.add_scalar(f'train/{k}', v, m.iteration)
     def on_eval(self, split, iteration, loss):
         with written(self.path):
             self.w.add_scalar(f'{split}/loss', loss, iteration)
             self.w.add_scalar(f'{split}/ppl', math.exp(min(loss, 50)), iteration)
-    def on_end(self, result): self.w.close()
+    def on_end(self, result):
+        self.w.close()
 
 # %% ../nbs/11_train.ipynb #8ad9606a
 def micro_batch(samples, start: int, size: int, vocab: int, where: str) -> np.ndarray:
@@ -165,7 +182,8 @@ def micro_batch(samples, start: int, size: int, vocab: int, where: str) -> np.nd
 # %% ../nbs/11_train.ipynb #92983816
 def peak_flops(device: str, precision: str) -> float | None:
     "Dense peak FLOP/s of this process's GPU for `precision`, or None when unknown"
-    if device != 'cuda': return None
+    if device != 'cuda':
+        return None
     import torch
     name = torch.cuda.get_device_name().lower()
     for key, gpu in GPUS.items():
@@ -190,7 +208,8 @@ def check_fits(cfg: RunConfig, device: str, force: bool = False):
     if device == 'cuda':
         import torch
         capacity, what = torch.cuda.get_device_properties(0).total_memory, f'this GPU ({torch.cuda.get_device_name()})'
-    else: capacity, what = machine_memory(), 'this machine'
+    else:
+        capacity, what = machine_memory(), 'this machine'
     mem = memory_per_gpu(cfg.model, cfg.parallel, cfg.train, capacity=capacity)
     if mem.total > capacity and not force:
         name = f'preset {cfg.preset}' if cfg.preset else 'this model'
@@ -210,18 +229,22 @@ STOP_SIGNALS = tuple(getattr(signal, s) for s in ('SIGINT', 'SIGTERM', 'SIGUSR1'
 
 class _Stop:
     "Turns the first stop signal into a request to checkpoint and stop; a second one interrupts at once"
-    def __init__(self): self.signal, self.old = None, {}
+    def __init__(self):
+        self.signal, self.old = None, {}
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for s in STOP_SIGNALS: self.old[s] = signal.signal(s, self._handle)
+            for s in STOP_SIGNALS:
+                self.old[s] = signal.signal(s, self._handle)
         return self
     def _handle(self, signum, frame):
-        if self.signal is not None: raise KeyboardInterrupt
+        if self.signal is not None:
+            raise KeyboardInterrupt
         self.signal = signum
         log.warning('%s received: saving a checkpoint after this step (press again to stop at once)',
                     signal.Signals(signum).name)
     def __exit__(self, *exc):
-        for s, h in self.old.items(): signal.signal(s, h)
+        for s, h in self.old.items():
+            signal.signal(s, h)
 
 def _zero_loss(module):
     "A loss whose gradient is zero everywhere, so a micro-batch can be dropped without upsetting DeepSpeed's counters"
@@ -231,14 +254,16 @@ def _all_max(value: int, device) -> int:
     import torch
     import torch.distributed as dist
     t = torch.tensor([value], dtype=torch.int64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1: dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
 def _all_sum(values: list[float], device) -> list[float]:
     import torch
     import torch.distributed as dist
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1: dist.all_reduce(t)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
     return t.tolist()
 
 def _reports_loss(parallel) -> bool:
@@ -252,8 +277,10 @@ def _real_stderr():
     "A stderr that faulthandler can write to (it needs a file descriptor; a notebook's or CliRunner's has none)"
     for f in (sys.stderr, sys.__stderr__):
         try:
-            f.fileno(); return f
-        except (AttributeError, ValueError, OSError): pass   # io.UnsupportedOperation is an OSError and a ValueError
+            f.fileno()
+            return f
+        except (AttributeError, ValueError, OSError):
+            pass   # io.UnsupportedOperation is an OSError and a ValueError
     return None
 
 class _Watchdog:
@@ -277,18 +304,22 @@ class _Watchdog:
 
     def __exit__(self, *exc):
         self.done.set()
-        if self.seconds is not None and self.err is not None: faulthandler.cancel_dump_traceback_later()
+        if self.seconds is not None and self.err is not None:
+            faulthandler.cancel_dump_traceback_later()
 
     def _watch(self):
         while not self.done.wait(min(1.0, self.seconds / 10)):
-            if time.monotonic() - self.since > self.seconds: self._fire()
+            if time.monotonic() - self.since > self.seconds:
+                self._fire()
 
     def _fire(self):
         print(f'rank {self.rank}: {self.what} has not finished in {self.seconds / 60:g} minutes '
               f'(train.watchdog_minutes), so the run is taken to be hung: the stack of every thread follows, '
               f'then exit {WATCHDOG_EXIT}', file=sys.stderr, flush=True)
-        if self.err is not None: faulthandler.dump_traceback(file=self.err, all_threads=True)
-        if self.err is not None: self.err.flush()
+        if self.err is not None:
+            faulthandler.dump_traceback(file=self.err, all_threads=True)
+        if self.err is not None:
+            self.err.flush()
         os._exit(WATCHDOG_EXIT)
 
 # %% ../nbs/11_train.ipynb #6649ee2c
@@ -309,14 +340,20 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
     from gptkit.parallel import grad_norm, one_f_one_b, stage_input_shape, sync_tied_grads
     counted = {'loss': 0.0, 'dropped': 0}
     def backward(loss, last):
-        if not last: return engine.backward(loss, scale_wrt_gas=False)
-        if torch.isfinite(loss): engine.backward(loss); counted['loss'] += loss.item()
-        else: engine.backward(_zero_loss(engine.module)); counted['dropped'] += 1
+        if not last:
+            return engine.backward(loss, scale_wrt_gas=False)
+        if torch.isfinite(loss):
+            engine.backward(loss)
+            counted['loss'] += loss.item()
+        else:
+            engine.backward(_zero_loss(engine.module))
+            counted['dropped'] += 1
     norm = None
     if parallel.layout.pp == 1:
         for m, (x, y) in enumerate(batches):
             backward(engine(x, y), True)
-            if m == len(batches) - 1 and want_norm: norm = grad_norm(engine.module, parallel)
+            if m == len(batches) - 1 and want_norm:
+                norm = grad_norm(engine.module, parallel)
             engine.step()
     else:
         cfg, par = engine.module.cfg, parallel.layout
@@ -327,13 +364,16 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
         sync_tied_grads(engine.module, parallel)
         engine.set_gradient_accumulation_boundary(True)
         engine.allreduce_gradients()
-        if want_norm: norm = grad_norm(engine.module, parallel)
+        if want_norm:
+            norm = grad_norm(engine.module, parallel)
         # a ZeRO-0 pipeline: DeepSpeed leaves clipping to gptkit (see ds_config)
         if want_norm and clip > 0 and norm > clip:
             for p in engine.module.parameters():
-                if p.grad is not None: p.grad.mul_(clip / (norm + 1e-6))
+                if p.grad is not None:
+                    p.grad.mul_(clip / (norm + 1e-6))
         engine.step()
-    if not _reports_loss(parallel): counted = {'loss': 0.0, 'dropped': 0}
+    if not _reports_loss(parallel):
+        counted = {'loss': 0.0, 'dropped': 0}
     return counted['loss'], counted['dropped'], norm
 
 # %% ../nbs/11_train.ipynb #746372ac
@@ -346,7 +386,8 @@ def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where
     engine.eval()
     batches = _micro_batches(samples, 0, n_micro, dp, parallel.dp_rank, mb, vocab, where, engine.device)
     with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
-        if parallel.layout.pp == 1: losses = [engine(x, y) for x, y in batches]
+        if parallel.layout.pp == 1:
+            losses = [engine(x, y) for x, y in batches]
         else:
             sp = getattr(engine.module, 'sequence_parallel', False)
             shape = stage_input_shape(engine.module.cfg, mb, parallel.layout.tp, sp)
@@ -369,16 +410,19 @@ def _source(cfg: RunConfig, name: str) -> tuple | None:
     from gptkit.data.indexed import IndexedDataset
     from gptkit.data.samples import split_ranges
     blend = cfg.data.blend(name)
-    if blend is None or (name != 'train' and not _split_sizes(cfg)[name]): return None
+    if blend is None or (name != 'train' and not _split_sizes(cfg)[name]):
+        return None
     key, prefixes, weights = blend
     if weights is None and any(c.isspace() for c in prefixes[0]) and not Path(prefixes[0] + '.idx').exists():
         raise DataError(f'{key} {prefixes[0]!r} is not a dataset; a blend gives a weight before each prefix, as in '
                         f"'1 {' 1 '.join(prefixes[0].split())}' (Megatron's list of prefixes without weights "
                         'is not read)')
-    if cfg.data.per_split: return prefixes, weights, None
+    if cfg.data.per_split:
+        return prefixes, weights, None
     if name != 'train':                          # a valid/test share that rounds to nothing in every dataset
         ranges = [split_ranges(cfg.data.split, len(IndexedDataset(p))).get(name) for p in prefixes]
-        if all(r is None or r[1] <= r[0] for r in ranges): return None
+        if all(r is None or r[1] <= r[0] for r in ranges):
+            return None
     return prefixes, weights, cfg.data.split
 
 def data_plan(cfg: RunConfig) -> dict[str, list]:
@@ -387,12 +431,15 @@ def data_plan(cfg: RunConfig) -> dict[str, list]:
     out = {}
     for name, n in _split_sizes(cfg).items():
         src = _source(cfg, name)
-        if src is None: continue
-        try: out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
+        if src is None:
+            continue
+        try:
+            out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
         except _EmptySplit as e:
             raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that gives '
                             'every dataset documents in each split, or give each split its own blend') from None
-        for part in out[name]: _check_index_size(cfg, name, part)
+        for part in out[name]:
+            _check_index_size(cfg, name, part)
     return out
 
 INDEX_BYTES_PER_SAMPLE = 40   # building a split's index: its sample, shuffle and document indices, and temporaries
@@ -401,7 +448,8 @@ MANY_EPOCHS = 10              # more passes than this over a training dataset: w
 def _check_index_size(cfg: RunConfig, name: str, part):
     "Refuse, before any work, a split whose sample index would not fit in this machine's memory"
     need, have = part.built * INDEX_BYTES_PER_SAMPLE, machine_memory()
-    if need <= have: return
+    if need <= have:
+        return
     raise DataError(f'the {name} split would draw {part.built:,} samples of {cfg.model.seq_len + 1} tokens from '
                     f'{part.prefix}, {part.epochs:,} passes over its data; building their index takes about '
                     f'{need / 2**30:,.1f} GiB and this machine has {have / 2**30:,.1f} GiB. Train on fewer tokens '
@@ -430,8 +478,10 @@ def _split(cfg: RunConfig, name: str, rank: int):
     prefixes, weights, split = src
     build = lambda: split_samples(prefixes, weights, name, _split_sizes(cfg)[name], cfg.model.seq_len,
                                   cfg.train.seed, split)
-    if rank == 0: samples = build()
-    if dist.is_initialized(): dist.barrier()
+    if rank == 0:
+        samples = build()
+    if dist.is_initialized():
+        dist.barrier()
     return build() if rank != 0 else samples
 
 def _where(cfg: RunConfig, name: str) -> str:
@@ -454,7 +504,8 @@ def _setup_data(cfg: RunConfig):
     if not cfg.data.tokenizer:
         problems.append(('data.tokenizer',
                          "{key} is not set: give the tokenizer folder the data was prepared with, or 'gpt2'"))
-    if problems: raise ConfigError(problems)
+    if problems:
+        raise ConfigError(problems)
     for name in SPLITS:
         key, prefixes, _ = cfg.data.blend(name) or (None, (), None)
         for p in (p for prefix in prefixes for p in data_paths(prefix)):
@@ -494,7 +545,8 @@ def _check_same_tokenizer(cfg: RunConfig, tok, resume_from: Path):
 def _check_same_data(cfg: RunConfig, resume_from: Path):
     "Refuse to continue a checkpoint on another blend than the one it was trained on (an import names none: any goes)"
     old = ckpt.read_config(resume_from).data
-    if not (old.prefix or old.train_prefix) or _blends(old) == _blends(cfg.data): return
+    if not (old.prefix or old.train_prefix) or _blends(old) == _blends(cfg.data):
+        return
     show = lambda d: '; '.join(f'{k} {getattr(d, k)!r}' for k in ('prefix', 'train_prefix', 'valid_prefix',
                                                                    'test_prefix', 'split') if getattr(d, k))
     raise DataError(f'{resume_from} was trained on {show(old)}, not {show(cfg.data)}: resuming on another blend '
@@ -515,7 +567,8 @@ def _check_precision(cfg: RunConfig):
     elif cfg.parallel.pp > 1 and precision == 'fp16':
         why = ('{key} fp16 cannot be combined with parallel.pp above 1 in gptkit '
                '(the loss scale would reach the earlier stages twice); use bf16')
-    if why: raise ConfigError([('train.precision', why)])
+    if why:
+        raise ConfigError([('train.precision', why)])
 
 def _resume_from(root: Path, resume: bool | str | Path) -> Path | None:
     "The checkpoint to resume from (`resume` True: the newest intact one in `root`); None starts afresh"
@@ -551,7 +604,8 @@ def cpp_compiler() -> str | None:
 # %% ../nbs/11_train.ipynb #ea7e5954
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
     "`cfg` with its model's vocabulary that of its tokenizer (`tok`, else `data.tokenizer`; unchanged without one)"
-    if tok is None and not cfg.data.tokenizer: return cfg
+    if tok is None and not cfg.data.tokenizer:
+        return cfg
     if tok is None:
         from gptkit.tokenizer import load
         tok = load(cfg.data.tokenizer)
@@ -575,7 +629,8 @@ def run_config(preset: str | None = None, file: str | Path | None = None, sets=(
     from gptkit.engine import machine_defaults
     if resume and preset is None and file is None:      # a resume continues the run's own settings, flags on top
         file, overrides = _own_config(top.get('out'), sets, overrides)
-    if preset is None and file is None: preset = 'tiny'
+    if preset is None and file is None:
+        preset = 'tiny'
     return tokenizer_vocab(resolve(preset, file, sets, overrides, defaults=machine_defaults(), **top))
 
 # %% ../nbs/11_train.ipynb #be114d04
@@ -589,15 +644,18 @@ class Window:
     skipped: int = 0            # micro-batches dropped for a non-finite loss
 
     def add(self, loss: float, dropped: int):
-        if not math.isnan(loss): self.loss, self.steps = self.loss + loss, self.steps + 1
+        if not math.isnan(loss):
+            self.loss, self.steps = self.loss + loss, self.steps + 1
         self.skipped += dropped
 
     @contextlib.contextmanager
     def paused(self):
         "Time spent inside does not count against the step rate"
         t = time.perf_counter()
-        try: yield
-        finally: self.t += time.perf_counter() - t
+        try:
+            yield
+        finally:
+            self.t += time.perf_counter() - t
 
 # %% ../nbs/11_train.ipynb #7ef613ed
 @dataclass
@@ -631,13 +689,17 @@ class Loop:
     result: TrainResult | None = None
 
     @property
-    def rank(self) -> int: return self.parallel.rank
+    def rank(self) -> int:
+        return self.parallel.rank
     @property
-    def out(self) -> Path: return Path(self.cfg.out)
+    def out(self) -> Path:
+        return Path(self.cfg.out)
     @property
-    def root(self) -> Path: return self.out / 'checkpoints'
+    def root(self) -> Path:
+        return self.out / 'checkpoints'
     @property
-    def tokens(self) -> int: return self.consumed * self.plan.seq_len
+    def tokens(self) -> int:
+        return self.consumed * self.plan.seq_len
 
 # %% ../nbs/11_train.ipynb #d202b564
 def _write_run_folder(cfg: RunConfig, tok, out: Path):
@@ -719,24 +781,30 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     device = device_type()
     _check_precision(cfg)
     plan_data, resume_from = _check_plan(cfg, resume, tok)
-    if rank == 0: _warn_repeats(plan_data)
+    if rank == 0:
+        _warn_repeats(plan_data)
     check_fits(cfg, device, force)
     out = Path(cfg.out)
     lock = hold_run(cfg, rank)                           # held until `hold` closes (default: this process ends)
     if hold is not None:
         hold.enter_context(lock)
-    if rank == 0: _write_run_folder(cfg, tok, out)
+    if rank == 0:
+        _write_run_folder(cfg, tok, out)
 
-    random.seed(cfg.train.seed); np.random.seed(cfg.train.seed); torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    np.random.seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model)
     params, shapes = num_params(model), ckpt.model_shapes(model)
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
-    if cfg.train.compile: _compile(cfg, model)
+    if cfg.train.compile:
+        _compile(cfg, model)
     plan = cfg.plan
     mpu = DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None
     engine, ds = build_engine(cfg, model, plan, ds_override, mpu)
-    if rank == 0: (out / 'ds_config.json').write_text(json.dumps(ds, indent=2))
+    if rank == 0:
+        (out / 'ds_config.json').write_text(json.dumps(ds, indent=2))
 
     train_set, valid = _split(cfg, 'train', rank), _split(cfg, 'valid', rank)
     callbacks = list(callbacks) + [MetricsFile(), TensorBoard()] if rank == 0 else []
@@ -759,7 +827,8 @@ def restore(loop: Loop) -> Loop:
                         loop.device, flops_per_iteration(cfg.model, plan.global_batch, cfg.train.recompute),
                         peak_flops(loop.device, cfg.train.precision), loop.out, loop.resume_from)
     loop.result, loop.window = TrainResult(loop.iteration, loop.tokens, []), Window(loop.iteration)
-    for c in loop.callbacks: c.on_start(loop.info)
+    for c in loop.callbacks:
+        c.on_start(loop.info)
     return loop
 
 # %% ../nbs/11_train.ipynb #a216d0df
@@ -769,17 +838,21 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     batches = _micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
                              plan.micro_batch, cfg.model.vocab, _where(cfg, 'train'), engine.device)
     loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
-    if loop.own_norm: loop.grad_norm = norm
+    if loop.own_norm:
+        loop.grad_norm = norm
     total, dropped, stopping = _all_sum([loss_sum, dropped, stop_requested], engine.device)
-    loop.iteration += 1; loop.consumed += plan.global_batch
+    loop.iteration += 1
+    loop.consumed += plan.global_batch
     loop.stopping, dropped, it = bool(stopping), int(dropped), loop.iteration
     for c in loop.callbacks:
-        if hasattr(c, 'on_train_step'): c.on_train_step(it)    # callbacks need not subclass Callback
+        if hasattr(c, 'on_train_step'):
+            c.on_train_step(it)    # callbacks need not subclass Callback
     n = plan.accumulation * plan.dp
     loss = total / (n - dropped) if dropped < n else float('nan')
     loop.result.losses.append(loss)
     loop.finite_loss = dropped < n
-    if dropped == n: _check_finite(loop)         # no micro-batch had a loss: diverged weights stop the run now
+    if dropped == n:
+        _check_finite(loop)         # no micro-batch had a loss: diverged weights stop the run now
     if dropped:
         loop.bad_steps += 1
         log.warning('step %d: %d of %d micro-batches had a NaN or infinite loss and were left out of the step',
@@ -787,7 +860,8 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
         if loop.bad_steps >= cfg.train.max_bad_steps:
             raise TrainingError(f'the loss was NaN or infinite in {loop.bad_steps} steps in a row (up to step {it}); '
                                 f'stopped without saving. {_newest(loop)}')
-    else: loop.bad_steps = 0
+    else:
+        loop.bad_steps = 0
     loop.window.add(loss, dropped)
     return loss
 
@@ -795,10 +869,12 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
 def report(loop: Loop) -> StepMetrics | None:
     "When a report is due: the window's averages to the callbacks (`on_step`), and a new window; else None"
     cfg, plan, engine, w, it = loop.cfg, loop.plan, loop.engine, loop.window, loop.iteration
-    if it % cfg.train.log_interval and it != plan.iters: return None
+    if it % cfg.train.log_interval and it != plan.iters:
+        return None
     dt, steps = time.perf_counter() - w.t, it - w.start
     norm = loop.grad_norm if loop.own_norm else engine.get_global_grad_norm()
-    if not w.steps: norm = None                   # every step since the last report was dropped: no loss, no norm
+    if not w.steps:
+        norm = None                   # every step since the last report was dropped: no loss, no norm
     fp16 = cfg.train.precision == 'fp16'
     scale = getattr(engine.optimizer, 'loss_scale', None) if fp16 else None   # ZeRO-0's FP16 optimizers lack cur_scale
     tflops = loop.info.flops_per_step * steps / dt / loop.parallel.layout.world / 1e12
@@ -807,7 +883,8 @@ def report(loop: Loop) -> StepMetrics | None:
     m = StepMetrics(it, loss, engine.get_lr()[0], None if norm is None else float(norm),
                     None if scale is None else float(scale), loop.tokens, steps * plan.tokens_per_step / dt, tflops,
                     tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped)
-    for c in loop.callbacks: c.on_step(m)
+    for c in loop.callbacks:
+        c.on_step(m)
     loop.window = Window(it)
     return m
 
@@ -821,12 +898,14 @@ def _evaluate(loop: Loop, samples, split: str) -> float:
     cfg, plan = loop.cfg, loop.plan
     loss = evaluate(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch, loop.parallel,
                     cfg.model.vocab, _where(cfg, split))
-    for c in loop.callbacks: c.on_eval(split, loop.iteration, loss)
+    for c in loop.callbacks:
+        c.on_eval(split, loop.iteration, loss)
     return loss
 
 def evaluate_if_due(loop: Loop) -> float | None:
     "The validation loss after every `eval_interval` steps (None when not due, or when there is no validation split)"
-    if loop.valid is None or not is_due(loop.iteration, loop.cfg.train.eval_interval, loop.plan.iters): return None
+    if loop.valid is None or not is_due(loop.iteration, loop.cfg.train.eval_interval, loop.plan.iters):
+        return None
     loop.result.valid_loss = _evaluate(loop, loop.valid, 'valid')
     return loop.result.valid_loss
 
@@ -851,7 +930,8 @@ def _newest(loop: Loop) -> str:
 def _check_finite(loop: Loop):
     "Stop the run, saving nothing, when its weights hold NaN or infinite values (every rank calls it)"
     bad = _nonfinite_weights(loop)
-    if not bad: return
+    if not bad:
+        return
     raise TrainingError(f'step {loop.iteration}: {bad:,} of the {loop.params:,} weights are NaN or infinite (the '
                         f'run diverged), so no checkpoint was written. {_newest(loop)}')
 
@@ -863,19 +943,22 @@ def save(loop: Loop) -> Path:
     path = ckpt.save(loop.engine, loop.root, it, client, cfg, loop.ds_config, loop.out / 'tokenizer', loop.rank,
                      cfg.train.keep, loop.parallel.layout, loop.shapes)
     loop.saved_at = time.monotonic()
-    for c in loop.callbacks: c.on_checkpoint(path, it)
+    for c in loop.callbacks:
+        c.on_checkpoint(path, it)
     return path
 
 def _minutes_due(loop: Loop) -> bool:
     "Whether `save_interval_minutes` have passed since the last save (or the start); rank 0's clock decides for all"
     minutes = loop.cfg.train.save_interval_minutes
-    if not minutes or loop.iteration >= loop.plan.iters: return False   # the end saves anyway
+    if not minutes or loop.iteration >= loop.plan.iters:
+        return False   # the end saves anyway
     due = loop.rank == 0 and time.monotonic() - loop.saved_at >= 60 * minutes
     return bool(_all_max(int(due), loop.engine.device))
 
 def save_if_due(loop: Loop) -> Path | None:
     "A checkpoint after every `save_interval` steps, and when `save_interval_minutes` passed (None when not due)"
-    if not (is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters) or _minutes_due(loop)): return None
+    if not (is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters) or _minutes_due(loop)):
+        return None
     if not loop.finite_loss:                     # a model whose loss is NaN is not worth resuming from
         log.warning('step %d: checkpoint skipped: every micro-batch of this step had a NaN or infinite loss',
                     loop.iteration)
@@ -894,11 +977,14 @@ def finish(loop: Loop) -> TrainResult:
                             f'so its state was not saved. {_newest(loop)}')
     r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save(loop)
     if it >= loop.plan.iters:
-        if loop.valid is not None: r.valid_loss = _evaluate(loop, loop.valid, 'valid')
+        if loop.valid is not None:
+            r.valid_loss = _evaluate(loop, loop.valid, 'valid')
         test = _split(cfg, 'test', loop.rank)
-        if test is not None: r.test_loss = _evaluate(loop, test, 'test')
+        if test is not None:
+            r.test_loss = _evaluate(loop, test, 'test')
     r.seconds = time.perf_counter() - loop.started
-    for c in loop.callbacks: c.on_end(r)
+    for c in loop.callbacks:
+        c.on_end(r)
     r.engine = loop.engine
     return r
 
@@ -921,32 +1007,47 @@ def _train(cfg: RunConfig, callbacks, resume, ds_override, force, stop_after, ho
             with loop.window.paused():           # evaluation and saving do not count against the step rate
                 evaluate_if_due(loop)
                 save_if_due(loop)
-            if loop.stopping or (stop_after is not None and loop.iteration >= stop_after): break
-        if loop.stopping: loop.signal = _all_max(stop.signal or 0, loop.engine.device)   # the same on every rank
+            if loop.stopping or (stop_after is not None and loop.iteration >= stop_after):
+                break
+        if loop.stopping:
+            loop.signal = _all_max(stop.signal or 0, loop.engine.device)   # the same on every rank
         dog.beat('the final evaluation and checkpoint')
         return finish(loop)
 
 # %% ../nbs/11_train.ipynb #3a9459fe
 class LivePlot(Callback):
     "Redraws the training and validation loss in the notebook as the run goes"
-    def __init__(self, every: int = 1): self.every, self.train, self.valid, self.n = every, [], [], 0
+    def __init__(self, every: int = 1):
+        self.every, self.train, self.valid, self.n = every, [], [], 0
     def on_start(self, info):
         import matplotlib.pyplot as plt
         from IPython.display import display
-        self.fig, self.ax = plt.subplots(figsize=(6, 3)); plt.close(self.fig)
+        self.fig, self.ax = plt.subplots(figsize=(6, 3))
+        plt.close(self.fig)
         self.handle, self.title = display(self.fig, display_id=True), f'{info.params:,} parameters, {info.iters} steps'
     def _draw(self):
-        ax = self.ax; ax.clear()
-        if self.train: ax.plot(*zip(*self.train), label='train')
-        if self.valid: ax.plot(*zip(*self.valid), 'o-', label='validation')
-        ax.set_xlabel('step'); ax.set_ylabel('loss'); ax.set_title(self.title); ax.legend()
+        ax = self.ax
+        ax.clear()
+        if self.train:
+            ax.plot(*zip(*self.train), label='train')
+        if self.valid:
+            ax.plot(*zip(*self.valid), 'o-', label='validation')
+        ax.set_xlabel('step')
+        ax.set_ylabel('loss')
+        ax.set_title(self.title)
+        ax.legend()
         self.handle.update(self.fig)
     def on_step(self, m):
-        self.train.append((m.iteration, m.loss)); self.n += 1
-        if self.n % self.every == 0: self._draw()
+        self.train.append((m.iteration, m.loss))
+        self.n += 1
+        if self.n % self.every == 0:
+            self._draw()
     def on_eval(self, split, iteration, loss):
-        if split == 'valid': self.valid.append((iteration, loss)); self._draw()
-    def on_end(self, result): self._draw()
+        if split == 'valid':
+            self.valid.append((iteration, loss))
+            self._draw()
+    def on_end(self, result):
+        self._draw()
 
 # %% ../nbs/11_train.ipynb #ff312e64
 def token_counts(prefix: str | Path, split: str, vocab: int) -> np.ndarray:
@@ -956,7 +1057,8 @@ def token_counts(prefix: str | Path, split: str, vocab: int) -> np.ndarray:
     data = IndexedDataset(prefix)
     lo, hi = split_ranges(split, len(data))['train']
     counts = np.zeros(vocab, np.int64)
-    for i in range(lo, hi): counts += np.bincount(data[i], minlength=vocab)[:vocab]
+    for i in range(lo, hi):
+        counts += np.bincount(data[i], minlength=vocab)[:vocab]
     return counts
 
 def unigram_loss(counts: np.ndarray, tokens) -> float:
@@ -969,10 +1071,13 @@ def text_loss(model, tokens, seq_len: int, batch: int = 8) -> float:
     import torch
     ids = torch.as_tensor(np.asarray(tokens, np.int64))
     n = (len(ids) - 1) // seq_len
-    if n == 0: raise ValueError(f'{len(ids)} tokens are fewer than one window of {seq_len + 1}')
-    x = ids[:n * seq_len].view(n, seq_len); y = ids[1:n * seq_len + 1].view(n, seq_len)
+    if n == 0:
+        raise ValueError(f'{len(ids)} tokens are fewer than one window of {seq_len + 1}')
+    x = ids[:n * seq_len].view(n, seq_len)
+    y = ids[1:n * seq_len + 1].view(n, seq_len)
     device = next(model.parameters()).device
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     total = 0.0
     with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
         for i in range(0, n, batch):

@@ -28,7 +28,7 @@ def test_readme_has_the_two_commands_and_ci_runs_the_test_one():
 def test_pyproject_holds_only_build_system_nbdev_and_ruff():
     cfg = tomllib.loads((ROOT / 'pyproject.toml').read_text())
     assert set(cfg) == {'build-system', 'tool'} and set(cfg['tool']) == {'nbdev', 'ruff'}
-    assert cfg['tool']['ruff']['line-length'] == 120 and set(cfg['tool']['ruff']['lint']['select']) == {'E501', 'F', 'I'}
+    assert cfg['tool']['ruff']['line-length'] == 120 and set(cfg['tool']['ruff']['lint']['select']) == {'E501', 'E701', 'E702', 'E703', 'F', 'I'}
     assert {'slow', 'gpu'} <= set(cfg['tool']['nbdev']['tst_flags'].split())
 
 

@@ -65,9 +65,11 @@ def _kind(path: Path) -> str | None:
 
 def _hf_files(d: Path) -> list[Path] | None:
     "The data files of a Hugging Face `save_to_disk` folder, in order (its state.json lists them), or None"
-    if not ((d / 'state.json').is_file() and (d / 'dataset_info.json').is_file()): return None
+    if not ((d / 'state.json').is_file() and (d / 'dataset_info.json').is_file()):
+        return None
     state = read_json(d / 'state.json', 'Hugging Face dataset state', expect=dict)   # bounded, one sentence
-    try: return [d / f['filename'] for f in state['_data_files']]
+    try:
+        return [d / f['filename'] for f in state['_data_files']]
     except (KeyError, TypeError) as e:
         raise DataError(f'{d / "state.json"}: not a Hugging Face save_to_disk state '
                         f'({type(e).__name__}: {e})') from None
@@ -103,14 +105,21 @@ def expand_inputs(inputs: Iterable[str | Path], fmt: str = 'auto') -> list[Path]
     out = []
     for spec in inputs:
         s = str(spec)
-        if s.startswith('builtin:'): out.append(builtin_path(s[len('builtin:'):])); continue
+        if s.startswith('builtin:'):
+            out.append(builtin_path(s[len('builtin:'):]))
+            continue
         p = Path(s)
-        if p.is_dir(): found = _expand_dir(p, fmt)
-        elif p.exists(): found = [_regular(p)]
-        else: found = sorted(Path(f) for f in glob.glob(s, recursive=True) if Path(f).is_file())
-        if not found: raise DataError(f'{s}: no such file, directory or matching file')
+        if p.is_dir():
+            found = _expand_dir(p, fmt)
+        elif p.exists():
+            found = [_regular(p)]
+        else:
+            found = sorted(Path(f) for f in glob.glob(s, recursive=True) if Path(f).is_file())
+        if not found:
+            raise DataError(f'{s}: no such file, directory or matching file')
         out.extend(found)
-    for p in out: input_format(p, fmt)   # refuse unknown or binary input before any work starts
+    for p in out:
+        input_format(p, fmt)   # refuse unknown or binary input before any work starts
     return out
 
 # %% ../../nbs/03_corpus.ipynb #51bea273
@@ -139,31 +148,40 @@ class Tally:
         "Count one problem; in strict mode, or for a `fatal` reason, raise it naming the file and line"
         where = f'{source}:{line}' if line else str(source)
         what = f'{where}: {reason.replace("_", " ")}{": " + detail if detail else ""}'
-        if self.strict: raise DataError(f'{what} (--strict)')
+        if self.strict:
+            raise DataError(f'{what} (--strict)')
         if reason in self.fatal:
             raise DataError(f'{what}{self.hint}')
         self.problems[reason] += 1
         self.inputs.setdefault(str(source), Counter())[reason] += 1
-        if len(self.examples) < self.keep_examples: self.examples.append(what)
+        if len(self.examples) < self.keep_examples:
+            self.examples.append(what)
 
     def merge(self, other: 'Tally'):
-        self.documents += other.documents; self.bytes += other.bytes; self.problems.update(other.problems)
-        for src, counts in other.inputs.items(): self.inputs.setdefault(src, Counter()).update(counts)
+        self.documents += other.documents
+        self.bytes += other.bytes
+        self.problems.update(other.problems)
+        for src, counts in other.inputs.items():
+            self.inputs.setdefault(src, Counter()).update(counts)
         self.examples.extend(other.examples[: max(0, self.keep_examples - len(self.examples))])
 
 # %% ../../nbs/03_corpus.ipynb #7c47ac22
 def _open_binary(path: Path, compression: str | None = None):
     "(decompressed binary stream, raw file) for `path`; the raw file's position measures progress"
     f = open(path, 'rb')
-    if compression == '.gz': return gzip.GzipFile(fileobj=f), f
+    if compression == '.gz':
+        return gzip.GzipFile(fileobj=f), f
     if compression == '.zst':
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(f, closefd=True)), f
-    if compression == '.bz2': return bz2.BZ2File(f), f
-    if compression == '.xz': return lzma.LZMAFile(f), f
+    if compression == '.bz2':
+        return bz2.BZ2File(f), f
+    if compression == '.xz':
+        return lzma.LZMAFile(f), f
     return f, f
 
 def _decode(raw: bytes, tally: Tally, source, line: int) -> str:
-    try: return raw.decode('utf-8')
+    try:
+        return raw.decode('utf-8')
     except UnicodeDecodeError as e:
         tally.problem('invalid_utf8', source, line, f'byte {e.start} is not UTF-8 (replaced by U+FFFD)')
         return raw.decode('utf-8', errors='replace')
@@ -171,39 +189,49 @@ def _decode(raw: bytes, tally: Tally, source, line: int) -> str:
 def _read_jsonl(stream, path: Path, text_key: str, tally: Tally) -> Iterator[Document]:
     empty = True
     for n, raw in enumerate(stream, 1):
-        if not raw.strip(): continue
+        if not raw.strip():
+            continue
         empty = False
         line = _decode(raw, tally, path, n)
-        try: obj = json.loads(line)
+        try:
+            obj = json.loads(line)
         except json.JSONDecodeError as e:
-            tally.problem('invalid_json', path, n, e.msg); continue
+            tally.problem('invalid_json', path, n, e.msg)
+            continue
         except (ValueError, RecursionError):        # a number of over 4,300 digits; nesting deeper than Python's stack
             tally.problem('invalid_json', path, n, 'nested too deeply or a number too long to read')
             continue
         text = obj.get(text_key) if isinstance(obj, dict) else None
         if not isinstance(text, str):
-            tally.problem('missing_text_key', path, n, f'no string under {text_key!r}'); continue
+            tally.problem('missing_text_key', path, n, f'no string under {text_key!r}')
+            continue
         yield Document(text, str(path), n)
-    if empty: tally.problem('empty_file', path)
+    if empty:
+        tally.problem('empty_file', path)
 
 def _read_txt(stream, path: Path, split: str, tally: Tally) -> Iterator[Document]:
     if split == 'file':
         raw = stream.read()
-        if not raw.strip(): tally.problem('empty_file', path); return
+        if not raw.strip():
+            tally.problem('empty_file', path)
+            return
         yield Document(_decode(raw, tally, path, 0), str(path), 0)
         return
     block, start, any_text = [], 0, False
     for n, raw in enumerate(stream, 1):
         if raw.strip():
-            if not block: start = n
+            if not block:
+                start = n
             block.append(raw)
         elif block:
             any_text = True
-            yield Document(_decode(b''.join(block), tally, path, start), str(path), start); block = []
+            yield Document(_decode(b''.join(block), tally, path, start), str(path), start)
+            block = []
     if block:
         any_text = True
         yield Document(_decode(b''.join(block), tally, path, start), str(path), start)
-    if not any_text: tally.problem('empty_file', path)
+    if not any_text:
+        tally.problem('empty_file', path)
 
 # %% ../../nbs/03_corpus.ipynb #833c2c86
 _PACKED = {b'\x1f\x8b': '.gz', b'\x28\xb5\x2f\xfd': '.zst', b'\xfd7zXZ\x00': '.xz'}
@@ -217,14 +245,17 @@ def _compression(path: Path, head: bytes) -> str | None:
     "The compression the name says, else the one the first bytes say"
     name = path.name.lower()
     named = next((c for c in COMPRESSIONS if name.endswith(c)), None)
-    if named: return named
-    if head[:3] == b'BZh' and head[3:4].isdigit() and head[4:10] == b'1AY&SY': return '.bz2'
+    if named:
+        return named
+    if head[:3] == b'BZh' and head[3:4].isdigit() and head[4:10] == b'1AY&SY':
+        return '.bz2'
     return next((c for m, c in _PACKED.items() if head.startswith(m)), None)
 
 def _looks_binary(head: bytes) -> str | None:
     "What the first bytes are if they are not text, else None"
     what = next((w for m, w in _BINARY.items() if head.startswith(m)), None)
-    if what is None and _compression(Path(''), head): what = 'compressed data'
+    if what is None and _compression(Path(''), head):
+        what = 'compressed data'
     return what or ('binary data (NUL bytes in the first KiB)' if b'\x00' in head else None)
 
 _BOMS = ((b'\x00\x00\xfe\xff', 'utf-32-be'), (b'\xff\xfe\x00\x00', 'utf-32-le'), (b'\xef\xbb\xbf', 'utf-8-sig'),
@@ -269,11 +300,15 @@ def input_format(path: Path, fmt: str = 'auto') -> str:
     named = _strip(path)                        # '.jsonl' for 'a.jsonl.bz2', '' for a name gptkit does not know
     kind = fmt if fmt != 'auto' else TEXT_FORMATS.get(named) or named[1:] or None
     try:
-        with open(path, 'rb') as f: head = f.read(1024)
-    except OSError: return kind or 'txt'        # gone or unreadable: counted when it is read
+        with open(path, 'rb') as f:
+            head = f.read(1024)
+    except OSError:
+        return kind or 'txt'        # gone or unreadable: counted when it is read
     if kind is None:   # the name does not say: only self-describing formats are recognised
-        if head.startswith(b'PAR1'): return 'parquet'
-        if head.startswith((b'ARROW1', b'\xff\xff\xff\xff')): return 'arrow'
+        if head.startswith(b'PAR1'):
+            return 'parquet'
+        if head.startswith((b'ARROW1', b'\xff\xff\xff\xff')):
+            return 'arrow'
         what = _looks_binary(head)
         raise DataError(f'{path}: {"its content is " + what + " and " if what else ""}its name does not say its format '
                         f'(accepted: {ACCEPTED})')
@@ -286,8 +321,10 @@ def input_format(path: Path, fmt: str = 'auto') -> str:
     if (comp := _compression(path, head)):      # look at the text inside
         try:
             stream, raw = _open_binary(path, comp)
-            with stream, raw: head = stream.read(1024)
-        except _READ_ERRORS: return kind        # damaged: counted when it is read
+            with stream, raw:
+                head = stream.read(1024)
+        except _READ_ERRORS:
+            return kind        # damaged: counted when it is read
     if (why := _not_readable(head, kind)):
         raise DataError(f'{path}: {why}')
     return kind
@@ -312,19 +349,25 @@ def _rows(batches, names: list, path: Path, text_key: str, tally: Tally) -> Iter
         values = col.to_pylist() if is_text else [None] * len(col)
         for v in values:
             row += 1
-            if isinstance(v, str): yield Document(v, str(path), row)
+            if isinstance(v, str):
+                yield Document(v, str(path), row)
             else:
                 tally.problem('not_a_string', path, row, f'column {text_key!r} holds {"null" if is_text else col.type}')
-    if not row: tally.problem('empty_file', path)
+    if not row:
+        tally.problem('empty_file', path)
 
 def _read_parquet(path: Path, text_key: str, tally: Tally, seen: list) -> Iterator[Document]:
     "A Parquet file, one row group at a time, reading only the text column"
     import pyarrow as pa
     import pyarrow.parquet as pq
-    try: pf = pq.ParquetFile(path)   # reads the footer only
+    try:
+        pf = pq.ParquetFile(path)   # reads the footer only
     except (pa.ArrowException, OSError) as e:
-        with open(path, 'rb') as f: f.seek(max(0, path.stat().st_size - 4)); whole = f.read() == b'PAR1'
-        tally.problem('unreadable_file' if whole else 'truncated_file', path, 0, f'{type(e).__name__}: {e}'); return
+        with open(path, 'rb') as f:
+            f.seek(max(0, path.stat().st_size - 4))
+            whole = f.read() == b'PAR1'
+        tally.problem('unreadable_file' if whole else 'truncated_file', path, 0, f'{type(e).__name__}: {e}')
+        return
     size, n = path.stat().st_size, pf.num_row_groups
     def groups():
         for i in range(n):
@@ -336,14 +379,19 @@ def _read_arrow(path: Path, text_key: str, tally: Tally, seen: list) -> Iterator
     "An Arrow IPC file or stream (what Hugging Face `save_to_disk` writes), one record batch at a time"
     import pyarrow as pa
     with pa.memory_map(str(path)) as src:
-        file_format = src.read(6) == b'ARROW1'; src.seek(0)
+        file_format = src.read(6) == b'ARROW1'
+        src.seek(0)
         reader = pa.ipc.open_file(src) if file_format else pa.ipc.open_stream(src)
         def batches():
             if file_format:
                 n = reader.num_record_batches
-                for i in range(n): yield reader.get_batch(i); seen[0] = src.size() * (i + 1) // n
+                for i in range(n):
+                    yield reader.get_batch(i)
+                    seen[0] = src.size() * (i + 1) // n
             else:
-                for b in reader: yield b; seen[0] = src.tell()
+                for b in reader:
+                    yield b
+                    seen[0] = src.tell()
         yield from _rows(batches(), reader.schema.names, path, text_key, tally)
 
 def _read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
@@ -372,24 +420,29 @@ def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str =
                 docs = (_read_parquet if kind == 'parquet' else _read_arrow)(path, text_key, tally, seen)
                 tell = lambda: seen[0]
             else:
-                with open(path, 'rb') as f: head = f.read(16)
+                with open(path, 'rb') as f:
+                    head = f.read(16)
                 comp = _compression(path, head)
                 docs = None   # a multistream .bz2 dump is read by `workers` processes, anything else streams here
                 if kind == 'mediawiki' and comp == '.bz2' and workers > 1 and _utf8(path, comp):
-                    docs = _read_mediawiki_parallel(path, tally, workers, seen); tell = lambda: seen[0]
+                    docs = _read_mediawiki_parallel(path, tally, workers, seen)
+                    tell = lambda: seen[0]
                 if docs is None:
                     stream, raw = _open_binary(path, comp)
-                    stack.enter_context(raw); stack.enter_context(stream)
+                    stack.enter_context(raw)
+                    stack.enter_context(stream)
                     docs = (_read_txt(stream, path, txt_split, tally) if kind == 'txt'
                             else _read_mediawiki(stream, path, tally) if kind == 'mediawiki'
                             else _read_jsonl(stream, path, text_key, tally))
                     tell = raw.tell
             for doc in docs:
-                tally.documents += 1; counts['documents'] += 1
+                tally.documents += 1
+                counts['documents'] += 1
                 tally.bytes += len(doc.text.encode('utf-8'))
                 tally.input_bytes = done + tell()
                 yield doc
-    except DataError: raise
+    except DataError:
+        raise
     except errors as e:   # missing, permission denied, corrupt or truncated compression, damaged Parquet/Arrow
         tally.problem('truncated_file' if isinstance(e, EOFError) else 'unreadable_file', path, 0,
                       f'{type(e).__name__}: {e}')
@@ -418,15 +471,18 @@ _CONTROL = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u200b\ufeff]')
 def clean_text(text: str) -> str:
     "NFC-normalized text with \\n line ends and no control characters"
     text = text.replace('\r\n', '\n').replace('\r', '\n')
-    if not text.isascii(): text = unicodedata.normalize('NFC', text)
+    if not text.isascii():
+        text = unicodedata.normalize('NFC', text)
     return _CONTROL.sub('', text)
 
 class Deduper:
     "Remembers a 128-bit hash of each text; `seen(text)` is True from the second copy on"
-    def __init__(self): self.hashes = set()
+    def __init__(self):
+        self.hashes = set()
     def seen(self, text: str) -> bool:
         h = hashlib.blake2b(text.encode('utf-8'), digest_size=16).digest()
-        if h in self.hashes: return True
+        if h in self.hashes:
+            return True
         self.hashes.add(h)
         return False
 

@@ -68,7 +68,8 @@ def write_metadata(prefix: str | Path, meta: dict | None):
 # %% ../../nbs/04_indexed.ipynb #e4dda018
 def _fsync_replace(src: Path, dst: Path):
     "Rename `src` over `dst` after its bytes are on disk"
-    with open(src, 'rb') as f: os.fsync(f.fileno())
+    with open(src, 'rb') as f:
+        os.fsync(f.fileno())
     os.replace(src, dst)
 
 def _temporary(path: Path):
@@ -98,7 +99,8 @@ class IndexedWriter:
     "Write a Megatron .bin/.idx pair under temporary names; `close()` moves both into place"
     def __init__(self, prefix: str | Path, dtype=np.uint16):
         self.dtype = np.dtype(dtype)
-        if self.dtype not in CODES: raise DataError(f'{prefix}: dtype {self.dtype} has no Megatron dtype code')
+        if self.dtype not in CODES:
+            raise DataError(f'{prefix}: dtype {self.dtype} has no Megatron dtype code')
         self.bin_path, self.idx_path = data_paths(prefix)
         self.bin_path.parent.mkdir(parents=True, exist_ok=True)
         self._bin = _temporary(self.bin_path)             # locked: `remove_stale` leaves it while this process lives
@@ -110,7 +112,8 @@ class IndexedWriter:
 
     def _cast(self, arr: np.ndarray) -> np.ndarray:
         "`arr` in the dataset's dtype, refused if a token id does not fit"
-        if arr.dtype == self.dtype: return arr
+        if arr.dtype == self.dtype:
+            return arr
         info = np.iinfo(self.dtype) if self.dtype.kind in 'iu' else None
         if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
             bad = int(arr.max() if arr.max() > info.max else arr.min())
@@ -120,7 +123,8 @@ class IndexedWriter:
     def add_documents(self, docs: list, eod: int | None = None):
         """Append many documents of one sequence each (lists or arrays of token ids), each ended by `eod` if given,
         with one conversion and one write for all of them"""
-        if not docs: return
+        if not docs:
+            return
         if isinstance(docs[0], np.ndarray):
             end = [np.array([eod], docs[0].dtype)] if eod is not None else []
             arr = np.concatenate([p for d in docs for p in (d, *end)])
@@ -156,11 +160,13 @@ class IndexedWriter:
 
     def close(self):
         "Write the index and move both files into place"
-        if self._bin.closed: return
+        if self._bin.closed:
+            return
         try:
             self._bin.flush()
             with _temporary(self.idx_path) as f:         # both stay locked until both are in place
-                for part in self._index_bytes(): f.write(part if isinstance(part, bytes) else part.tobytes())
+                for part in self._index_bytes():
+                    f.write(part if isinstance(part, bytes) else part.tobytes())
                 f.flush()
                 self.idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
                 _fsync_replace(self._tmp_bin, self.bin_path)
@@ -173,12 +179,16 @@ class IndexedWriter:
     def abort(self):
         "Discard everything written so far"
         self._bin.close()
-        for p in (self._tmp_bin, self._tmp_idx): p.unlink(missing_ok=True)
+        for p in (self._tmp_bin, self._tmp_idx):
+            p.unlink(missing_ok=True)
 
-    def __enter__(self): return self
+    def __enter__(self):
+        return self
     def __exit__(self, exc_type, *_):
-        if exc_type is None: self.close()
-        else: self.abort()
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 # %% ../../nbs/04_indexed.ipynb #389a2984
 def _lock_path(prefix: str | Path) -> Path:
@@ -250,14 +260,16 @@ class IndexedDataset:
             if not p.is_file():
                 raise DataError(f'{p}: no such file (a dataset is a .bin and an .idx with the same prefix)')
         size = self.idx_path.stat().st_size
-        with open(self.idx_path, 'rb') as f: head = f.read(HEADER.size)
+        with open(self.idx_path, 'rb') as f:
+            head = f.read(HEADER.size)
         if len(head) < HEADER.size or head[:9] != MAGIC:
             raise DataError(f'{self.idx_path}: not a Megatron indexed dataset index '
                             f'(its first bytes are not {MAGIC!r})')
         _, version, code, n, d = HEADER.unpack(head)
         if version != VERSION:
             raise DataError(f'{self.idx_path}: index version {version} is not supported (expected {VERSION})')
-        if code not in DTYPES: raise DataError(f'{self.idx_path}: unknown dtype code {code}')
+        if code not in DTYPES:
+            raise DataError(f'{self.idx_path}: unknown dtype code {code}')
         want = HEADER.size + 12 * n + 8 * d
         if size != want:
             raise DataError(f'{self.idx_path}: truncated or corrupt: its header needs {want:,} bytes, '
@@ -281,9 +293,11 @@ class IndexedDataset:
             raise DataError(f'{self.idx_path}: corrupt index, {problem}; prepare or merge the dataset again')
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode='r') if bin_size else np.zeros(0, self.dtype)
 
-    def __len__(self) -> int: return len(self.sequence_lengths)
+    def __len__(self) -> int:
+        return len(self.sequence_lengths)
     @property
-    def num_documents(self) -> int: return len(self.document_indices) - 1
+    def num_documents(self) -> int:
+        return len(self.document_indices) - 1
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         "Tokens of sequence `i` from `offset`, `length` of them (default: to its end)"
@@ -291,12 +305,14 @@ class IndexedDataset:
         n = int(self.sequence_lengths[i]) - offset if length is None else length
         return self._bin[start:start + n]
 
-    def __getitem__(self, i: int) -> np.ndarray: return self.get(i)
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.get(i)
 
     def document(self, j: int) -> np.ndarray:
         "All tokens of document `j`"
         lo, hi = int(self.document_indices[j]), int(self.document_indices[j + 1])
-        if hi == lo: return self._bin[:0]
+        if hi == lo:
+            return self._bin[:0]
         start = int(self.sequence_pointers[lo]) // self.dtype.itemsize
         return self._bin[start:start + int(self.sequence_lengths[lo:hi].sum())]
 
@@ -311,9 +327,11 @@ def _dataset_prefixes(inputs) -> list[Path]:
     for inp in map(Path, inputs):
         if inp.is_dir():
             found = sorted({p.with_suffix('') for p in inp.iterdir() if p.suffix in ('.bin', '.idx') and p.is_file()})
-            if not found: raise DataError(f'{inp}: the folder holds no .bin/.idx dataset')
+            if not found:
+                raise DataError(f'{inp}: the folder holds no .bin/.idx dataset')
             prefixes.extend(found)
-        else: prefixes.append(inp.with_suffix('') if inp.suffix in ('.bin', '.idx') and inp.is_file() else inp)
+        else:
+            prefixes.append(inp.with_suffix('') if inp.suffix in ('.bin', '.idx') and inp.is_file() else inp)
     return prefixes
 
 # %% ../../nbs/04_indexed.ipynb #eb05f22c
@@ -338,7 +356,8 @@ class MergeResult:
     seconds: float
 
     @property
-    def mb_per_s(self) -> float: return self.bytes / 2**20 / max(self.seconds, 1e-9)
+    def mb_per_s(self) -> float:
+        return self.bytes / 2**20 / max(self.seconds, 1e-9)
 
 # %% ../../nbs/04_indexed.ipynb #e39a2834
 def _copy_bytes(src, dst, n: int, chunk: int):
@@ -346,7 +365,8 @@ def _copy_bytes(src, dst, n: int, chunk: int):
     buf = memoryview(bytearray(max(1, min(chunk, n))))
     while n:
         got = src.readinto(buf[:min(len(buf), n)])
-        if not got: raise DataError(f'{src.name}: ended {n:,} bytes early (did it change during the merge?)')
+        if not got:
+            raise DataError(f'{src.name}: ended {n:,} bytes early (did it change during the merge?)')
         dst.write(buf[:got])
         n -= got
         yield got
@@ -392,7 +412,8 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
     "Concatenate indexed datasets into one, the bytes Megatron's tools/merge_datasets.py writes"
     t0 = time.perf_counter()
     prefixes = _dataset_prefixes(inputs)
-    if not prefixes: raise DataError('nothing to merge: give at least one dataset prefix')
+    if not prefixes:
+        raise DataError('nothing to merge: give at least one dataset prefix')
     heads = []   # (sequences, document-index entries, dtype, .bin bytes) of each input, all checked before writing
     for p in prefixes:
         ds = IndexedDataset(p)
@@ -400,7 +421,8 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
         del ds
     dtype = heads[0][2]
     for p, (*_, dt, _) in zip(prefixes, heads):
-        if dt != dtype: raise DataError(f'{p} holds {dt} tokens but {prefixes[0]} holds {dtype}: '
+        if dt != dtype:
+            raise DataError(f'{p} holds {dt} tokens but {prefixes[0]} holds {dtype}: '
                                         'only datasets of one dtype (one tokenizer) can be merged')
     meta = _merged_metadata(prefixes, mixed_tokenizers)
     bin_path, idx_path = data_paths(output_prefix)
@@ -422,7 +444,8 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
     try:
         with _temporary(bin_path) as fb, _temporary(idx_path) as fi:   # locked until both are in place
             fi.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], n_all, d_all))
-            fi.seek(docs_at - 8); fi.write(bytes(8))   # the document index's one leading 0
+            fi.seek(docs_at - 8)
+            fi.write(bytes(8))   # the document index's one leading 0
             for k, (p, (n, d, _, size)) in enumerate(zip(prefixes, heads)):
                 ds = IndexedDataset(p)
                 if (len(ds), ds.num_documents + 1) != (n, d):
@@ -430,12 +453,14 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
                 for i in range(0, n, step):   # lengths as they are; pointers recomputed from them, as Megatron does
                     part = ds.sequence_lengths[i:i + step]
                     ends = np.cumsum(part, dtype=np.int64) * dtype.itemsize + base
-                    fi.seek(HEADER.size + 4 * (seqs + i)); fi.write(part.tobytes())
+                    fi.seek(HEADER.size + 4 * (seqs + i))
+                    fi.write(part.tobytes())
                     fi.seek(HEADER.size + 4 * n_all + 8 * (seqs + i))
                     fi.write((ends - part.astype(np.int64) * dtype.itemsize).tobytes())
                     base = int(ends[-1])
                 fi.seek(docs_at)
-                for i in range(1, d, step): fi.write((ds.document_indices[i:i + step] + seqs).tobytes())
+                for i in range(1, d, step):
+                    fi.write((ds.document_indices[i:i + step] + seqs).tobytes())
                 docs_at, seqs = docs_at + 8 * (d - 1), seqs + n
                 bin_file = ds.bin_path
                 del ds
@@ -451,7 +476,8 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
             _fsync_replace(tmp_bin, bin_path)
             _fsync_replace(tmp_idx, idx_path)
     except BaseException:
-        for t in (tmp_bin, tmp_idx): t.unlink(missing_ok=True)
+        for t in (tmp_bin, tmp_idx):
+            t.unlink(missing_ok=True)
         raise
     write_metadata(output_prefix, meta)
     return MergeResult(str(output_prefix), len(prefixes), d_all - 1, n_all, total // dtype.itemsize, dtype,

@@ -39,7 +39,8 @@ def _nested_tokens(text: str):
         tok, start = m.group(), m.start()
         if '|' in tok:
             line = text.rfind('\n', 0, start) + 1
-            if text[line:start].strip(' \t:' if tok == '{|' else ' \t'): continue
+            if text[line:start].strip(' \t:' if tok == '{|' else ' \t'):
+                continue
             start = line
         yield tok, start, m.end()
 
@@ -50,22 +51,28 @@ def _drop_nested(text: str) -> tuple[str, list[str]]:
         spans, stack, start = [], [], 0
         for tok, s, e in _nested_tokens(text):
             if tok in ('{{', '{|'):
-                if not stack: start = s
+                if not stack:
+                    start = s
                 stack.append((tok, s, e))
             elif stack and stack[-1][0] == ('{{' if tok == '}}' else '{|'):
                 stack.pop()
-                if not stack: spans.append((start, e))
+                if not stack:
+                    spans.append((start, e))
             elif not stack:                            # a closer with no opener: drop the closer alone
-                broken.append(tok); spans.append((s, e))
+                broken.append(tok)
+                spans.append((s, e))
         if stack:                                      # unclosed: drop the outermost opener only, then rescan
             tok, s, e = stack[0]
             broken.append(tok)
             text = text[:s] + text[e:]
             continue
         break
-    if not spans: return text, broken
+    if not spans:
+        return text, broken
     out, pos = [], 0
-    for s, e in spans: out.append(text[pos:s]); pos = e
+    for s, e in spans:
+        out.append(text[pos:s])
+        pos = e
     out.append(text[pos:])
     return ''.join(out), broken
 
@@ -85,20 +92,26 @@ def _link(m: re.Match) -> str:
     prefix, colon, _ = target.lstrip(':').partition(':')
     if colon:
         p = prefix.strip().lower()
-        if p in _WIKTIONARY: target = target.split(':', 1)[1]
-        elif p in _NOT_ARTICLE or _LANG.match(p) and not target.startswith(':'): return ''
-    if not bar: return target.lstrip(':').split('#')[0] or target.lstrip(':#')
-    if label.strip(): return label.rsplit('|', 1)[-1]   # the last field is the label (files have several)
+        if p in _WIKTIONARY:
+            target = target.split(':', 1)[1]
+        elif p in _NOT_ARTICLE or _LANG.match(p) and not target.startswith(':'):
+            return ''
+    if not bar:
+        return target.lstrip(':').split('#')[0] or target.lstrip(':#')
+    if label.strip():
+        return label.rsplit('|', 1)[-1]   # the last field is the label (files have several)
     return re.sub(r'\s*\(.*\)$', '', target.lstrip(':').split(':', 1)[-1])   # pipe trick: [[A (b)|]] -> A
 
 def _links(text: str) -> tuple[str, int]:
     "Internal links replaced by their labels, media and categories dropped, innermost first; and unmatched [["
     while '[[' in text:
         new = _LINK.sub(_link, text)
-        if new == text: break
+        if new == text:
+            break
         text = new
     unmatched = text.count('[[')
-    if unmatched or ']]' in text: text = text.replace('[[', '').replace(']]', '')
+    if unmatched or ']]' in text:
+        text = text.replace('[[', '').replace(']]', '')
     return _EXT_LINK.sub(lambda m: m.group(1) or '', text), unmatched
 
 # %% ../../nbs/03b_mediawiki.ipynb #4bf8c25f
@@ -116,30 +129,45 @@ def clean_wikitext(text: str) -> tuple[str, list[str]]:
     "Plain text of one article's wikitext, as wikiextractor makes it; and the markup found broken"
     broken = []
     if '<!--' in text:
-        if text.count('<!--') > text.count('-->'): broken.append('<!--')
+        if text.count('<!--') > text.count('-->'):
+            broken.append('<!--')
         text = _COMMENT.sub('', text)
-    if '<' in text: text = _SELF_CLOSING.sub('', _DROPPED.sub('', text))
+    if '<' in text:
+        text = _SELF_CLOSING.sub('', _DROPPED.sub('', text))
     if '{' in text or '|}' in text:
-        text, b = _drop_nested(text); broken += b
+        text, b = _drop_nested(text)
+        broken += b
     if '[' in text:
-        text, n = _links(text); broken += ['[['] * n
+        text, n = _links(text)
+        broken += ['[['] * n
     text = _MAGIC.sub('', _QUOTES.sub('', text))
-    if '<' in text: text = _TAG.sub('', text)
-    if '&' in text: text = html.unescape(text)
+    if '<' in text:
+        text = _TAG.sub('', text)
+    if '&' in text:
+        text = html.unescape(text)
     text = _SPACES.sub(' ', text)                          # whole text at once: the class holds no \n
     out, lines, heading = [], [], None
     for line in text.split('\n'):
         line = line.strip()
-        if not line: continue
+        if not line:
+            continue
         m = _HEADING.match(line)
-        if m: heading = m.group(2); continue             # kept only if its section has text
+        if m:
+            heading = m.group(2)
+            continue             # kept only if its section has text
         if line[0] in '*#:;':
             line = line.lstrip('*#:; ')
-            if not line: continue
-        if line[0] in '{|!}': continue                     # residue of tables and templates
-        if '(' in line: line = _SPACES.sub(' ', _LEAD_PUNCT.sub('(', _EMPTY_PARENS.sub('', line))).strip()
-        if not line or not any(c.isalnum() for c in line): continue
-        if heading: out += [_tidy(lines), heading]; lines, heading = [], None
+            if not line:
+                continue
+        if line[0] in '{|!}':
+            continue                     # residue of tables and templates
+        if '(' in line:
+            line = _SPACES.sub(' ', _LEAD_PUNCT.sub('(', _EMPTY_PARENS.sub('', line))).strip()
+        if not line or not any(c.isalnum() for c in line):
+            continue
+        if heading:
+            out += [_tidy(lines), heading]
+            lines, heading = [], None
         lines.append(line)
     return '\n'.join(filter(None, out + [_tidy(lines)])), broken
 
@@ -149,27 +177,38 @@ def _tidy(lines: list[str]) -> str:
     return _OPEN_SPACE.sub(r'\1', _SPACE_PUNCT.sub(r'\1', '\n'.join(lines)))
 
 # %% ../../nbs/03b_mediawiki.ipynb #c84dc687
-def _local(tag: str) -> str: return tag.rpartition('}')[2]
+def _local(tag: str) -> str:
+    return tag.rpartition('}')[2]
 
 def _article(page) -> tuple[str, str | None, list[str]]:
     "A `<page>` element's title, its clean text (None if it is not an article) and the markup found broken"
-    ns = text = None; redirect = False; title = ''
+    ns = text = None
+    redirect = False
+    title = ''
     for child in page:
         t = _local(child.tag)
-        if t == 'title': title = child.text or ''
-        elif t == 'ns': ns = (child.text or '').strip()
-        elif t == 'redirect': redirect = True
+        if t == 'title':
+            title = child.text or ''
+        elif t == 'ns':
+            ns = (child.text or '').strip()
+        elif t == 'redirect':
+            redirect = True
         elif t == 'revision':
             for c in child:
-                if _local(c.tag) == 'text': text = c.text
-    if redirect or ns not in ('0', None) or not text: return title, None, []
-    if ns is None and ':' in title: return title, None, []    # very old dumps have no <ns>
-    if text.lstrip()[:9].upper() == '#REDIRECT': return title, None, []
+                if _local(c.tag) == 'text':
+                    text = c.text
+    if redirect or ns not in ('0', None) or not text:
+        return title, None, []
+    if ns is None and ':' in title:
+        return title, None, []    # very old dumps have no <ns>
+    if text.lstrip()[:9].upper() == '#REDIRECT':
+        return title, None, []
     return (title, *clean_wikitext(text))
 
 class _Read1:
     "A stream whose read(n) returns what one decompression step gave, so a cut .bz2 loses no page decoded before it"
-    def __init__(self, stream): self.read = getattr(stream, 'read1', stream.read)
+    def __init__(self, stream):
+        self.read = getattr(stream, 'read1', stream.read)
 
 # Encodings expat reads itself; the rest (UTF-32, and what an XML declaration names) go through Python's codecs
 _EXPAT = ('utf-8', 'utf-8-sig', 'utf-16-le', 'utf-16-be', 'ascii', 'iso8859-1')
@@ -217,16 +256,21 @@ def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
         events = ET.iterparse(source, events=('start', 'end'), parser=parser)
         _, root = next(events)
         for event, elem in events:
-            if event != 'end': continue
+            if event != 'end':
+                continue
             tag = _local(elem.tag)
-            if tag == 'siteinfo': root.clear(); continue
-            if tag != 'page': continue
+            if tag == 'siteinfo':
+                root.clear()
+                continue
+            if tag != 'page':
+                continue
             n += 1
             title, clean, broken = _article(elem)
             root.clear()                                     # bounded memory: drop the page just read
             if broken:
                 tally.problem('broken_markup', path, n, f'page {title!r}: unmatched {", ".join(sorted(set(broken)))}')
-            if clean: yield Document(clean, str(path), n)
+            if clean:
+                yield Document(clean, str(path), n)
     except ET.ParseError as e:
         tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({e})')
     except (EOFError, OSError) as e:
@@ -250,8 +294,10 @@ def _scan_streams(path: Path, chunk: int = 1 << 24) -> list[int]:
             for m in _STREAM.finditer(buf):
                 at = pos - len(keep) + m.start()
                 if at == 0 or m.start() >= 11 and _ends_stream(buf[:m.start()]):
-                    if not found or at > found[-1]: found.append(at)
-            pos += len(data); keep = buf[-20:]
+                    if not found or at > found[-1]:
+                        found.append(at)
+            pos += len(data)
+            keep = buf[-20:]
     return found
 
 def index_path(path: Path) -> Path:
@@ -262,14 +308,17 @@ def index_path(path: Path) -> Path:
 def bz2_streams(path: Path) -> list[int]:
     "Byte offsets where the bz2 streams of `path` start: from the index beside it if there is one, else a scan"
     index = index_path(path)
-    if not index.is_file(): return _scan_streams(path)
+    if not index.is_file():
+        return _scan_streams(path)
     starts = {0}
     try:
         with bz2.open(index, 'rb') as f:
             last = None
             for line in f:
                 off = line.split(b':', 1)[0]
-                if off != last: starts.add(int(off)); last = off
+                if off != last:
+                    starts.add(int(off))
+                    last = off
     except (OSError, EOFError, ValueError) as e:
         raise DataError(f'{index}: not an index of {path.name} ({type(e).__name__}: {e}); move it away to scan '
                         'the dump instead') from None
@@ -289,35 +338,49 @@ def _pages(parser, data: bytes, root: list, out: list):
         parser.feed(data[i:i + (1 << 16)])
         for event, elem in parser.read_events():
             if event == 'start':
-                if not root: root.append(elem)
+                if not root:
+                    root.append(elem)
                 continue
             tag = _local(elem.tag)
-            if tag == 'siteinfo': root[0].clear()
-            elif tag == 'page': out.append(_article(elem)); root[0].clear()
+            if tag == 'siteinfo':
+                root[0].clear()
+            elif tag == 'page':
+                out.append(_article(elem))
+                root[0].clear()
 
 def _read_streams(path: str, start: int, end: int) -> dict:
     "Worker: decompress the bz2 streams in bytes [start, end) of `path`, read the whole pages, return the rest"
     with open(path, 'rb') as f:
-        f.seek(start); raw = f.read(end - start)
-    if not _STREAM.match(raw): return {'not_a_stream': True}
+        f.seek(start)
+        raw = f.read(end - start)
+    if not _STREAM.match(raw):
+        return {'not_a_stream': True}
     out, error = [], None
     while raw:
         d = bz2.BZ2Decompressor()
-        try: out.append(d.decompress(raw))
-        except OSError as e: error = ('OSError', str(e)); break
+        try:
+            out.append(d.decompress(raw))
+        except OSError as e:
+            error = ('OSError', str(e))
+            break
         if not d.eof:
-            error = ('EOFError', 'Compressed file ended before the end-of-stream marker was reached'); break
+            error = ('EOFError', 'Compressed file ended before the end-of-stream marker was reached')
+            break
         raw = d.unused_data
     data = b''.join(out)
     first, last = data.find(b'<page>'), data.rfind(b'</page>')
-    if first < 0 or last < first: first = last = len(data)          # no whole page: all of it goes to the caller
-    else: last += len(b'</page>')
+    if first < 0 or last < first:
+        first = last = len(data)          # no whole page: all of it goes to the caller
+    else:
+        last += len(b'</page>')
     body, pages, parse_error = data[first:last], [], None
     if body:
         parser = ET.XMLPullParser(events=('start', 'end'))
         parser.feed(b'<mediawiki>')                                    # a root for the pages, on the body's line 1
-        try: _pages(parser, body, [], pages)
-        except ET.ParseError as e: parse_error = (str(e), *e.position)
+        try:
+            _pages(parser, body, [], pages)
+        except ET.ParseError as e:
+            parse_error = (str(e), *e.position)
     return {'head': data[:first], 'tail': data[last:], 'pages': pages, 'parse_error': parse_error, 'error': error,
             'body': (body.count(b'\n'), len(body) - 1 - body.rfind(b'\n'))}   # the body's newlines, last line's length
 
@@ -326,15 +389,20 @@ def _groups(starts: list[int], size: int, task_bytes: int) -> list[tuple[int, in
     "Consecutive streams grouped into byte ranges of at least `task_bytes` (the last may be shorter)"
     out, begin = [], 0
     for s in [*starts[1:], size]:
-        if s - begin >= task_bytes or s == size: out.append((begin, s)); begin = s
+        if s - begin >= task_bytes or s == size:
+            out.append((begin, s))
+            begin = s
     return out
 
 class _Where:
     "Line and column reached in the decompressed XML, to report parse errors where the serial reader would"
-    def __init__(self): self.line, self.col, self.skipped = 1, 0, 0
+    def __init__(self):
+        self.line, self.col, self.skipped = 1, 0, 0
     def advance(self, lines: int, col: int, skip: bool = False):
-        self.line += lines; self.col = col if lines else self.col + col
-        if skip: self.skipped += lines
+        self.line += lines
+        self.col = col if lines else self.col + col
+        if skip:
+            self.skipped += lines
     def moved(self, msg: str, line: int, col: int, lines: int, col0: int) -> str:
         "`msg` of a parse error at (line, col) of a piece that started `lines` lines and `col0` columns in"
         return re.sub(r'line \d+, column \d+$', f'line {line + lines}, column {col + col0 if line == 1 else col}', msg)
@@ -352,7 +420,8 @@ def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list |
     workers = min(workers, max(2, _usable_cores()))   # more processes than cores only cost memory
     groups = _groups(starts, size, task_bytes or min(4 << 20, size // (8 * workers)))
     workers = min(workers, len(groups))
-    if workers < 2: return None
+    if workers < 2:
+        return None
     return _parallel(path, tally, workers, groups, seen if seen is not None else [0])
 
 def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
@@ -369,10 +438,12 @@ def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
             n += 1
             if broken:
                 tally.problem('broken_markup', path, n, f'page {title!r}: unmatched {", ".join(sorted(set(broken)))}')
-            if clean: yield Document(clean, str(path), n)
+            if clean:
+                yield Document(clean, str(path), n)
     def outside(piece):   # head or tail of a task, through the skeleton parser; a ParseError means stop
         pages = []
-        try: _pages(skeleton, piece, root, pages)
+        try:
+            _pages(skeleton, piece, root, pages)
         except ET.ParseError as e:
             yield from emit(pages)
             msg = where.moved(str(e), e.position[0], e.position[1], where.skipped, 0)
@@ -385,13 +456,16 @@ def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
         todo, running = deque(groups), deque()
         while todo or running:
             while todo and len(running) < 2 * workers:
-                s, e = todo.popleft(); running.append((e, pool.apply_async(_read_streams, (str(path), s, e))))
-            end, r = running.popleft(); r = r.get()
+                s, e = todo.popleft()
+                running.append((e, pool.apply_async(_read_streams, (str(path), s, e))))
+            end, r = running.popleft()
+            r = r.get()
             if r.get('not_a_stream'):
                 raise DataError(f'{index_path(path)}: its offsets are not where the bz2 streams of {path.name} start; '
                                 'it is the index of another dump (move it away to scan the dump instead)')
             seen[0] = end
-            if (yield from outside(r['head'])): return
+            if (yield from outside(r['head'])):
+                return
             yield from emit(r['pages'])
             if r['parse_error']:
                 msg, line, col = r['parse_error']
@@ -399,14 +473,17 @@ def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
                 tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
                 return
             where.advance(*r['body'], skip=True)
-            if (yield from outside(r['tail'])): return
+            if (yield from outside(r['tail'])):
+                return
             if r['error']:
                 kind, msg = r['error']
                 tally.problem('truncated_file', path, n + 1, f'stream ends after page {title!r} ({kind}: {msg})')
                 return
-        try: skeleton.close()
+        try:
+            skeleton.close()
         except ET.ParseError as e:
             msg = where.moved(str(e), e.position[0], e.position[1], where.skipped, 0)
             tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
     finally:
-        pool.terminate(); pool.join()
+        pool.terminate()
+        pool.join()

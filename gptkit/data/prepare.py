@@ -48,7 +48,8 @@ class PrepareConfig:
 
     def problems(self):
         out = []
-        if not self.inputs: out.append(('input', '{key} needs at least one file, directory, glob or builtin:NAME'))
+        if not self.inputs:
+            out.append(('input', '{key} needs at least one file, directory, glob or builtin:NAME'))
         if not isinstance(self.workers, int) or self.workers < 1:
             out.append(('workers', f'{{key}} must be at least 1, not {self.workers!r}'))
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
@@ -62,7 +63,8 @@ class PrepareConfig:
         return out
 
     @property
-    def prefix(self) -> str: return f'{self.output_prefix}_{self.text_key}_document'
+    def prefix(self) -> str:
+        return f'{self.output_prefix}_{self.text_key}_document'
 
 def _shard(s: str) -> tuple[int, int] | None:
     "(I, N) of 'I/N', or None if it is not one"
@@ -83,9 +85,11 @@ class PrepareResult:
     removed: list = field(default_factory=list)   # temporaries a killed earlier run left in the output folder
 
     @property
-    def mb_per_s(self) -> float: return self.tally.bytes / 2**20 / max(self.seconds, 1e-9)
+    def mb_per_s(self) -> float:
+        return self.tally.bytes / 2**20 / max(self.seconds, 1e-9)
     @property
-    def docs_per_s(self) -> float: return self.tally.documents / max(self.seconds, 1e-9)
+    def docs_per_s(self) -> float:
+        return self.tally.documents / max(self.seconds, 1e-9)
 
 @dataclass(frozen=True)
 class Progress:
@@ -110,18 +114,28 @@ def _nothing_written(result: PrepareResult) -> DataError:
 def _batches(docs: Iterable[Document], batch_bytes: int):
     batch, size = [], 0
     for d in docs:
-        batch.append(d.text); size += len(d.text)
-        if size >= batch_bytes: yield batch; batch, size = [], 0
-    if batch: yield batch
+        batch.append(d.text)
+        size += len(d.text)
+        if size >= batch_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 def _filtered(docs: Iterable[Document], cfg: PrepareConfig, dropped: Counter):
     "Clean and deduplicate, counting what each step removes"
     dedupe = Deduper() if cfg.dedupe else None
     for d in docs:
-        if cfg.fix_unicode: d.text = repair_text(d.text)
-        elif cfg.clean: d.text = clean_text(d.text)
-        if not d.text.strip(): dropped['empty'] += 1; continue
-        if dedupe and dedupe.seen(d.text): dropped['duplicate'] += 1; continue
+        if cfg.fix_unicode:
+            d.text = repair_text(d.text)
+        elif cfg.clean:
+            d.text = clean_text(d.text)
+        if not d.text.strip():
+            dropped['empty'] += 1
+            continue
+        if dedupe and dedupe.seen(d.text):
+            dropped['duplicate'] += 1
+            continue
         yield d
 
 # %% ../../nbs/05_prepare.ipynb #a7e4d1c0
@@ -132,29 +146,37 @@ def _ahead(items: Iterable, depth: int = 2):
     q, stop = queue.Queue(depth), threading.Event()
     def put(x) -> bool:
         while not stop.is_set():
-            try: q.put(x, timeout=0.05); return True
-            except queue.Full: pass
+            try:
+                q.put(x, timeout=0.05)
+                return True
+            except queue.Full:
+                pass
         return False
     def produce():
         it = iter(items)
         try:
             for x in it:
-                if not put((x, None)): return
+                if not put((x, None)):
+                    return
             put((_END, None))
-        except BaseException as e: put((_END, e))
+        except BaseException as e:
+            put((_END, e))
         finally:
-            if hasattr(it, 'close'): it.close()
+            if hasattr(it, 'close'):
+                it.close()
     reader = threading.Thread(target=produce, name='gptkit-prepare-reader', daemon=True)
     reader.start()
     try:
         while True:
             x, err = q.get()
             if x is _END:
-                if err is not None: raise err
+                if err is not None:
+                    raise err
                 return
             yield x
     finally:
-        stop.set(); reader.join()
+        stop.set()
+        reader.join()
 
 # %% ../../nbs/05_prepare.ipynb #84a7e175
 def shard_inputs(paths: list[Path], shard: str) -> list[Path]:
@@ -164,7 +186,8 @@ def shard_inputs(paths: list[Path], shard: str) -> list[Path]:
     weights = sizes if sum(sizes) else [1] * len(paths)
     total, start, out = sum(weights), 0, []
     for p, w in zip(paths, weights):
-        if (2 * start + w) * n // (2 * total) == i - 1: out.append(p)   # the slice holding the file's middle byte
+        if (2 * start + w) * n // (2 * total) == i - 1:
+            out.append(p)   # the slice holding the file's middle byte
         start += w
     if not out:
         raise DataError(f'--shard {shard}: this slice holds no file, because the {len(paths)} input files cannot '
@@ -192,7 +215,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
     with lock_dataset(cfg.prefix):   # from before the check for an existing dataset until the new one is in place
         check_new(cfg.prefix, cfg.overwrite)
         paths = expand_inputs(cfg.inputs, cfg.format)      # refuses unknown or binary input before any work
-        if cfg.shard: paths = shard_inputs(paths, cfg.shard)
+        if cfg.shard:
+            paths = shard_inputs(paths, cfg.shard)
         os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
         os.environ.setdefault('TOKENIZERS_PARALLELISM', 'true')
         from gptkit.tokenizer import load
@@ -217,18 +241,23 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
                 kept = []
                 for ids in tok.encode_arrays(batch, cfg.workers):
                     if len(ids) < cfg.min_tokens or not len(ids):
-                        result.dropped['too_short' if len(ids) else 'empty'] += 1; continue
+                        result.dropped['too_short' if len(ids) else 'empty'] += 1
+                        continue
                     kept.append(ids)
                 tokens = writer.tokens
                 tried[0] = tokens + sum(len(ids) for ids in kept) + len(kept) * cfg.append_eod
                 writer.add_documents(kept, tok.eod if cfg.append_eod else None)
-                result.documents += len(kept); result.tokens += writer.tokens - tokens
+                result.documents += len(kept)
+                result.tokens += writer.tokens - tokens
                 now = time.perf_counter()
                 if progress and now - last >= every:
-                    progress(event(now - start)); last = now
-            if not result.documents: raise _nothing_written(result)   # leaves no .bin/.idx behind
+                    progress(event(now - start))
+                    last = now
+            if not result.documents:
+                raise _nothing_written(result)   # leaves no .bin/.idx behind
             write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
         write_metadata(cfg.prefix, dataset_metadata(tok, cfg.tokenizer))
         result.seconds = time.perf_counter() - start
-        if progress: progress(event(result.seconds))
+        if progress:
+            progress(event(result.seconds))
         return result

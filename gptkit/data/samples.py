@@ -36,7 +36,8 @@ def split_ranges(split: str, n: int) -> dict[str, tuple[int, int] | None]:
     weights += [0.0] * (3 - len(weights))
     total = sum(weights)
     bounds = [0.0]
-    for w in weights: bounds.append(bounds[-1] + w / total)
+    for w in weights:
+        bounds.append(bounds[-1] + w / total)
     out = {}
     for name, lo, hi in zip(SPLITS, bounds[:-1], bounds[1:]):
         out[name] = (int(round(lo * float(n))), int(round(hi * float(n)))) if hi > lo else None
@@ -72,7 +73,8 @@ def _shuffle_index(num_samples: int, total: int, rng: np.random.RandomState) -> 
     dtype = np.uint32 if total < np.iinfo(np.uint32).max - 1 else np.int64
     first = np.arange(num_samples, dtype=dtype)
     rng.shuffle(first)
-    if num_samples == total: return first
+    if num_samples == total:
+        return first
     last = np.arange(num_samples, total, dtype=dtype)
     rng.shuffle(last)
     return np.concatenate((first, last))
@@ -81,7 +83,8 @@ def _shuffle_index(num_samples: int, total: int, rng: np.random.RandomState) -> 
 def build_indices(lengths: np.ndarray, documents: np.ndarray, num_samples: int, seq_len: int, seed: int):
     "(document index, sample index, shuffle index) for `num_samples` samples of the sequences `documents`"
     tokens_per_epoch = int(lengths[documents].sum(dtype=np.int64))
-    if tokens_per_epoch <= 1: raise DataError(f'the split holds {tokens_per_epoch} tokens: too few to cut any sample')
+    if tokens_per_epoch <= 1:
+        raise DataError(f'the split holds {tokens_per_epoch} tokens: too few to cut any sample')
     epochs = num_epochs(tokens_per_epoch, num_samples, seq_len)
     separate_last = False
     if epochs > 1:
@@ -120,7 +123,8 @@ class _EmptySplit(DataError):
 def _split_range(prefix, split: str, name: str, n: int) -> tuple[int, int]:
     "The sequences [begin, end) of split `name`, refused when empty"
     rng = split_ranges(split, n).get(name)
-    if rng is None or rng[1] <= rng[0]: raise _EmptySplit(f'{prefix}: the {name} split of {split!r} is empty')
+    if rng is None or rng[1] <= rng[0]:
+        raise _EmptySplit(f'{prefix}: the {name} split of {split!r} is empty')
     return rng
 
 class GPTSamples:
@@ -140,14 +144,17 @@ class GPTSamples:
             self.document_index, self.sample_index, self.shuffle_index = arrays
             if cache:
                 folder.mkdir(exist_ok=True)
-                for p, a in zip(paths, arrays): _save_atomic(p, a)
+                for p, a in zip(paths, arrays):
+                    _save_atomic(p, a)
 
-    def __len__(self) -> int: return len(self.shuffle_index)
+    def __len__(self) -> int:
+        return len(self.shuffle_index)
 
     def __getitem__(self, i: int) -> np.ndarray:
         j = int(self.shuffle_index[i])
         (d0, o0), (d1, o1) = self.sample_index[j], self.sample_index[j + 1]
-        if d0 == d1: return np.array(self.data.get(int(self.document_index[d0]), int(o0), int(o1 - o0 + 1)), np.int64)
+        if d0 == d1:
+            return np.array(self.data.get(int(self.document_index[d0]), int(o0), int(o1 - o0 + 1)), np.int64)
         parts = [self.data.get(int(self.document_index[d0]), int(o0))]
         parts += [self.data.get(int(self.document_index[d])) for d in range(d0 + 1, d1)]
         parts.append(self.data.get(int(self.document_index[d1]), 0, int(o1) + 1))
@@ -176,7 +183,8 @@ def blending_indices(weights, size: int) -> tuple[np.ndarray, np.ndarray]:
         best, err = 0, w[0] * x - counts[0]
         for d in others:
             e = w[d] * x - counts[d]
-            if e > err: best, err = d, e
+            if e > err:
+                best, err = d, e
         dataset[i], within[i] = best, counts[best]
         counts[best] += 1
     return np.array(dataset, np.int16).reshape(size), np.array(within, np.int64).reshape(size)
@@ -192,7 +200,8 @@ class BlendedSamples:
                 raise DataError(f'blend: dataset {d} has {len(ds)} samples but the blend draws {need}; '
                                 f'build it with num_samples >= {need}')
 
-    def __len__(self) -> int: return len(self.dataset_index)
+    def __len__(self) -> int:
+        return len(self.dataset_index)
     def __getitem__(self, i: int) -> np.ndarray:
         return self.datasets[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
 
@@ -210,7 +219,8 @@ def blend_sizes(weights, size: int, margin: float = 0.005) -> tuple[list[float],
 # %% ../../nbs/06_samples.ipynb #350b7251
 def _source(prefixes, weights, name: str, split: str | None):
     "(split string, weights) a split is built with: a per-split blend (split None) takes each dataset whole"
-    if split is None: split, weights = PER_SPLIT[name], None if len(prefixes) == 1 else weights
+    if split is None:
+        split, weights = PER_SPLIT[name], None if len(prefixes) == 1 else weights
     if weights is None and len(prefixes) > 1:
         raise ConfigError([('prefix', f'{{key}} blends {len(prefixes)} datasets and needs a weight for each')])
     return split, weights
@@ -227,8 +237,10 @@ class BlendPart:
 def plan_split(prefixes, weights, name: str, num_samples: int, seq_len: int, split: str | None = None) -> list:
     "The `BlendPart`s of split `name` of the blend, read from the .idx files alone (no index is built)"
     split, weights = _source(prefixes, weights, name, split)
-    if weights is None: rows = [(prefixes[0], None, num_samples, num_samples)]
-    else: rows = zip(prefixes, *blend_sizes(weights, num_samples))
+    if weights is None:
+        rows = [(prefixes[0], None, num_samples, num_samples)]
+    else:
+        rows = zip(prefixes, *blend_sizes(weights, num_samples))
     out = []
     for p, w, n, b in rows:
         data = IndexedDataset(p)
@@ -242,7 +254,8 @@ def split_samples(prefixes, weights, name: str, num_samples: int, seq_len: int, 
     "Split `name` of the blend, as megatron-core's BlendedMegatronDatasetBuilder builds it (split None: per-split)"
     split, weights = _source(prefixes, weights, name, split)
     spec = lambda n: SampleSpec(split, name, n, seq_len, seed)
-    if weights is None: return GPTSamples(prefixes[0], spec(num_samples), cache)
+    if weights is None:
+        return GPTSamples(prefixes[0], spec(num_samples), cache)
     w, drawn, built = blend_sizes(weights, num_samples)
     return BlendedSamples([GPTSamples(p, spec(b), cache) for p, b in zip(prefixes, built)], w, sum(drawn))
 
