@@ -9,7 +9,7 @@ from typing import Annotated, List, Optional, get_type_hints
 import typer
 from rich.console import Console
 
-from gptkit.config import ConfigError, GptkitError
+from gptkit.errors import ConfigError, GptkitError
 from gptkit_cli.format import text
 
 # Options several commands share

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from gptkit.config import ConfigError
+from gptkit.errors import ConfigError
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.format import text
 

@@ -88,8 +88,8 @@ def inspect(
     """Documents, tokens, dtype, length histogram and a few decoded documents of a .bin/.idx pair."""
     import numpy as np
 
-    from gptkit.config import DataError
     from gptkit.data.indexed import IndexedDataset, data_paths, dataset_writer, stale_temporaries
+    from gptkit.errors import DataError
     writer, stale = dataset_writer(prefix), stale_temporaries(prefix)
     missing = [p for p in data_paths(prefix) if not p.is_file()]
     left = ', '.join(f'{p.name} ({p.stat().st_size / 2**20:,.1f} MB)' for p in stale)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from gptkit.config import ConfigError
+from gptkit.errors import ConfigError
 from gptkit_cli import format as fmt
 from gptkit_cli.app import TextKey, app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
@@ -62,7 +62,7 @@ def eval_(
     if rank != 0:
         return
     if as_json:
-        from gptkit.config import json_text
+        from gptkit.files import json_text
         print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     out.print(_table(res))

@@ -9,7 +9,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from gptkit.config import ConfigError, read_text
+from gptkit.errors import ConfigError
+from gptkit.files import read_text
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, flag, handles_errors, out, report
 from gptkit_cli.launch import join_tp, launch_tp

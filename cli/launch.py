@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.config import ConfigError
+from gptkit.errors import ConfigError
 
 LAUNCHERS = ('torchrun', 'deepspeed')
 EMITS = ('slurm', 'k8s')

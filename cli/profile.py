@@ -60,7 +60,7 @@ def profile(
     res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks,
                       force=force)
     if as_json:
-        from gptkit.config import json_text
+        from gptkit.files import json_text
         print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     _report(res, top)

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ConfigError, ParallelConfig, TrainConfig
+from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
+from gptkit.errors import ConfigError
 from gptkit.estimate import GPUS, count_params, estimate, search
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out

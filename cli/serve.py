@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gptkit.config import ConfigError, GptkitError
+from gptkit.errors import ConfigError, GptkitError
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
 

@@ -23,8 +23,21 @@ from pathlib import Path, PosixPath
 
 import numpy as np
 
-from .config import ConfigError, Layout, RunConfig, _full_disk, _size, free_space, read_json, save_config, write_atomic
-from .store import CheckpointError, checkpoints, find, fsync_dir, manifest, newest, read_state, stale_temporaries, tag
+from gptkit.store import (
+    CheckpointError,
+    checkpoints,
+    find,
+    fsync_dir,
+    manifest,
+    newest,
+    read_state,
+    stale_temporaries,
+    tag,
+)
+
+from .config import Layout, RunConfig, save_config
+from .errors import ConfigError
+from .files import free_space, full_disk, read_json, size_text, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +278,14 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
         # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...', 'unexpected
         # pos ...'), without errno
         if not isinstance(e, OSError) and not (isinstance(e, RuntimeError) and ('writ' in str(e) or
-                                                                                _full_disk(e, root, None))):
+                                                                                full_disk(e, root, None))):
                                                                                     raise
         before = newest(root)
         kept = f'the previous checkpoint {before} is intact' if before else 'no earlier checkpoint exists'
-        why = (e.strerror if isinstance(e, OSError) and e.strerror and not _full_disk(e, root, None) else
-               f'the disk is full (at least {_size(_state_bytes(engine))} needed, {_size(free_space(root))} free)'
-               if _full_disk(e, root, None) else
+        why = (e.strerror if isinstance(e, OSError) and e.strerror and not full_disk(e, root, None) else
+               f'the disk is full (at least {size_text(_state_bytes(engine))} needed, '
+               f'{size_text(free_space(root))} free)'
+               if full_disk(e, root, None) else
                str(e).strip().splitlines()[-1])
         raise CheckpointError(f'could not write checkpoint {final}: {why}; {kept}') from None
     barrier()

@@ -7,74 +7,23 @@ errors that name the key."""
 from __future__ import annotations
 
 import dataclasses
-import errno
 import itertools
 import json
 import math
-import os
 import re
-import shutil
-import stat
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .errors import ConfigError, check, shorten, shown
+from .files import read_text, write_atomic
+
 # %% auto #0
 __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS',
            'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES',
-           'CONFIG_DEPTH', 'JSON_BYTES', 'JSON_DEPTH', 'FULL_DISK', 'GptkitError', 'DiskFullError', 'DataError',
-           'ConfigError', 'check', 'shorten', 'shown', 'parse_size', 'ModelConfig', 'Preset', 'get_preset',
-           'ParallelConfig', 'TrainConfig', 'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend',
-           'DataConfig', 'RunConfig', 'from_dict', 'read_text', 'read_config_file', 'load_file', 'apply_sets',
-           'read_json', 'preset_dict', 'resolve', 'free_space', 'written', 'write_atomic', 'check_folder',
-           'finite_or_none', 'json_text', 'save_config']
-
-# %% ../nbs/00_config.ipynb #810dc3ed
-class GptkitError(Exception):
-    "An expected failure, described in one sentence that names the file, line, flag or key"
-    exit_code = 1
-
-class DiskFullError(GptkitError):
-    "A write that found its disk full: names the output, the space it needs and what is free; leaves no partial file"
-
-
-# %% ../nbs/00_config.ipynb #aa35d1c5
-class DataError(GptkitError):
-    "Data that cannot be read or written as asked; the message names the file (and line where there is one)"
-
-# %% ../nbs/00_config.ipynb #df1da190
-class ConfigError(GptkitError, ValueError):
-    "One or more settings that cannot work; `problems` is a list of `(key, template)` pairs"
-    exit_code = 2
-    def __init__(self, problems: Iterable[tuple[str, str]]):
-        self.problems = list(problems)
-        super().__init__(self.render())
-
-    def render(self, name: Callable[[str], str] = str) -> str:
-        "All problems in one line, each key shown as `name(key)`"
-        return '; '.join(msg.replace('{key}', name(key)) for key, msg in self.problems)
-
-# %% ../nbs/00_config.ipynb #9b117049
-def check(problems: list[tuple[str, str]]):
-    "Raise a `ConfigError` if `problems` is not empty"
-    if problems:
-        raise ConfigError(problems)
-
-# %% ../nbs/00_config.ipynb #5b0c7e21
-def shorten(text: str, most: int = 60) -> str:
-    "`text` cut to its first `most` characters and its length when it is longer, for a one-line message"
-    if len(text) <= most:
-        return text
-    return f'{text[:most]}... ({len(text):,} characters)'
-
-def shown(value, most: int = 60) -> str:
-    "`repr(value)` for a message, shortened"
-    try:
-        text = repr(value)
-    except ValueError:                      # an integer of more than 4,300 digits has no repr
-        text = f'a whole number of {value.bit_length():,} bits'
-    return shorten(text, most)
+           'CONFIG_DEPTH', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig',
+           'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig',
+           'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'save_config']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -684,34 +633,6 @@ CONFIG_BYTES = 2**20    # a run config is a few hundred bytes; a file over a MiB
 CONFIG_NODES = 10_000   # values in a YAML document with its aliases expanded; a run config has about a hundred
 CONFIG_DEPTH = 32       # levels of nesting, aliases expanded; a run config has three
 
-def _size(n: float) -> str:
-    for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
-        if n < 1024 or unit == 'GiB':
-            return f'{n:,.0f} {unit}' if unit == 'bytes' else f'{n:,.1f} {unit}'
-        n /= 1024
-
-def read_text(path: str | Path, key: str, most: int) -> str:
-    "The UTF-8 text of the regular file `path`, refused (naming `key`) before reading when it is not one or is too big"
-    path = Path(path)
-    too_big = lambda n: ConfigError([(key, f'{{key}} {path} holds {_size(n)}, more than the {_size(most)} read')])
-    try:
-        mode = path.stat()
-        if stat.S_ISDIR(mode.st_mode):
-            raise ConfigError([(key, f'{{key}} {path} is a folder, not a file')])
-        if not stat.S_ISREG(mode.st_mode):
-            raise ConfigError([(key, f'{{key}} {path} is not a regular file (a device, pipe or socket is not read)')])
-        if mode.st_size > most:
-            raise too_big(mode.st_size)
-        with open(path, 'rb') as f:
-            data = f.read(most + 1)                 # a file that grew since: still no more than this
-    except OSError as e:
-        raise ConfigError([(key, f'{{key}} {path} cannot be read: {e.strerror or e}')]) from None
-    if len(data) > most:
-        raise too_big(len(data))
-    try:
-        return data.decode('utf-8')
-    except UnicodeDecodeError as e:
-        raise ConfigError([(key, f'{{key}} {path} is not UTF-8 text (byte {e.start:,})')]) from None
 
 # %% ../nbs/00_config.ipynb #5b0c7e25
 def _yaml_size(node, most: int, depth: int) -> int:
@@ -823,50 +744,6 @@ def apply_sets(d: dict, sets: Iterable[str]) -> dict:
     check(problems)
     return d
 
-# %% ../nbs/00_config.ipynb #ab48e52f
-JSON_BYTES = 16 * 2**20   # state.json, config.json, ds_config.json, .metadata, tokenizer_config.json: KiB to a few MiB
-JSON_DEPTH = 100          # levels of nesting; those files have two to five
-_JSON_KINDS = {dict: 'an object', list: 'an array', str: 'a string', bool: 'true or false', int: 'a number',
-               float: 'a number', type(None): 'null'}
-
-def _too_deep(value, most: int) -> bool:
-    "Whether the JSON `value` nests more than `most` levels of arrays and objects (walked without recursion)"
-    stack = [iter([value])]
-    while stack:
-        for v in stack[-1]:
-            if isinstance(v, (dict, list)):
-                if len(stack) > most:          # v is at level len(stack)
-                    return True
-                stack.append(iter(v.values() if isinstance(v, dict) else v))
-                break
-        else:
-            stack.pop()
-    return False
-
-def read_json(path: str | Path, what: str, most: int = JSON_BYTES, error: type[GptkitError] = DataError,
-              expect: type | None = None):
-    "The value in the small JSON file `path` (`what` it is); `error` naming it if too big, not JSON or no `expect`"
-    path = Path(path)
-    try:
-        text = read_text(path, what, most)
-    except ConfigError as e:
-        raise error(e.render()) from None
-    too_deep = error(f'{what} {path} is nested more than {JSON_DEPTH} levels deep; the files gptkit reads have a few')
-    try:
-        value = json.loads(text)
-    except RecursionError:                      # a thousand levels or so: refused as the check below refuses
-        raise too_deep from None
-    except json.JSONDecodeError as e:
-        raise error(f'{what} {path} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})') from None
-    except ValueError as e:                     # a number of more than 4,300 digits
-        raise error(f'{what} {path} is not valid JSON: {shorten(str(e))}') from None
-    if _too_deep(value, JSON_DEPTH):
-        raise too_deep
-    if expect is not None and not isinstance(value, expect):
-        kind = _JSON_KINDS.get(type(value), type(value).__name__)
-        raise error(f'{what} {path} holds {kind}, not {_JSON_KINDS.get(expect, expect.__name__)}')
-    return value
-
 # %% ../nbs/00_config.ipynb #6a67b34d
 def preset_dict(name: str) -> dict:
     "The config sections a preset sets: its model, peak lr and global batch"
@@ -909,81 +786,6 @@ def resolve(preset: str | None = None, file: str | Path | None = None, sets: Ite
         return from_dict(d)
     except ConfigError as e:
         raise ConfigError(_from_file(e.problems, _keys(from_file) - later, file, lines)) from None
-
-FULL_DISK = (errno.ENOSPC, errno.EDQUOT)   # no space left; over the user's quota
-
-def free_space(path: str | Path) -> int:
-    "Bytes free to this user where `path` is (or would be)"
-    p = Path(path).absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return shutil.disk_usage(p).free
-
-def _full_disk(e: Exception, path, needed: int | None) -> bool:
-    "Whether `e` says the disk is full: an OSError does; torch.save's RuntimeError and safetensors' error lose errno"
-    if isinstance(e, OSError):
-        return e.errno in FULL_DISK
-    if 'No space left on device' in str(e) or 'os error 28' in str(e):
-        return True
-    return isinstance(e, RuntimeError) and free_space(path) < max(needed or 0, 16 * 2**20)
-
-@contextmanager
-def written(path: str | Path, needed: int | Callable[[], int | None] | None = None, kept: str = ''):
-    """Writes to `path` inside the block: a full disk (ENOSPC, EDQUOT) becomes one `DiskFullError` naming `path`, the
-    bytes `needed` (or a function that estimates them when it happens) and the space free; `kept` says what is intact.
-    The block removes its own partial output"""
-    try:
-        yield
-    except Exception as e:
-        need = needed() if callable(needed) else needed
-        if not _full_disk(e, path, need):
-            raise
-        need = f'at least {_size(need)} needed, ' if need else ''
-        raise DiskFullError(f'{path}: the disk is full ({need}{_size(free_space(path))} free), so it was not written'
-                            f'{"; " + kept if kept else ""}; free some space and run again') from None
-
-def write_atomic(path: str | Path, text: str):
-    "Write `text` to `path` through a temporary file in the same folder, on disk before the rename"
-    path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp')
-    data = text.encode('utf-8')
-    with written(path, len(data), f'{path.name} is as it was' if path.exists() else ''):
-        try:
-            with open(tmp, 'wb') as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-
-def check_folder(path: str | Path, key: str) -> Path:
-    "`path` for an output folder (made later if missing), refused naming `key` if a file blocks it or it is unwritable"
-    p = Path(path)
-    for q in (p, *p.parents):
-        if q.exists():
-            if q.is_dir() and not os.access(q, os.W_OK | os.X_OK):
-                raise ConfigError([(key, f'{{key}} {path} cannot be written: {q} is read-only for this user')])
-            if q.is_dir():
-                return p
-            where = f'{{key}} {path} is a file' if q == p else f'{{key}} {path} lies under {q}, which is a file'
-            raise ConfigError([(key, where + ', not a folder')])
-    return p
-
-def finite_or_none(obj):
-    "`obj` with every NaN or infinite float inside (dicts, lists, tuples) replaced by None"
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite_or_none(v) for v in obj]
-    return obj
-
-def json_text(obj, **kw) -> str:
-    "JSON of `obj` with NaN and infinities as null: JSON has neither, and readers such as jq reject them"
-    return json.dumps(finite_or_none(obj), allow_nan=False, **kw)
 
 def save_config(cfg: RunConfig, path: str | Path):
     "Write `cfg` as JSON (or YAML by suffix), atomically"

@@ -14,18 +14,17 @@ from gptkit.config import (
     GPT3_PRESETS,
     PRESETS,
     BatchPlan,
-    ConfigError,
     Layout,
     ModelConfig,
     ParallelConfig,
     Preset,
     TrainConfig,
-    check,
     get_preset,
     parse_size,
     validate_layout,
 )
 
+from .errors import ConfigError, check
 from .params import layer_numel, param_table, stage_extras, stage_layers
 
 # %% auto #0

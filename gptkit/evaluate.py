@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .config import ConfigError, DataError, _size, shorten
 from .data.corpus import HELD_OUT, Document, clean_text
+from .errors import ConfigError, DataError, shorten
+from .files import size_text
 
 Progress = Callable[[str, int, int], None]   # (stage, done, total): stage is 'perplexity' or 'cloze'
 
@@ -125,7 +126,7 @@ def _read_bytes(path: Path) -> bytes:
         raise DataError(f'{path}: no such file')
     if not path.is_file():
         raise DataError(f'{path} is not a file')
-    too_big = DataError(f'{path} holds more than the {_size(EVAL_BYTES)} of text an evaluation reads')
+    too_big = DataError(f'{path} holds more than the {size_text(EVAL_BYTES)} of text an evaluation reads')
     try:
         if path.stat().st_size > EVAL_BYTES:
             raise too_big
@@ -162,8 +163,8 @@ def read_texts(source: str | Path, jsonl: bool | None = None, text_key: str = 't
                 continue
             where = f'{path}:{n}'
             if len(line) > LINE_BYTES:
-                raise DataError(f'{where}: the line holds {_size(len(line))}, more than the {_size(LINE_BYTES)} of one '
-                                'document read')
+                raise DataError(f'{where}: the line holds {size_text(len(line))}, more than the '
+                                f'{size_text(LINE_BYTES)} of one document read')
             try:
                 obj = json.loads(_utf8(line, where))
             except json.JSONDecodeError as e:

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from .config import ConfigError, check
+from .errors import ConfigError, check
 from .model import KVCache, OutputLayer
 
 # %% auto #0

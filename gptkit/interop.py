@@ -14,7 +14,9 @@ import shutil
 from pathlib import Path
 
 from .checkpoint import check_shapes, checkpoint_parts, read_torch_file, save
-from .config import ConfigError, ModelConfig, RunConfig, read_json, read_text, save_config, shown, write_atomic
+from .config import ModelConfig, RunConfig, save_config
+from .errors import ConfigError, shown
+from .files import read_json, read_text, write_atomic
 from .params import hf_family, param_table, stage_layers
 from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
 
@@ -300,7 +302,7 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Hugging Face GPT-2 or Llama folder"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    from gptkit.config import DataError
+    from gptkit.errors import DataError
     from gptkit.tokenizer import load as load_tokenizer
     hf = Path(hf_dir)
     if not (hf / 'config.json').is_file():
@@ -512,7 +514,7 @@ def _megatron_tokenizer(src: Path, args: dict, tokenizer):
 def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Megatron-LM legacy checkpoint (tp=1, pp=1)"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    from gptkit.config import DataError
+    from gptkit.errors import DataError
     src = Path(src)
     shard = _megatron_shard(src)
     ckpt = read_torch_file(shard)
@@ -558,7 +560,8 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
 
     import torch
 
-    from gptkit.config import Layout, check
+    from gptkit.config import Layout
+    from gptkit.errors import check
     from gptkit.parallel import shard_weights
     from gptkit.tokenizer import save as save_tokenizer
     folder, cfg, state, weights, tok = checkpoint_parts(path)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from .config import GptkitError
+from .errors import GptkitError
 from .estimate import ce_chunk_tokens
 
 try:

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .config import RECOMPUTE, ConfigError, ModelConfig
+from .config import RECOMPUTE, ModelConfig
+from .errors import ConfigError
 from .params import param_table
 
 # %% auto #0

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .config import ConfigError, ModelConfig
+from .config import ModelConfig
+from .errors import ConfigError
 
 # %% auto #0
 __all__ = ['TP_ROLES', 'INIT_GROUPS', 'Param', 'hf_family', 'layer_table', 'param_table', 'layer_numel', 'stage_layers',

@@ -28,7 +28,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .config import ConfigError, GptkitError
+from .errors import ConfigError, GptkitError
 from .generate import Generator, RunningBatch, Sampling, agree
 from .tokenizer import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
 

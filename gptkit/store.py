@@ -19,7 +19,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import ConfigError, GptkitError, read_json, written
+from .errors import ConfigError, GptkitError
+from .files import read_json, written
 
 log = logging.getLogger(__name__)
 

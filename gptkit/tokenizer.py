@@ -26,7 +26,8 @@ import regex
 import tiktoken
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-from .config import ConfigError, DataError, check_folder, read_json, read_text, written
+from .errors import ConfigError, DataError
+from .files import check_folder, read_json, read_text, written
 
 # %% auto #0
 __all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset',

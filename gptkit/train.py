@@ -25,8 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt, store
-from .config import BatchPlan, ConfigError, DataError, GptkitError, RunConfig, json_text, resolve, save_config, written
+from .config import BatchPlan, RunConfig, resolve, save_config
+from .errors import ConfigError, DataError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
+from .files import json_text, written
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,7 @@ def _rows_up_to(path: Path, iteration: int):
         return not isinstance(row, dict) or not isinstance(row.get('iteration'), int) or row['iteration'] <= iteration
     kept = [line for line in lines if keep(line)]
     if len(kept) < len(lines):
-        from gptkit.config import write_atomic
+        from gptkit.files import write_atomic
         write_atomic(path, ''.join(kept))
 
 class MetricsFile(Callback):
@@ -492,7 +494,7 @@ def _where(cfg: RunConfig, name: str) -> str:
 # %% ../nbs/11_train.ipynb #fc4e1309
 def _setup_data(cfg: RunConfig):
     "The tokenizer, after checking --out, the tokenizer and that every dataset of every split's blend exists"
-    from gptkit.config import check_folder
+    from gptkit.files import check_folder
     check_folder(cfg.out, 'out')                         # --out naming a file: refused before any work
     from gptkit.data.indexed import data_paths
     from gptkit.data.samples import SPLITS
@@ -727,7 +729,7 @@ def _model_changes(old, new) -> list[str]:
 
 def _check_same_model(cfg: RunConfig, resume_from: Path):
     "Refuse to continue a checkpoint whose model has other shapes, naming the settings, before anything is written"
-    from gptkit.config import shown
+    from gptkit.errors import shown
     try:
         old = ckpt.read_config(resume_from).model
     except store.CheckpointError:                        # no config.json saved: `restore` compares the shapes alone

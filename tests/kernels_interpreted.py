@@ -27,7 +27,8 @@ finally:
     if _saved is None: os.environ.pop('TRITON_INTERPRET', None)
     else: os.environ['TRITON_INTERPRET'] = _saved
 
-from gptkit.config import ConfigError, ModelConfig
+from gptkit.config import ModelConfig
+from gptkit.errors import ConfigError
 from gptkit.model import GPT
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import pytest
 import zstandard
 from hypothesis import given, settings, strategies as st
 
-from gptkit.config import DataError
 from gptkit.data.corpus import BUILTIN, Tally, clean_text, read_documents
+from gptkit.errors import DataError
 
 
 def test_a_single_100mb_line(tmp_path):

@@ -13,7 +13,8 @@ from conftest import TINY_SETS
 from typer.testing import CliRunner
 
 from gptkit import store
-from gptkit.config import ConfigError, DiskFullError, resolve
+from gptkit.config import resolve
+from gptkit.errors import ConfigError, DiskFullError
 from gptkit.store import CheckpointError
 from gptkit.train import TrainingError, train
 from gptkit_cli.main import app
@@ -90,7 +91,7 @@ def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
         r = runner.invoke(app, [str(a) for a in args])
         assert r.exit_code == 1, r.output
         assert 'weights are NaN or infinite' in r.output and 'Traceback' not in r.output
-    from gptkit.generate import Generator            # what gptkit serve loads its model with, before it listens
+    from gptkit.generate import Generator  # what gptkit serve loads its model with, before it listens
     with pytest.raises(CheckpointError, match='weights are NaN or infinite'): Generator.from_checkpoint(nan_checkpoint)
 
 
@@ -211,7 +212,7 @@ def test_a_hand_edited_state_json_is_noticed(tiny_checkpoint, tmp_path):
 
 def test_a_sample_index_too_big_is_refused_and_many_epochs_are_warned_of(tiny_data, tmp_path, caplog):
     "--tokens 300B on a small corpus used to build an 8.7 GiB index, then MemoryError"
-    from gptkit.config import DataError
+    from gptkit.errors import DataError
     from gptkit.train import data_plan
     with pytest.raises(DataError, match=r'the train split would draw [\d,]+ samples of 33 tokens from .*kjv_text_'
                                         r'document, [\d,]+ passes over its data; building their index takes about '

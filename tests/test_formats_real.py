@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from gptkit.config import DataError
 from gptkit.data.corpus import read_documents
 from gptkit.data.prepare import PrepareConfig, prepare
+from gptkit.errors import DataError
 from gptkit_cli.main import app
 
 FORMATS = Path(__file__).parent / 'data' / 'formats'

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gptkit.config import LLAMA, ConfigError, ModelConfig
+from gptkit.config import LLAMA, ModelConfig
+from gptkit.errors import ConfigError
 from gptkit.evaluate import evaluate
 from gptkit.generate import Generator, Sampling
 

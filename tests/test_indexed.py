@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gptkit.config import DataError
 from gptkit.data.indexed import IndexedDataset, IndexedWriter, data_paths, token_dtype
+from gptkit.errors import DataError
 
 mcore = pytest.importorskip('megatron.core.datasets.indexed_dataset')
 

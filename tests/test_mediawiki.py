@@ -1,8 +1,8 @@
 "MediaWiki XML dumps read as clean article text (gptkit.data.mediawiki), against the shipped enwiki/bgwiki samples"
 import bz2
 import io
-import os
 import json
+import os
 import re
 import sys
 import tracemalloc
@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.config import DataError
 from gptkit.data.corpus import Tally, read_documents
-from gptkit.data.mediawiki import (_scan_streams, bz2_streams, clean_wikitext, index_path, read_mediawiki,
-                                     read_mediawiki_parallel)
+from gptkit.data.mediawiki import (
+    _scan_streams,
+    bz2_streams,
+    clean_wikitext,
+    index_path,
+    read_mediawiki,
+    read_mediawiki_parallel,
+)
+from gptkit.errors import DataError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
 from peers import wikiextractor  # noqa: E402

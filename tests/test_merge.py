@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from gptkit.config import DataError
 from gptkit.data.indexed import IndexedDataset, IndexedWriter, data_paths, merge_datasets
 from gptkit.data.prepare import PrepareConfig, prepare
+from gptkit.errors import DataError
 from gptkit_cli.main import app
 
 mcore = pytest.importorskip('megatron.core.datasets.indexed_dataset')

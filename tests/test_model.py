@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from gptkit.config import PRESETS, ConfigError, ModelConfig
+from gptkit.config import PRESETS, ModelConfig
+from gptkit.errors import ConfigError
 from gptkit.estimate import count_params
 from gptkit.model import GPT, KVCache, core_attention, num_params, reference_attention
 

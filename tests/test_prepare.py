@@ -3,11 +3,10 @@ import json
 
 import pytest
 
-from gptkit.config import DataError
-
 from gptkit.data.corpus import read_documents
 from gptkit.data.indexed import IndexedDataset, IndexedWriter
 from gptkit.data.prepare import PrepareConfig, prepare
+from gptkit.errors import DataError
 from gptkit.tokenizer import gpt2
 
 
@@ -61,7 +60,7 @@ def test_encode_write_read_decode_returns_the_cleaned_text(tmp_path):
 
 def test_refusal_comes_before_the_tokenizer_loads(tmp_path, monkeypatch):
     import gptkit.tokenizer
-    from gptkit.config import DataError
+    from gptkit.errors import DataError
     monkeypatch.setattr(gptkit.tokenizer, 'load', lambda name: pytest.fail('the tokenizer loaded before the check'))
     (tmp_path / 'a.jsonl').write_text('{"text": "fine"}\n')
     (tmp_path / 'a.txt').write_bytes(b'PK\x03\x04' + bytes(30))

@@ -57,6 +57,7 @@ def test_training_far_past_one_epoch_never_runs_out(tmp_path):
 def test_runs_building_one_cache_at_once_do_not_collide(tmp_path):
     # two trainings started together on one dataset used to share one temporary name, and one of them crashed
     import threading
+
     from gptkit.data.samples import _save_atomic
     arr, errors = np.arange(200_000), []
     def save():
@@ -91,7 +92,7 @@ def test_brute_force_reference():
 
 
 def test_an_empty_split_is_an_error_not_a_hang(tmp_path):
-    from gptkit.config import DataError
+    from gptkit.errors import DataError
     write(tmp_path / 'd', 200, 1)
     with pytest.raises(DataError, match="the test split of '949,50,1' is empty"):
         GPTSamples(tmp_path / 'd', SampleSpec('949,50,1', 'test', 10, 16, 1))
@@ -101,6 +102,7 @@ def test_an_empty_split_is_an_error_not_a_hang(tmp_path):
 def test_blending_indices_match_megatron(weights, size):
     from megatron.core.datasets import helpers
     from megatron.core.datasets.utils import normalize
+
     from gptkit.data.samples import blending_indices
     ds, dsi = np.zeros(size, np.int16), np.zeros(size, np.int64)
     helpers.build_blending_indices(ds, dsi, normalize(weights), len(weights), size, False)

@@ -6,7 +6,7 @@ import shutil
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gptkit.config import DataError
+from gptkit.errors import DataError
 from gptkit.tokenizer import asset, gpt2, load, save, train_bpe
 
 TEXTS = ['Hello world', ' The quick brown fox jumps over the lazy dog.', "It's 3.14159 -- isn't it?\n\n  Indented\tline",
@@ -151,6 +151,7 @@ def test_word_cache_matches_hf_on_every_builtin_corpus(trained, builtin_by_hf):
 
 def test_fast_encoder_refuses_a_vocabulary_that_is_not_byte_level():
     from tokenizers import Tokenizer as HFTokenizer, models
+
     from gptkit.tokenizer import _unicode_to_bytes, fast_encoder
     for vocab in ({'a': 0, ' b': 1}, {'a': 0, '\x07': 1}, {'a': 0, 'é日': 1}):   # a raw space or control byte, CJK
         assert fast_encoder(HFTokenizer(models.BPE(vocab=vocab, merges=[]))) is None

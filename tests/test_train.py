@@ -5,8 +5,8 @@ import json
 import logging
 import math
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY_SETS, run_here
+
 from gptkit import store
-from gptkit.config import ConfigError, DataError, resolve
+from gptkit.config import resolve
+from gptkit.errors import ConfigError, DataError
 from gptkit.train import TrainingError, data_plan, train
 
 
@@ -325,6 +326,7 @@ def blend_config(tiny_data, out, data, *sets):
 def two_datasets(tiny_data, tmp_path):
     "(a, b): the tiny KJV dataset and a second one made of every third of its documents, reversed"
     import numpy as np
+
     from gptkit.data.indexed import IndexedDataset, IndexedWriter
     data = IndexedDataset(tiny_data[0])
     with IndexedWriter(tmp_path / 'b', data.dtype) as w:
@@ -364,7 +366,7 @@ def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
 
 def test_the_blend_check_on_resume(tmp_path):
     "Resuming compares blends by prefixes and normalized weights; a checkpoint that names no data (an import) takes any"
-    from gptkit.config import RunConfig, DataConfig, save_config
+    from gptkit.config import DataConfig, RunConfig, save_config
     from gptkit.train import _check_same_data
     def saved(**data):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))

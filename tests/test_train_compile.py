@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from gptkit.config import ConfigError, resolve
+from gptkit.config import resolve
 from gptkit.engine import build_engine, init_distributed
+from gptkit.errors import ConfigError
 from gptkit.model import GPT
 
 

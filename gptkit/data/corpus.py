@@ -26,7 +26,8 @@ from typing import Iterable, Iterator
 
 import zstandard
 
-from ..config import DataError, read_json
+from ..errors import DataError
+from ..files import read_json
 
 # %% auto #0
 __all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'COMPRESSIONS', 'TEXT_FORMATS', 'FORMATS', 'SUFFIXES', 'ACCEPTED',

@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..config import DataError, read_json, write_atomic
+from ..errors import DataError
+from ..files import read_json, write_atomic
 from ..store import RunLock, check_output_outside_runs, file_holder, lock_file
 
 # %% auto #0

@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Iterator
 
-from ..config import DataError
+from ..errors import DataError
 from .corpus import Document, Tally, text_encoding
 
 # %% auto #0

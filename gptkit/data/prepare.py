@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..config import DataError, check, check_folder, written
+from ..errors import DataError, check
+from ..files import check_folder, written
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
 from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
 

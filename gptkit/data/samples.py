@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError, DataError
+from ..errors import ConfigError, DataError
 from .indexed import IndexedDataset
 
 # %% auto #0
