@@ -26,53 +26,50 @@ Opt = typer.Option
 MODEL, LAYOUT, HW = 'Model', 'Layout', 'Hardware and budget'
 
 
+def in_panel(panel: str):
+    "A typer.Option maker for one help panel: `in_panel(MODEL)('help', '--flag')`"
+    return lambda help, *decls: Opt(*decls, help=help, rich_help_panel=panel)
+
+
+ModelOpt, LayoutOpt, HardwareOpt = in_panel(MODEL), in_panel(LAYOUT), in_panel(HW)
+
+
 @app.command()
 @handles_errors
 def estimate(
-    params: Annotated[Optional[str], Opt(
-        help='Model size such as 13B; picks the nearest GPT-3 preset.', rich_help_panel=MODEL)] = None,
-    preset: Annotated[Optional[str], Opt(
-        help='125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b (or tiny, small).', rich_help_panel=MODEL)] = None,
-    layers: Annotated[Optional[int], Opt(help='Transformer layers.', rich_help_panel=MODEL)] = None,
-    hidden: Annotated[Optional[int], Opt(help='Hidden size.', rich_help_panel=MODEL)] = None,
-    heads: Annotated[Optional[int], Opt(help='Attention heads.', rich_help_panel=MODEL)] = None,
-    seq_len: Annotated[Optional[int], Opt(help='Sequence length [default: 2048].', rich_help_panel=MODEL)] = None,
-    vocab: Annotated[Optional[int], Opt(
-        help='Vocabulary size before padding [default: 50257].', rich_help_panel=MODEL)] = None,
-    ffn_hidden: Annotated[Optional[int], Opt(
-        help='MLP hidden size [default: 4 x hidden].', rich_help_panel=MODEL)] = None,
-    make_vocab_size_divisible_by: Annotated[Optional[int], Opt(
-        help='Pad the vocabulary to a multiple of this x TP [default: 128].', rich_help_panel=MODEL)] = None,
-    gpus: Annotated[Optional[int], Opt(
-        help='Number of GPUs [default: tp x pp x dp; one node with --search].', rich_help_panel=LAYOUT)] = None,
-    gpus_per_node: Annotated[int, Opt(
-        help='GPUs per node; tensor parallelism stays inside one.', rich_help_panel=LAYOUT)] = 8,
-    tp: Annotated[int, Opt(help='Tensor-parallel degree.', rich_help_panel=LAYOUT)] = 1,
-    pp: Annotated[int, Opt(help='Pipeline-parallel degree.', rich_help_panel=LAYOUT)] = 1,
-    dp: Annotated[Optional[int], Opt(
-        help='Data-parallel degree [default: gpus / (tp x pp)].', rich_help_panel=LAYOUT)] = None,
-    zero: Annotated[int, Opt(help='ZeRO stage 0-3.', rich_help_panel=LAYOUT)] = 0,
-    balance: Annotated[str, Opt(help="Pipeline stages balanced by 'layers' (equal counts) or 'parameters'.",
-                                rich_help_panel=LAYOUT)] = 'layers',
-    sequence_parallel: Annotated[bool, Opt(
-        '--sequence-parallel/--no-sequence-parallel',
-        help='Megatron sequence parallelism (with TP).',
-        rich_help_panel=LAYOUT)] = False,
-    recompute: Annotated[str, Opt(
-        help='Activation recomputation: none, selective or full.', rich_help_panel=LAYOUT)] = 'none',
-    flash: Annotated[bool, Opt(
-        '--flash/--no-flash', help='Fused attention that stores no s x s scores.', rich_help_panel=LAYOUT)] = True,
-    micro_batch: Annotated[int, Opt(help='Sequences per GPU per forward/backward.', rich_help_panel=LAYOUT)] = 1,
-    global_batch: Annotated[Optional[int], Opt(
-        help="Sequences per step [default: the preset's, else micro-batch x dp].", rich_help_panel=LAYOUT)] = None,
-    precision: Annotated[str, Opt(help='fp32, fp16 or bf16.', rich_help_panel=LAYOUT)] = 'bf16',
-    offload: Annotated[str, Opt(help='none, optimizer or optimizer+params (ZeRO-3).', rich_help_panel=LAYOUT)] = 'none',
-    gpu: Annotated[str, Opt(help='a100-40gb, a100-80gb, h100-80gb or h200-141gb.', rich_help_panel=HW)] = 'a100-80gb',
-    gpu_memory: Annotated[Optional[float], Opt(help='GPU memory in GiB (overrides --gpu).', rich_help_panel=HW)] = None,
-    gpu_tflops: Annotated[Optional[float], Opt(
-        help='Dense 16-bit peak TFLOP/s (overrides --gpu).', rich_help_panel=HW)] = None,
-    tokens: Annotated[str, Opt(help='Training tokens, such as 300B.', rich_help_panel=HW)] = '300B',
-    mfu: Annotated[float, Opt(help='Assumed model FLOPs utilization.', rich_help_panel=HW)] = 0.4,
+    params: Annotated[Optional[str], ModelOpt('Model size such as 13B; picks the nearest GPT-3 preset.')] = None,
+    preset: Annotated[Optional[str], ModelOpt(
+        '125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b (or tiny, small).')] = None,
+    layers: Annotated[Optional[int], ModelOpt('Transformer layers.')] = None,
+    hidden: Annotated[Optional[int], ModelOpt('Hidden size.')] = None,
+    heads: Annotated[Optional[int], ModelOpt('Attention heads.')] = None,
+    seq_len: Annotated[Optional[int], ModelOpt('Sequence length [default: 2048].')] = None,
+    vocab: Annotated[Optional[int], ModelOpt('Vocabulary size before padding [default: 50257].')] = None,
+    ffn_hidden: Annotated[Optional[int], ModelOpt('MLP hidden size [default: 4 x hidden].')] = None,
+    make_vocab_size_divisible_by: Annotated[Optional[int], ModelOpt(
+        'Pad the vocabulary to a multiple of this x TP [default: 128].')] = None,
+    gpus: Annotated[Optional[int], LayoutOpt('Number of GPUs [default: tp x pp x dp; one node with --search].')] = None,
+    gpus_per_node: Annotated[int, LayoutOpt('GPUs per node; tensor parallelism stays inside one.')] = 8,
+    tp: Annotated[int, LayoutOpt('Tensor-parallel degree.')] = 1,
+    pp: Annotated[int, LayoutOpt('Pipeline-parallel degree.')] = 1,
+    dp: Annotated[Optional[int], LayoutOpt('Data-parallel degree [default: gpus / (tp x pp)].')] = None,
+    zero: Annotated[int, LayoutOpt('ZeRO stage 0-3.')] = 0,
+    balance: Annotated[str, LayoutOpt(
+        "Pipeline stages balanced by 'layers' (equal counts) or 'parameters'.")] = 'layers',
+    sequence_parallel: Annotated[bool, LayoutOpt(
+        'Megatron sequence parallelism (with TP).', '--sequence-parallel/--no-sequence-parallel')] = False,
+    recompute: Annotated[str, LayoutOpt('Activation recomputation: none, selective or full.')] = 'none',
+    flash: Annotated[bool, LayoutOpt('Fused attention that stores no s x s scores.', '--flash/--no-flash')] = True,
+    micro_batch: Annotated[int, LayoutOpt('Sequences per GPU per forward/backward.')] = 1,
+    global_batch: Annotated[Optional[int], LayoutOpt(
+        "Sequences per step [default: the preset's, else micro-batch x dp].")] = None,
+    precision: Annotated[str, LayoutOpt('fp32, fp16 or bf16.')] = 'bf16',
+    offload: Annotated[str, LayoutOpt('none, optimizer or optimizer+params (ZeRO-3).')] = 'none',
+    gpu: Annotated[str, HardwareOpt('a100-40gb, a100-80gb, h100-80gb or h200-141gb.')] = 'a100-80gb',
+    gpu_memory: Annotated[Optional[float], HardwareOpt('GPU memory in GiB (overrides --gpu).')] = None,
+    gpu_tflops: Annotated[Optional[float], HardwareOpt('Dense 16-bit peak TFLOP/s (overrides --gpu).')] = None,
+    tokens: Annotated[str, HardwareOpt('Training tokens, such as 300B.')] = '300B',
+    mfu: Annotated[float, HardwareOpt('Assumed model FLOPs utilization.')] = 0.4,
     search: Annotated[bool, Opt('--search', help='Rank every layout that fits --gpus GPUs and show the best.')] = False,
     top: Annotated[int, Opt(help='How many layouts --search shows.')] = 10,
     as_json: Annotated[bool, Opt('--json', help='Print JSON instead of tables.')] = False,
@@ -85,24 +82,31 @@ def estimate(
     n_tokens = parse_size(tokens, 'tokens')
     batch = global_batch or (base.global_batch if base else None)
     if search:
-        n = gpus or gpus_per_node
-        results = run_search(model, device, n, gpus_per_node, precision=precision, flash=flash, tokens=n_tokens,
-                             mfu=mfu, top=top, **({'global_batch': batch} if batch else {}))
-        if as_json:
-            out.print_json(json.dumps([e.to_dict() for e in results]))
-        else:
-            _print_search(results, note, n, device.name)
+        results = run_search(model, device, gpus or gpus_per_node, gpus_per_node, precision=precision, flash=flash,
+                             tokens=n_tokens, mfu=mfu, top=top, **({'global_batch': batch} if batch else {}))
+        _report_search(results, note, gpus or gpus_per_node, device.name, as_json)
         return
     par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero,
                          sequence_parallel=sequence_parallel, offload=offload, balance=balance)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
                         flash=flash)
-    est = run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node)
+    _report_estimate(run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node), note, as_json)
+
+
+def _report_estimate(est: Estimate, note: str, as_json: bool):
+    "Print one estimate as JSON or as tables"
     if as_json:
         out.print_json(json.dumps(est.to_dict()))
     else:
         _print_estimate(est, note)
 
+
+def _report_search(results: list[Estimate], note: str, gpus: int, gpu: str, as_json: bool):
+    "Print the layouts --search found, as JSON or as a ranked table"
+    if as_json:
+        out.print_json(json.dumps([e.to_dict() for e in results]))
+    else:
+        _print_search(results, note, gpus, gpu)
 
 def family(m) -> str:
     "The model's architecture in a few words: its position embedding, norm, MLP, attention heads and output layer"
