@@ -1,6 +1,7 @@
 """merge: the bytes megatron-core writes when Megatron's tools/merge_datasets.py joins the same datasets, documents
 read back in order, and inputs that cannot be merged refused with nothing written."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -118,6 +119,20 @@ def test_interrupted_merge_leaves_no_files(parts, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['m.bin', 'm.idx']
     assert [p.read_bytes() for p in data_paths(tmp_path / 'm')] == old
 
+
+def test_a_merge_holds_its_output_lock_until_the_pair_is_in_place(parts, tmp_path):
+    "Another process sees the merge as the writer of its output from its first copied chunk to its last"
+    import subprocess
+    import sys
+    out, seen = tmp_path / 'm', []
+    ask = 'import sys; from gptkit.data.indexed import dataset_writer; print(dataset_writer(sys.argv[1]))'
+    def probe(event):
+        if len(seen) < 2 and (not seen or event.bytes == event.total):   # the first event and the last
+            r = subprocess.run([sys.executable, '-c', ask, str(out)], capture_output=True, text=True, timeout=60)
+            seen.append(r.stdout.strip())
+    merge_datasets(parts[0], out, probe, chunk_bytes=64)
+    assert len(seen) == 2 and all(s.startswith(f'process {os.getpid()} on ') for s in seen), seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['m.bin', 'm.idx', 'm.metadata']   # and no lock file left
 
 def test_cli(parts, tmp_path):
     runner = CliRunner()

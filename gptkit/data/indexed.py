@@ -403,6 +403,72 @@ def _merged_metadata(prefixes: list[Path], mixed: bool) -> dict | None:
     same = len(known) == len(prefixes) and len({m['tokenizer_sha256'] for _, m in known}) == 1
     return metas[0] if same else None
 
+def _merge_inputs(inputs) -> tuple[list[Path], list[tuple[int, int, np.dtype, int]]]:
+    "The inputs' prefixes and each one's (sequences, document-index entries, dtype, .bin bytes), all of one dtype"
+    prefixes = _dataset_prefixes(inputs)
+    if not prefixes:
+        raise DataError('nothing to merge: give at least one dataset prefix')
+    heads = []   # every input opened and checked before anything is written
+    for p in prefixes:
+        ds = IndexedDataset(p)
+        heads.append((len(ds), ds.num_documents + 1, ds.dtype, ds.bin_path.stat().st_size))
+        del ds
+    dtype = heads[0][2]
+    for p, (*_, dt, _) in zip(prefixes, heads):
+        if dt != dtype:
+            raise DataError(f'{p} holds {dt} tokens but {prefixes[0]} holds {dtype}: '
+                            'only datasets of one dtype (one tokenizer) can be merged')
+    return prefixes, heads
+
+class _MergedIndex:
+    "The merged .idx, written in place as each input arrives: lengths, pointers and document entries at their offsets"
+    def __init__(self, f, dtype: np.dtype, sequences: int, entries: int, step: int):
+        self.f, self.dtype, self.sequences, self.entries, self.step = f, dtype, sequences, entries, step
+        self.base, self.seqs = 0, 0                       # .bin bytes and sequences of the inputs before the next one
+        self.docs_at = HEADER.size + 12 * sequences + 8   # where the next document-index entry goes
+        f.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], sequences, entries))
+        f.seek(self.docs_at - 8)
+        f.write(bytes(8))                                 # the document index's one leading 0
+
+    def append(self, ds: IndexedDataset):
+        "Add the index of input `ds`, `step` entries at a time: lengths as they are, pointers recomputed from them"
+        f, item, n, d = self.f, self.dtype.itemsize, len(ds), ds.num_documents + 1
+        for i in range(0, n, self.step):
+            part = ds.sequence_lengths[i:i + self.step]
+            ends = np.cumsum(part, dtype=np.int64) * item + self.base
+            f.seek(HEADER.size + 4 * (self.seqs + i))
+            f.write(part.tobytes())
+            f.seek(HEADER.size + 4 * self.sequences + 8 * (self.seqs + i))
+            f.write((ends - part.astype(np.int64) * item).tobytes())
+            self.base = int(ends[-1])
+        f.seek(self.docs_at)
+        for i in range(1, d, self.step):
+            f.write((ds.document_indices[i:i + self.step] + self.seqs).tobytes())
+        self.docs_at, self.seqs = self.docs_at + 8 * (d - 1), self.seqs + n
+
+    def close(self):
+        "Cut the file at the size its header gives"
+        self.f.truncate(HEADER.size + 12 * self.sequences + 8 * self.entries)
+
+def _write_merge(fb, fi, prefixes: list[Path], heads: list[tuple], chunk_bytes: int, report: Callable):
+    "The inputs' tokens into open file `fb` and their index into `fi`; `report(inputs done, bytes copied)` as it goes"
+    index = _MergedIndex(fi, heads[0][2], sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads),
+                        step=max(1, chunk_bytes // 8))
+    copied = 0                                   # .bin bytes copied so far
+    for k, (p, (n, d, _, size)) in enumerate(zip(prefixes, heads)):
+        ds = IndexedDataset(p)
+        if (len(ds), ds.num_documents + 1) != (n, d):
+            raise DataError(f'{ds.idx_path}: changed during the merge')
+        index.append(ds)
+        bin_file = ds.bin_path
+        del ds
+        with open(bin_file, 'rb') as src:
+            for got in _copy_bytes(src, fb, size, chunk_bytes):
+                copied += got
+                report(k, copied)
+        report(k + 1, copied)
+    index.close()
+
 def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merged in this order
                    output_prefix: str | Path, # writes OUTPUT_PREFIX.bin and .idx
                    progress: Callable[[MergeProgress], None] | None = None, # called after each chunk copied
@@ -412,74 +478,34 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
                   ) -> MergeResult:
     "Concatenate indexed datasets into one, the bytes Megatron's tools/merge_datasets.py writes"
     t0 = time.perf_counter()
-    prefixes = _dataset_prefixes(inputs)
-    if not prefixes:
-        raise DataError('nothing to merge: give at least one dataset prefix')
-    heads = []   # (sequences, document-index entries, dtype, .bin bytes) of each input, all checked before writing
-    for p in prefixes:
-        ds = IndexedDataset(p)
-        heads.append((len(ds), ds.num_documents + 1, ds.dtype, ds.bin_path.stat().st_size))
-        del ds
-    dtype = heads[0][2]
-    for p, (*_, dt, _) in zip(prefixes, heads):
-        if dt != dtype:
-            raise DataError(f'{p} holds {dt} tokens but {prefixes[0]} holds {dtype}: '
-                                        'only datasets of one dtype (one tokenizer) can be merged')
+    prefixes, heads = _merge_inputs(inputs)
     meta = _merged_metadata(prefixes, mixed_tokenizers)
     bin_path, idx_path = data_paths(output_prefix)
     if {bin_path.resolve(), idx_path.resolve()} & {q.resolve() for p in prefixes for q in data_paths(p)}:
         raise DataError(f'{output_prefix}: the output prefix is also an input; write the merge to a new prefix')
-    with lock_dataset(output_prefix):              # a second writer of this prefix is refused until it ends
+    total, dtype = sum(h[3] for h in heads), heads[0][2]
+    def report(k: int, copied: int):
+        if progress:
+            progress(MergeProgress(k, copied, total, time.perf_counter() - t0))
+    with lock_dataset(output_prefix):                 # a second writer is refused until the new pair is in place
         check_new(output_prefix, overwrite)
         remove_stale(bin_path.parent)                 # what a killed merge or prepare left there
         write_metadata(output_prefix, None)           # an old one must not describe the new pair
-        n_all, d_all = sum(h[0] for h in heads), 1 + sum(h[1] - 1 for h in heads)
-        total = sum(h[3] for h in heads)
-        step = max(1, chunk_bytes // 8)   # index entries per chunk
         bin_path.parent.mkdir(parents=True, exist_ok=True)
         tmp_bin, tmp_idx = (p.with_name(f'{p.name}.tmp-{os.getpid()}') for p in (bin_path, idx_path))
-        copied = 0                                  # .bin bytes copied so far
-        base, seqs = 0, 0                           # .bin bytes and sequences of the inputs before this one
-        docs_at = HEADER.size + 12 * n_all + 8      # where the next document-index entry goes
-        report = lambda k: progress and progress(MergeProgress(k, copied, total, time.perf_counter() - t0))
-    try:
-        with _temporary(bin_path) as fb, _temporary(idx_path) as fi:   # locked until both are in place
-            fi.write(HEADER.pack(MAGIC, VERSION, CODES[dtype], n_all, d_all))
-            fi.seek(docs_at - 8)
-            fi.write(bytes(8))   # the document index's one leading 0
-            for k, (p, (n, d, _, size)) in enumerate(zip(prefixes, heads)):
-                ds = IndexedDataset(p)
-                if (len(ds), ds.num_documents + 1) != (n, d):
-                    raise DataError(f'{ds.idx_path}: changed during the merge')
-                for i in range(0, n, step):   # lengths as they are; pointers recomputed from them, as Megatron does
-                    part = ds.sequence_lengths[i:i + step]
-                    ends = np.cumsum(part, dtype=np.int64) * dtype.itemsize + base
-                    fi.seek(HEADER.size + 4 * (seqs + i))
-                    fi.write(part.tobytes())
-                    fi.seek(HEADER.size + 4 * n_all + 8 * (seqs + i))
-                    fi.write((ends - part.astype(np.int64) * dtype.itemsize).tobytes())
-                    base = int(ends[-1])
-                fi.seek(docs_at)
-                for i in range(1, d, step):
-                    fi.write((ds.document_indices[i:i + step] + seqs).tobytes())
-                docs_at, seqs = docs_at + 8 * (d - 1), seqs + n
-                bin_file = ds.bin_path
-                del ds
-                with open(bin_file, 'rb') as src:
-                    for got in _copy_bytes(src, fb, size, chunk_bytes):
-                        copied += got
-                        report(k)
-                report(k + 1)
-            fi.truncate(HEADER.size + 12 * n_all + 8 * d_all)
-            fb.flush()
-            fi.flush()
-            idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
-            _fsync_replace(tmp_bin, bin_path)
-            _fsync_replace(tmp_idx, idx_path)
-    except BaseException:
-        for t in (tmp_bin, tmp_idx):
-            t.unlink(missing_ok=True)
-        raise
-    write_metadata(output_prefix, meta)
-    return MergeResult(str(output_prefix), len(prefixes), d_all - 1, n_all, total // dtype.itemsize, dtype,
-                       total + idx_path.stat().st_size, time.perf_counter() - t0)
+        try:
+            with _temporary(bin_path) as fb, _temporary(idx_path) as fi:   # locked until both are in place
+                _write_merge(fb, fi, prefixes, heads, chunk_bytes, report)
+                fb.flush()
+                fi.flush()
+                idx_path.unlink(missing_ok=True)      # an old .idx must never pair with the new .bin
+                _fsync_replace(tmp_bin, bin_path)
+                _fsync_replace(tmp_idx, idx_path)
+        except BaseException:
+            for t in (tmp_bin, tmp_idx):
+                t.unlink(missing_ok=True)
+            raise
+        write_metadata(output_prefix, meta)
+    return MergeResult(str(output_prefix), len(prefixes), sum(h[1] - 1 for h in heads), sum(h[0] for h in heads),
+                       total // dtype.itemsize, dtype, total + idx_path.stat().st_size, time.perf_counter() - t0)
+
