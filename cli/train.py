@@ -10,9 +10,9 @@ from typing import Annotated, List, Optional
 
 import typer
 
-from gptkit.config import CONFIG_BYTES, RunConfig
 from gptkit.errors import ConfigError, GptkitError
 from gptkit.files import read_text
+from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
 from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, run_launcher, train_argv

@@ -35,9 +35,10 @@ from gptkit.store import (
     tag,
 )
 
-from .config import Layout, RunConfig, save_config
 from .errors import ConfigError
 from .files import free_space, full_disk, read_json, size_text, write_atomic
+from .layout import Layout
+from .runconfig import RunConfig, save_config
 
 log = logging.getLogger(__name__)
 
@@ -536,7 +537,7 @@ def _known_settings(d: dict, where: Path) -> dict:
 
 def read_config(folder: Path) -> RunConfig:
     "The RunConfig saved with a checkpoint (settings that gptkit has since dropped are ignored, with a warning)"
-    from gptkit.config import from_dict
+    from gptkit.runconfig import from_dict
     path = Path(folder) / 'config.json'
     if not path.exists():
         raise CheckpointError(f'{folder} has no config.json')

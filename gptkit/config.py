@@ -7,23 +7,16 @@ errors that name the key."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterable
 
-from .errors import ConfigError, check, shorten, shown
-from .files import read_text, write_atomic
+from .errors import ConfigError, check, shown
 
 # %% auto #0
 __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS',
-           'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES',
-           'CONFIG_DEPTH', 'parse_size', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig',
-           'Layout', 'BatchPlan', 'validate_layout', 'OptimConfig', 'parse_blend', 'DataConfig', 'RunConfig',
-           'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'save_config']
+           'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig',
+           'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -52,7 +45,7 @@ MOST = {'layers': 10_000, 'hidden': 1_000_000, 'heads': 100_000, 'kv_heads': 100
         'eval_iters': 10**6, 'seed': 2**63 - 1}
 MOST_COUNT = 10**12   # any other count: intervals, checkpoints kept, bad steps in a row
 
-def _positive(values: dict) -> list[tuple[str, str]]:
+def positive_problems(values: dict) -> list[tuple[str, str]]:
     "Problems for the `values` (name -> value) that are set but are not positive integers up to their `MOST`"
     out = []
     for n, v in values.items():
@@ -103,8 +96,9 @@ class ModelConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         "Everything wrong with these values"
-        out = _positive({n: getattr(self, n) for n in ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden',
-                                                        'make_vocab_size_divisible_by', 'kv_heads')})
+        counts = ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden', 'make_vocab_size_divisible_by',
+                  'kv_heads')
+        out = positive_problems({n: getattr(self, n) for n in counts})
         bad = {k for k, _ in out}
         if not bad & {'hidden', 'heads'} and self.hidden % self.heads:
             out.append(('heads', f'{{key}} = {self.heads} must divide the hidden size {self.hidden}'))
@@ -220,7 +214,7 @@ class ParallelConfig:
         return self.tp * self.pp * self.dp
 
     def problems(self) -> list[tuple[str, str]]:
-        out = _positive({'tp': self.tp, 'pp': self.pp, 'dp': self.dp})
+        out = positive_problems({'tp': self.tp, 'pp': self.pp, 'dp': self.dp})
         if self.zero not in (0, 1, 2, 3):
             out.append(('zero', f'{{key}} must be 0, 1, 2 or 3, not {shown(self.zero)}'))
         if self.offload not in OFFLOADS:
@@ -264,9 +258,9 @@ class TrainConfig:
                                    # thread's stack and exit 124 (None: wait forever)
 
     def problems(self) -> list[tuple[str, str]]:
-        out = _positive({k: getattr(self, k) for k in ('micro_batch', 'global_batch', 'iters', 'tokens',
-                                                        'eval_interval', 'log_interval', 'save_interval', 'keep',
-                                                        'max_bad_steps')})
+        counts = ('micro_batch', 'global_batch', 'iters', 'tokens', 'eval_interval', 'log_interval', 'save_interval',
+                  'keep', 'max_bad_steps')
+        out = positive_problems({k: getattr(self, k) for k in counts})
         for k in ('eval_iters', 'seed'):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MOST[k]:
@@ -282,146 +276,6 @@ class TrainConfig:
         if self.recompute not in RECOMPUTE:
             out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {shown(self.recompute)}"))
         return out
-
-# %% ../nbs/00_config.ipynb #1980faaa
-@dataclass(frozen=True)
-class Layout:
-    "A job's parallel degrees and how the model is split; ranks ordered TP fastest, then DP, then PP (Megatron's order)"
-    tp: int = 1                      # tensor-parallel degree
-    pp: int = 1                      # pipeline-parallel degree
-    dp: int = 1                      # data-parallel degree: model replicas
-    sequence_parallel: bool = False  # the TP ranks also split the sequence outside the linear layers
-    balance: str = 'layers'          # pipeline stages balanced by 'layers' or 'parameters'
-
-    def __post_init__(self):
-        bad = [(k, v) for k, v in (('tp', self.tp), ('pp', self.pp), ('dp', self.dp))
-               if not isinstance(v, int) or isinstance(v, bool) or v < 1]
-        check([(k, f'{{key}} must be a whole number of at least 1, not {shown(v)}') for k, v in bad])
-
-    @classmethod
-    def build(cls, par: ParallelConfig, world: int | None = None, model: ModelConfig | None = None,
-              gpus_per_node: int | None = None) -> Layout:
-        "`par` on `world` processes (dp = world / (tp x pp); None: the planned `par.dp`), checked against `model`"
-        check(_positive({'tp': par.tp, 'pp': par.pp, 'world': world}))
-        mp = par.tp * par.pp                      # one model replica
-        if world is not None and world % mp:
-            raise ConfigError([('tp', f'{{key}} {par.tp} x pp {par.pp} = {mp} must divide the {world} processes')])
-        dp = par.dp if world is None else world // mp
-        layout = cls(par.tp, par.pp, dp, par.sequence_parallel, par.balance)
-        check(layout.problems(model, gpus_per_node))
-        return layout
-
-    @classmethod
-    def for_world(cls, world: int, tp: int = 1, pp: int = 1) -> Layout:
-        "The layout of `world` ranks with the given TP and PP degrees (DP is what is left)"
-        return cls.build(ParallelConfig(tp=tp, pp=pp), world)
-
-    def problems(self, model: ModelConfig | None = None, gpus_per_node: int | None = None) -> list[tuple[str, str]]:
-        "What makes this layout impossible for `model` on nodes of `gpus_per_node` GPUs"
-        out = []
-        if model is not None:
-            if model.heads % self.tp:
-                out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
-            elif model.ffn % self.tp:
-                out.append(('tp', f'{{key}} {self.tp} must divide the MLP width {model.ffn}'))
-            elif model.kv % self.tp and self.tp % model.kv:       # fewer KV heads than ranks: each is replicated
-                out.append(('tp', f'{{key}} {self.tp} must divide model.kv_heads {model.kv} or be a multiple of it'))
-            if model.layers % self.pp:
-                out.append(('pp', f'{{key}} {self.pp} must divide the {model.layers} layers'))
-            if self.sequence_parallel and model.seq_len % self.tp:
-                out.append(('sequence_parallel',
-                            f'{{key}} needs model.seq_len {model.seq_len} divisible by tp {self.tp}'))
-        if gpus_per_node and self.tp > gpus_per_node:
-            out.append(('tp', f'{{key}} {self.tp} spans more than one node of {gpus_per_node} GPUs; '
-                              'tensor parallelism needs the fast links inside a node'))
-        return out
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        "(tp_rank, dp_rank, pp_rank) of a global rank"
-        return rank % self.tp, rank // self.tp % self.dp, rank // (self.tp * self.dp)
-
-    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
-
-    def groups(self, kind: str) -> list[list[int]]:
-        "Every group of `kind` as lists of global ranks: 'tp', 'dp', 'pp', 'mp' (one model replica) or 'embedding'"
-        if kind == 'embedding':   # the first and last stage of each pipeline, which both hold the tied embedding
-            return [sorted({g[0], g[-1]}) for g in self.groups('pp')]
-        axes = {'tp': (0,), 'dp': (1,), 'pp': (2,), 'mp': (0, 2)}[kind]
-        found = {}
-        for r in range(self.world):
-            c = list(self.coords(r))
-            for a in axes:
-                c[a] = 0
-            found.setdefault(tuple(c), []).append(r)
-        return list(found.values())
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Layout:
-        "The layout `to_dict` wrote; keys it lacks (state.json of older checkpoints) take their defaults"
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-# %% ../nbs/00_config.ipynb #cb3500ab
-@dataclass(frozen=True)
-class BatchPlan:
-    "The shape of every optimizer step and the run's length in steps"
-    micro_batch: int     # sequences per process in one forward and backward
-    accumulation: int    # micro-batches each data-parallel replica runs per step (gradient accumulation)
-    dp: int              # data-parallel replicas, each on different sequences
-    seq_len: int         # tokens per sequence
-    iters: int           # optimizer steps in the run
-
-    @staticmethod
-    def problems(train: TrainConfig, dp: int) -> list[tuple[str, str]]:
-        "Whether `train`'s global batch splits into whole micro-batches over `dp` replicas"
-        batch, per = train.global_batch or train.micro_batch * dp, train.micro_batch * dp
-        if batch % per:
-            return [('global_batch', f'{{key}} {batch} must be a multiple of micro-batch x data-parallel = '
-                                     f'{train.micro_batch} x {dp} = {per}')]
-        return []
-
-    @classmethod
-    def build(cls, train: TrainConfig, layout: Layout, seq_len: int) -> BatchPlan:
-        "`train` on `layout`: `train.iters` steps, or enough for `train.tokens` (one step when neither is set)"
-        check(cls.problems(train, layout.dp))
-        mb, dp = train.micro_batch, layout.dp
-        batch = train.global_batch or mb * dp
-        tokens_per_step = batch * seq_len
-        iters = train.iters or -(-(train.tokens or tokens_per_step) // tokens_per_step)
-        return cls(mb, batch // (mb * dp), dp, seq_len, iters)
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.accumulation * self.dp
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
-
-    @property
-    def tokens(self) -> int:
-        return self.iters * self.tokens_per_step
-
-# %% ../nbs/00_config.ipynb #400a9574
-def validate_layout(model: ModelConfig, par: ParallelConfig, train: TrainConfig,
-                    gpus_per_node: int | None = None):
-    "Raise one `ConfigError` listing everything that makes this layout impossible (the planned `par.dp` replicas)"
-    out = par.problems() + train.problems()
-    bad = {k for k, _ in out}
-    if not bad & {'tp', 'pp', 'dp', 'balance'}:
-        layout = Layout(par.tp, par.pp, par.dp, par.sequence_parallel, par.balance)
-        out += layout.problems(model, gpus_per_node)
-        if not bad & {'micro_batch', 'global_batch'}:
-            out += BatchPlan.problems(train, layout.dp)
-    check(out)
 
 # %% ../nbs/00_config.ipynb #2788f992
 @dataclass(frozen=True)
@@ -532,266 +386,3 @@ class DataConfig:
         b = parse_blend(getattr(self, key), key)
         return None if b is None else (f'data.{key}', *b)
 
-
-# %% ../nbs/00_config.ipynb #08994896
-SECTIONS = ('model', 'data', 'parallel', 'train', 'optim')
-
-@dataclass(frozen=True)
-class RunConfig:
-    "Everything a training run needs, section by section"
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
-    parallel: ParallelConfig = ParallelConfig()
-    train: TrainConfig = TrainConfig()
-    optim: OptimConfig = OptimConfig()
-    out: str = 'runs/gpt'          # run folder: config, logs, TensorBoard events, checkpoints
-    preset: str | None = None      # the preset it started from, for the record
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @property
-    def layout(self) -> Layout:
-        "The parallel layout (with `parallel.dp` replicas: see `for_world`)"
-        return _section_keys(lambda: Layout.build(self.parallel, model=self.model))
-
-    @property
-    def plan(self) -> BatchPlan:
-        "The shape of each step and the number of steps, on `layout`"
-        return _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
-
-    @property
-    def iters(self) -> int:
-        return self.plan.iters
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.plan.tokens_per_step
-
-    def for_world(self, world: int) -> RunConfig:
-        "This run on `world` processes: `parallel.dp` becomes what tp x pp leave of them (checked, batch plan included)"
-        layout = _section_keys(lambda: Layout.build(self.parallel, world, self.model))
-        run = dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, dp=layout.dp))
-        # refuse a global batch that these replicas cannot split
-        _section_keys(lambda: BatchPlan.build(run.train, layout, run.model.seq_len))
-        return run
-
-# %% ../nbs/00_config.ipynb #de8410d6
-_CLASSES = {'model': ModelConfig, 'data': DataConfig, 'parallel': ParallelConfig, 'train': TrainConfig,
-            'optim': OptimConfig}
-_LAYOUT_KEYS = {**{k: f'parallel.{k}' for k in ('tp', 'pp', 'dp', 'zero', 'sequence_parallel', 'offload', 'balance')},
-                **{k: f'train.{k}' for k in ('micro_batch', 'global_batch', 'precision', 'recompute', 'flash')}}
-
-def _section_keys(fn: Callable):
-    "`fn()`, with the keys of a `ConfigError` it raises named by their sections (tp -> parallel.tp)"
-    try:
-        return fn()
-    except ConfigError as e:
-        raise ConfigError([(_LAYOUT_KEYS.get(k, k), m) for k, m in e.problems]) from None
-
-def _section(cls, name: str, values, problems: list):
-    "Build section `name` from `values`, adding its problems (under dotted keys) to `problems`"
-    if not isinstance(values, dict):
-        problems.append((name, f'{{key}} must be a mapping of settings, not {shown(values)}'))
-        return None
-    known = {f.name for f in dataclasses.fields(cls)}
-    for k in values:
-        if k not in known:
-            problems.append((f'{name}.{shorten(str(k))}',
-                             f"{{key}} is not a setting; {name} has {', '.join(sorted(known))}"))
-    values = {k: v for k, v in values.items() if k in known}
-    if name == 'train' and isinstance(values.get('tokens'), str):   # sizes like '300B' read as numbers
-        try:
-            values['tokens'] = parse_size(values['tokens'], 'train.tokens')
-        except ConfigError as e:
-            problems += e.problems
-            values.pop('tokens')
-    obj = cls.__new__(cls)                       # fill the fields without running __post_init__'s check ...
-    for f in dataclasses.fields(cls):
-        object.__setattr__(obj, f.name, values.get(f.name, f.default))
-    found = obj.problems()                       # ... so all problems are collected here, under dotted keys
-    problems += [(f'{name}.{k}', m) for k, m in found]
-    return None if found else cls(**values)
-
-def from_dict(d: dict) -> RunConfig:
-    "A validated `RunConfig` from a (possibly partial) nested dict; every problem is reported at once"
-    if not isinstance(d, dict):
-        raise ConfigError([('config', f'{{key}} must be a mapping of sections, not {type(d).__name__}')])
-    problems = [(shorten(str(k)), f"{{key}} is not a section; a run config has {', '.join(SECTIONS)}, out and preset")
-                for k in d if k not in (*SECTIONS, 'out', 'preset')]
-    parts = {name: _section(cls, name, d.get(name, {}), problems) for name, cls in _CLASSES.items()}
-    if not problems:
-        try:
-            _section_keys(lambda: validate_layout(parts['model'], parts['parallel'], parts['train']))
-        except ConfigError as e:
-            problems += e.problems
-    check(problems)
-    return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'))
-
-# %% ../nbs/00_config.ipynb #c27c10b8
-CONFIG_BYTES = 2**20    # a run config is a few hundred bytes; a file over a MiB is not one
-CONFIG_NODES = 10_000   # values in a YAML document with its aliases expanded; a run config has about a hundred
-CONFIG_DEPTH = 32       # levels of nesting, aliases expanded; a run config has three
-
-
-# %% ../nbs/00_config.ipynb #5b0c7e25
-def _yaml_size(node, most: int, depth: int) -> int:
-    "Values the YAML `node` stands for, aliases expanded, counted until past `most` (so is nesting past `depth`)"
-    sizes, open_ = {}, set()
-    def size(n, level: int) -> int:
-        if id(n) in sizes:
-            return sizes[id(n)]
-        if id(n) in open_ or level > depth:     # an alias inside its own anchor is endless
-            return most + 1
-        open_.add(id(n))
-        total = 1
-        for kid in n.value if isinstance(n.value, list) else []:
-            for k in kid if isinstance(kid, tuple) else (kid,):   # a mapping's (key, value) pairs
-                if total <= most:
-                    total += size(k, level + 1)
-        open_.discard(id(n))
-        sizes[id(n)] = total
-        return total
-    return size(node, 1)
-
-def _yaml(text: str, key: str, source: str):
-    "(value, node) of the YAML `text` (`source` in errors), read safely; too many values aliases expand to are refused"
-    import yaml
-    too_many = ConfigError([(key, f'{{key}} {source} stands for more than {CONFIG_NODES:,} values or {CONFIG_DEPTH} '
-                                  'levels, counting each value its aliases repeat; a run config has about a hundred')])
-    loader = yaml.SafeLoader(text)
-    compose, composed = loader.compose_node, itertools.count(1)
-    def counted(parent, index):                 # stop composing a long document at once, not after building it
-        if next(composed) > CONFIG_NODES:
-            raise too_many
-        return compose(parent, index)
-    loader.compose_node = counted
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None, None
-        if _yaml_size(node, CONFIG_NODES, CONFIG_DEPTH) > CONFIG_NODES:
-            raise too_many
-        return loader.construct_document(node), node
-    finally:
-        loader.dispose()
-
-def _lines(node) -> dict[str, int]:
-    "The line of each section and `section.key` in a YAML config's node"
-    out = {}
-    for k, v in node.value if node is not None and node.id == 'mapping' else []:
-        out[str(k.value)] = k.start_mark.line + 1
-        for k2, _ in v.value if v.id == 'mapping' else []:
-            out[f'{k.value}.{k2.value}'] = k2.start_mark.line + 1
-    return out
-
-def read_config_file(path: str | Path) -> tuple[dict, dict[str, int]]:
-    "The nested dict in a JSON or YAML config file and the line of each key (YAML); errors name the file"
-    path = Path(path)
-    text = read_text(path, 'config', CONFIG_BYTES)
-    yaml_file = path.suffix.lower() in ('.yaml', '.yml')
-    node = None
-    try:
-        if yaml_file:
-            d, node = _yaml(text, 'config', f'file {path}')
-        else:
-            d = json.loads(text)
-    except ConfigError:
-        raise
-    except Exception as e:
-        where = f' (line {e.lineno})' if getattr(e, 'lineno', None) else ''
-        mark = getattr(e, 'problem_mark', None)
-        if mark is not None:
-            where = f' (line {mark.line + 1})'
-        why = getattr(e, 'msg', None) or getattr(e, 'problem', None) or e
-        raise ConfigError([('config', f'{{key}} file {path}{where} is not valid {"YAML" if yaml_file else "JSON"}: '
-                                      f'{shorten(str(why))}')]) from None
-    if not isinstance(d, dict):
-        raise ConfigError([('config', f'{{key}} file {path} must hold a mapping of sections, not {type(d).__name__}')])
-    return d, _lines(node)
-
-def load_file(path: str | Path) -> dict:
-    "The nested dict in a JSON or YAML config file; errors name the file"
-    return read_config_file(path)[0]
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-    for k, v in extra.items():
-        out[k] = {**out.get(k, {}), **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-def apply_sets(d: dict, sets: Iterable[str]) -> dict:
-    "`d` with each `section.key=value` override applied (the value read as YAML)"
-    import yaml
-    d, problems = _merge(d, {}), []
-    for item in sets:
-        key, eq, value = str(item).partition('=')
-        section, dot, name = key.strip().partition('.')
-        if not eq or not dot or not name or section not in SECTIONS:
-            problems.append(('set', f"{{key}} {shown(item)} must look like section.key=value "
-                                    f"with a section among {', '.join(SECTIONS)}"))
-            continue
-        try:
-            parsed = _yaml(value, 'set', shown(item))[0] if value.strip() else None
-        except ConfigError as e:
-            problems += e.problems
-            continue
-        except (yaml.YAMLError, ValueError, RecursionError):   # not YAML (or a number too long to read): the text
-            parsed = value
-        if isinstance(parsed, str) and re.fullmatch(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+', parsed.strip()):
-            parsed = float(parsed)          # YAML 1.1 reads 3e-3 as a string; people mean the number
-        d.setdefault(section, {})[name] = parsed
-    check(problems)
-    return d
-
-# %% ../nbs/00_config.ipynb #6a67b34d
-def preset_dict(name: str) -> dict:
-    "The config sections a preset sets: its model, peak lr and global batch"
-    p = get_preset(name)
-    return {'preset': name.lower(), 'model': p.model.to_dict(), 'optim': {'lr': p.lr},
-            'train': {'global_batch': p.global_batch}}
-
-def _keys(d: dict) -> set[str]:
-    "Every section and `section.key` a nested config dict sets"
-    out = set(d)
-    for s, v in d.items():
-        if isinstance(v, dict):
-            out |= {f'{s}.{k}' for k in v}
-    return out
-
-def _from_file(problems: list, keys: set[str], file, lines: dict[str, int]) -> list:
-    "`problems` with each key in `keys` (set by the config `file`) named with the file and its line"
-    out = []
-    for k, m in problems:
-        if k in keys:
-            k = f'{k} ({file}, line {lines[k]})' if k in lines else f'{k} ({file})'
-        out.append((k, m))
-    return out
-
-def resolve(preset: str | None = None, file: str | Path | None = None, sets: Iterable[str] = (),
-            overrides: dict | None = None, defaults: dict | None = None, **top) -> RunConfig:
-    "The `RunConfig` from `defaults`, a preset, a file, `section.key=value` strings, `overrides`, then `top` (out=)"
-    d = _merge(defaults or {}, preset_dict(preset) if preset else {})
-    from_file, lines = {}, {}
-    if file is not None:
-        from_file, lines = read_config_file(file)
-        d = _merge(d, from_file)
-    d = apply_sets(d, sets)
-    if overrides:
-        d = _merge(d, overrides)
-    top = {k: v for k, v in top.items() if v is not None}
-    d.update(top)
-    later = {str(s).partition('=')[0].strip() for s in sets} | _keys(overrides or {}) | set(top)
-    try:
-        return from_dict(d)
-    except ConfigError as e:
-        raise ConfigError(_from_file(e.problems, _keys(from_file) - later, file, lines)) from None
-
-def save_config(cfg: RunConfig, path: str | Path):
-    "Write `cfg` as JSON (or YAML by suffix), atomically"
-    path = Path(path)
-    text = json.dumps(cfg.to_dict(), indent=2) + '\n'
-    if path.suffix.lower() in ('.yaml', '.yml'):
-        import yaml
-        text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-    write_atomic(path, text)

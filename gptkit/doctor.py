@@ -12,8 +12,8 @@ import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from .config import resolve
 from .engine import free_port
+from .runconfig import resolve
 
 # %% auto #0
 __all__ = ['PACKAGES', 'Check', 'versions', 'device_checks', 'kernel_checks', 'train_check', 'allreduce_bandwidth',

@@ -12,7 +12,9 @@ import os
 import socket
 from dataclasses import dataclass
 
-from .config import BatchPlan, OptimConfig, RunConfig
+from .config import OptimConfig
+from .layout import BatchPlan
+from .runconfig import RunConfig
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,16 @@ from typing import NamedTuple
 from gptkit.config import (
     GPT3_PRESETS,
     PRESETS,
-    BatchPlan,
-    Layout,
     ModelConfig,
     ParallelConfig,
     Preset,
     TrainConfig,
     get_preset,
     parse_size,
-    validate_layout,
 )
 
 from .errors import ConfigError, check
+from .layout import BatchPlan, Layout, validate_layout
 from .params import layer_numel, param_table, stage_extras, stage_layers
 
 # %% auto #0

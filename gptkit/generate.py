@@ -236,7 +236,7 @@ def tensor_parallel_part(model, tp: int):
     "This rank's tensor-parallel part of the whole `model` (in place), in a torch.distributed job of `tp` processes"
     import torch.distributed as dist
 
-    from gptkit.config import Layout
+    from gptkit.layout import Layout
     from gptkit.parallel import ParallelState, apply_tp
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world != tp:

@@ -14,10 +14,11 @@ import shutil
 from pathlib import Path
 
 from .checkpoint import check_shapes, checkpoint_parts, read_torch_file, save
-from .config import ModelConfig, RunConfig, save_config
+from .config import ModelConfig
 from .errors import ConfigError, shown
 from .files import read_json, read_text, write_atomic
 from .params import hf_family, param_table, stage_layers
+from .runconfig import RunConfig, save_config
 from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
 
 log = logging.getLogger(__name__)
@@ -560,8 +561,8 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
 
     import torch
 
-    from gptkit.config import Layout
     from gptkit.errors import check
+    from gptkit.layout import Layout
     from gptkit.parallel import shard_weights
     from gptkit.tokenizer import save as save_tokenizer
     folder, cfg, state, weights, tok = checkpoint_parts(path)

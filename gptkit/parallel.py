@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .config import Layout
 from .errors import ConfigError, check
+from .layout import Layout
 from .model import RMSNorm, rms_norm
 from .params import Param, layer_table, param_table, stage_extras, stage_layers
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import RunConfig
 from .errors import ConfigError
 from .files import check_folder, json_text, write_atomic
+from .runconfig import RunConfig
 from .train import Callback
 
 # %% auto #0

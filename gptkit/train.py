@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt, store
-from .config import BatchPlan, RunConfig, resolve, save_config
 from .errors import ConfigError, DataError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .files import json_text, written
+from .layout import BatchPlan
+from .runconfig import RunConfig, resolve, save_config
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,16 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from gptkit.config import GPT3_PRESETS, PRESETS, ModelConfig, ParallelConfig, TrainConfig
-from gptkit.estimate import (GPUS, closed_form_params, count_params, embedding_activations, memory_per_gpu, model_states,
-                             narayanan_params, search)
+from gptkit.estimate import (
+    GPUS,
+    closed_form_params,
+    count_params,
+    embedding_activations,
+    memory_per_gpu,
+    model_states,
+    narayanan_params,
+    search,
+)
 
 
 def _divisors(n): return [k for k in range(1, n + 1) if n % k == 0]
@@ -125,8 +133,10 @@ def test_search_prints_layouts_as_gptkit_train_options():
     import json
     import re
     import shlex
+
     from typer.testing import CliRunner
-    from gptkit.config import resolve
+
+    from gptkit.runconfig import resolve
     from gptkit_cli.main import app
     r = CliRunner().invoke(app, ['estimate', '--params', '13B', '--search', '--gpus', '64', '--top', '4', '--json'])
     rows = json.loads(r.output)

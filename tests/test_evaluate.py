@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_SETS, torch_threads
 from typer.testing import CliRunner
 
-from conftest import TINY_SETS, torch_threads
 from gptkit import evaluate as ev
 from gptkit.checkpoint import load_model
-from gptkit.config import resolve
 from gptkit.data.corpus import HELD_OUT, read_documents
+from gptkit.runconfig import resolve
 from gptkit_cli.main import app
 
 CLOZE = Path(__file__).parent / 'data' / 'cloze_kjv.jsonl'

@@ -13,8 +13,8 @@ from conftest import TINY_SETS
 from typer.testing import CliRunner
 
 from gptkit import store
-from gptkit.config import resolve
 from gptkit.errors import ConfigError, DiskFullError
+from gptkit.runconfig import resolve
 from gptkit.store import CheckpointError
 from gptkit.train import TrainingError, train
 from gptkit_cli.main import app

@@ -25,7 +25,7 @@ def test_an_old_checkpoint_loads_with_the_same_logits(legacy_run):
 
 
 def test_an_old_checkpoint_resumes_to_the_losses_of_the_uninterrupted_run(legacy_run):
-    from gptkit.config import resolve
+    from gptkit.runconfig import resolve
     from gptkit.train import train
     expected = json.loads((legacy_run / 'expected.json').read_text())
     data = {'prefix': str(FIXTURE / 'data' / 'kjv_text_document'), 'tokenizer': str(legacy_run / 'tokenizer')}
@@ -41,6 +41,7 @@ def test_an_old_checkpoint_is_inspected_and_exported(legacy_run, tmp_path):
     info = inspect(legacy_run)
     assert info['iteration'] == 3
     from typer.testing import CliRunner
+
     from gptkit_cli.main import app
     r = CliRunner().invoke(app, ['checkpoint', 'export', str(legacy_run), str(tmp_path / 'hf'), '--to', 'hf'])
     assert r.exit_code == 0, r.output

@@ -3,8 +3,9 @@ rank against the tensors each rank of every TP x PP layout and balance holds (bi
 import pytest
 import torch
 
-from gptkit.config import PRESETS, Layout, ModelConfig
+from gptkit.config import PRESETS, ModelConfig
 from gptkit.estimate import count_params
+from gptkit.layout import Layout
 from gptkit.model import GPT
 from gptkit.parallel import shard_weights
 from gptkit.params import INIT_GROUPS, TP_ROLES, param_table, stage_layers

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_SETS
+
 from gptkit import checkpoint as ckpt, store
-from gptkit.config import resolve
+from gptkit.runconfig import resolve
 from gptkit.train import train
 
 # 4 samples per step: 2 processes x micro-batch 2, or 1 process x micro-batch 2 x 2 accumulation steps

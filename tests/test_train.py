@@ -17,8 +17,8 @@ import torch
 from conftest import TINY_SETS, run_here
 
 from gptkit import store
-from gptkit.config import resolve
 from gptkit.errors import ConfigError, DataError
+from gptkit.runconfig import resolve
 from gptkit.train import TrainingError, data_plan, train
 
 
@@ -366,7 +366,8 @@ def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
 
 def test_the_blend_check_on_resume(tmp_path):
     "Resuming compares blends by prefixes and normalized weights; a checkpoint that names no data (an import) takes any"
-    from gptkit.config import DataConfig, RunConfig, save_config
+    from gptkit.config import DataConfig
+    from gptkit.runconfig import RunConfig, save_config
     from gptkit.train import _check_same_data
     def saved(**data):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))

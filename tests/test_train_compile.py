@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from gptkit.config import resolve
 from gptkit.engine import build_engine, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.model import GPT
+from gptkit.runconfig import resolve
 
 
 def losses(zero: int, recompute: str, compiled: bool, steps: int = 3) -> list[float]:
