@@ -9,8 +9,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import resource
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -24,10 +26,13 @@ from typing import Iterable
 import numpy as np
 import regex
 import tiktoken
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
 from .errors import ConfigError, DataError
 from .files import check_folder, read_json, read_text, written
+from .store import check_output_outside_runs
 
 # %% auto #0
 __all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset',
@@ -292,12 +297,10 @@ CHAT_SAMPLE = [{'role': 'user', 'content': 'Hello.'}, {'role': 'assistant', 'con
 
 def _refuse(message: str):
     "`raise_exception(message)` in a template, as transformers offers it: the template refuses the conversation"
-    from jinja2.exceptions import TemplateError
     raise TemplateError(message)
 
 def compile_chat(template: str):
     "`template` compiled as transformers compiles chat templates: sandboxed, blocks trimmed, with loop controls"
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=['jinja2.ext.loopcontrols'])
     env.globals['raise_exception'] = _refuse
     return env.from_string(template)
@@ -317,7 +320,6 @@ def _reason(e: BaseException) -> str:
 
 def _limit_memory(budget: int):
     "Let this process map at most `budget` bytes more than it maps now (Linux; elsewhere only the time limit holds)"
-    import resource
     try:
         with open('/proc/self/status') as f:
             now = next(int(line.split()[1]) * 1024 for line in f if line.startswith('VmSize:'))
@@ -358,7 +360,6 @@ def _render_loop():
     compile the template its parent sends, then render each conversation it is sent (a JSON line in, a JSON line
     out) until its input ends. A render or compile that runs out of memory ends it; so does one that takes over
     `seconds` + 1, should its parent not have killed it first (a parent that has gone)"""
-    import signal
     _limit_memory(int(sys.argv[1]))
     signal.signal(signal.SIGALRM, lambda *_: os._exit(3))
     _say(started=True)
@@ -522,7 +523,6 @@ TOKENIZER_FILES = ('tokenizer.json', 'vocab.json', 'merges.txt')
 
 def check_new_tokenizer(directory: str | Path, overwrite: bool = False, key: str = 'output') -> Path:
     "`directory` for a new tokenizer: not in a run's checkpoints/ or a run being written, over one if `overwrite`"
-    from gptkit.store import check_output_outside_runs
     d = check_folder(directory, key)
     check_output_outside_runs(d, f"--{key.replace('_', '-')}")
     there = [n for n in TOKENIZER_FILES if (d / n).is_file()]
