@@ -6,22 +6,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
 import math
 import os
 import random
-import re
 import shutil
-import signal
 import traceback
-import types
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
-from pathlib import Path, PosixPath
+from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from gptkit.store import (
     CheckpointError,
@@ -32,20 +32,25 @@ from gptkit.store import (
     newest,
     read_state,
     stale_temporaries,
+    state_text,
     tag,
 )
 
 from .errors import ConfigError
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
-from .runconfig import RunConfig, save_config
+from .model import GPT
+from .parallel import merge_weights
+from .runconfig import RunConfig, from_dict, save_config
+from .tokenizer import load as load_tokenizer
+from .torch_files import deepspeed_reads_safely, read_torch_file
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'SAFE_TYPES', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'Foreign', 'read_torch_file',
-           'deepspeed_reads_safely', 'save', 'prune', 'saved_layout', 'partitioned', 'to_universal', 'load',
-           'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'check_device', 'load_model', 'inspect']
+__all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'save', 'prune', 'saved_layout', 'partitioned',
+           'to_universal', 'load', 'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'check_device',
+           'load_model', 'inspect']
 
 # %% ../nbs/12b_checkpoint.ipynb #fab65e32
 def model_shapes(model) -> dict[str, list[int]]:
@@ -65,153 +70,17 @@ def check_shapes(saved: dict, model, where: str):
 
 # %% ../nbs/12b_checkpoint.ipynb #5ee31678
 def rng_state() -> dict:
-    import torch
     s = {'python': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
     if torch.cuda.is_available():
         s['cuda'] = torch.cuda.get_rng_state()
     return s
 
 def set_rng_state(s: dict):
-    import torch
     random.setstate(s['python'])
     np.random.set_state(s['numpy'])
     torch.set_rng_state(s['torch'])
     if 'cuda' in s and torch.cuda.is_available():
         torch.cuda.set_rng_state(s['cuda'])
-
-# %% ../nbs/12b_checkpoint.ipynb #32e4f823
-class Foreign:
-    "A stand-in for a class of another program (a Megatron enum or config) named in a file: its values, nothing run"
-    def __init__(self, *args):
-        self.args = args
-
-    def __repr__(self):
-        return f'{type(self).__name__}{self.args}'
-
-_STAND_INS: dict = {}
-
-def _stand_in(name: str):
-    "A getter of the `Foreign` subclass standing for `name` (module.Class), the same class at every call"
-    return lambda: _STAND_INS.setdefault(name, type(name.rsplit('.', 1)[1], (Foreign,), {'__module__': __name__}))
-
-def _imported(module: str, name: str):
-    "A getter of `module.name`, imported only when a file needs it"
-    def get():
-        import importlib
-        return getattr(importlib.import_module(module), name)
-    return get
-
-def _numpy_rebuild():
-    "numpy's array rebuilder (numpy._core.multiarray._reconstruct; numpy.core.multiarray before numpy 2)"
-    return np.zeros(0).__reduce__()[0]
-
-_MEGATRON = ('megatron.core.enums.ModelType', 'megatron.core.transformer.enums.AttnBackend',
-             'megatron.core.transformer.enums.CudaGraphScope',
-             'megatron.core.optimizer.optimizer_config.OptimizerConfig',
-             'megatron.core.rerun_state_machine.RerunDiagnostic', 'megatron.core.rerun_state_machine.RerunMode',
-             'megatron.core.rerun_state_machine.RerunState')
-
-# name a file gives a type -> how to get it; besides torch's own weights_only set, nothing else is ever built
-SAFE_TYPES = {
-    # numpy's random state: rng_rank_*.pt and Megatron's rng_state (numpy 2 names, and numpy 1's)
-    'numpy._core.multiarray._reconstruct': _numpy_rebuild, 'numpy.core.multiarray._reconstruct': _numpy_rebuild,
-    'numpy.ndarray': lambda: np.ndarray, 'numpy.dtype': lambda: np.dtype,
-    'numpy.dtypes.UInt32DType': lambda: np.dtypes.UInt32DType,
-    # DeepSpeed's optimizer states (ZeRO 1-3, BF16 optimizer, fp16 loss scalers) and its universal checkpoints
-    **{f'{m}.{n}': _imported(m, n) for m, n in (
-        ('deepspeed.runtime.zero.config', 'ZeroStageEnum'), ('deepspeed.utils.tensor_fragment', 'fragment_address'),
-        ('deepspeed.runtime.fp16.loss_scaler', 'LossScaler'),
-        ('deepspeed.runtime.fp16.loss_scaler', 'DynamicLossScaler'))},
-    # Megatron-LM's model_optim_rng.pt: args, and what megatron/core/safe_globals.py lists
-    'argparse.Namespace': lambda: argparse.Namespace, 'types.SimpleNamespace': lambda: types.SimpleNamespace,
-    'pathlib.PosixPath': lambda: PosixPath, 'pathlib._local.PosixPath': lambda: PosixPath,
-    '_io.BytesIO': lambda: io.BytesIO, 'signal.Signals': lambda: signal.Signals,
-    **{n: _stand_in(n) for n in _MEGATRON},
-}
-
-# types a file builds without naming them: numpy.dtype('u4') is a numpy.dtypes.UInt32DType (the random states')
-_BUILT_BY = {'numpy.dtype': ['numpy.dtypes.UInt32DType']}
-
-def _file_name(f) -> str:
-    "A path as given, or an open file's name"
-    return str(f if isinstance(f, (str, os.PathLike)) else getattr(f, 'name', f))
-
-def _refused(f, name: str) -> CheckpointError:
-    return CheckpointError(f'{_file_name(f)} was not loaded: it asks for the Python object {name}, which '
-                           'checkpoint files do not hold and which could run code')
-
-def _unpickle_error(f, e: Exception) -> CheckpointError:
-    "The one sentence for torch's refusal `e` of file `f`: the object it asked for, or torch's reason"
-    text = str(e)
-    asked = re.search(r"GLOBAL (\S+)|but got <class '([^']+)'>|unrecognized function (\S+)", text)
-    if asked:
-        return _refused(f, next(g for g in asked.groups() if g))
-    reason = text.split('WeightsUnpickler error:')[-1].strip() or text
-    first = reason.splitlines()[0][:160]
-    return CheckpointError(f'{_file_name(f)} was not loaded: it is not a plain torch file ({first})')
-
-def _first_sentence(e: Exception) -> str:
-    "The first sentence of `e`'s message (torch's go on for lines), or its type"
-    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    text = re.split(r'(?<=\.)\s', text)[0]
-    return text if len(text) <= 160 else text[:157] + '...'
-
-def _wanted(f) -> list[str]:
-    "The types outside torch's weights_only set that file `f` needs (every allowed one for torch's pre-1.6 format)"
-    import torch
-    try:
-        named = torch.serialization.get_unsafe_globals_in_checkpoint(f)
-    except ValueError:                 # not a zip file: torch lists nothing, and every allowed type is offered
-        named = list(SAFE_TYPES)
-    finally:
-        if hasattr(f, 'seek'):
-            f.seek(0)
-    return sorted({*named, *(n for x in named for n in _BUILT_BY.get(x, []))})
-
-def _torch_load(f, map_location, mmap: bool):
-    "torch's weights_only load of `f`; a file in torch's pre-1.6 format, which cannot be mapped, is read whole"
-    import torch
-    try:
-        return torch.serialization.load(f, map_location=map_location, weights_only=True, mmap=mmap)
-    except RuntimeError as e:
-        if not mmap or 'mmap can only be used' not in str(e):
-            raise
-    return torch.serialization.load(f, map_location=map_location, weights_only=True)
-
-def read_torch_file(f, map_location='cpu', mmap: bool = False):
-    "What `torch.save` wrote to `f`, built by torch's weights_only unpickler from tensors, plain values, `SAFE_TYPES`"
-    import pickle
-
-    import torch
-    try:
-        wanted = _wanted(f)
-        unknown = sorted(n for n in wanted if n not in SAFE_TYPES)
-        if unknown:
-            raise _refused(f, unknown[0])
-        with torch.serialization.safe_globals([(SAFE_TYPES[n](), n) for n in wanted]):
-            return _torch_load(f, map_location, mmap)
-    except pickle.UnpicklingError as e:
-        raise _unpickle_error(f, e) from None
-    except (CheckpointError, OSError, MemoryError):
-        raise
-    except Exception as e:          # not what torch.save writes: torch's reader fails in many ways
-        raise CheckpointError(f'{_file_name(f)} cannot be read as a torch file: {_first_sentence(e)}') from None
-
-# %% ../nbs/12b_checkpoint.ipynb #552a6747
-@contextmanager
-def deepspeed_reads_safely():
-    "Inside the block, every `torch.load` (DeepSpeed's, with weights_only=False) reads through `read_torch_file`"
-    import torch
-    before = torch.load
-
-    def guarded(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **kwargs):
-        return read_torch_file(f, map_location=map_location, mmap=bool(mmap))
-
-    torch.load = guarded
-    try:
-        yield
-    finally:
-        torch.load = before
 
 # %% ../nbs/12b_checkpoint.ipynb #ad8b23f1
 def _space_short(root: Path) -> str | None:
@@ -230,14 +99,26 @@ def _state_bytes(engine) -> int:
     "What a checkpoint of `engine` holds at least: the weights, and Adam's two fp32 moments and fp32 master weights"
     return sum(p.numel() * (p.element_size() + 12) for p in engine.module.parameters())
 
+def _not_written(e: BaseException, engine, root: Path, final: Path) -> CheckpointError | None:
+    "The one sentence for a write of checkpoint `final` that failed with `e` (a full disk, an OS error), else None"
+    # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...', 'unexpected
+    # pos ...'), without errno
+    full = full_disk(e, root, None)
+    if not isinstance(e, OSError) and not (isinstance(e, RuntimeError) and ('writ' in str(e) or full)):
+        return None
+    before = newest(root)
+    kept = f'the previous checkpoint {before} is intact' if before else 'no earlier checkpoint exists'
+    if full:
+        why = (f'the disk is full (at least {size_text(_state_bytes(engine))} needed, '
+               f'{size_text(free_space(root))} free)')
+    else:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
+    return CheckpointError(f'could not write checkpoint {final}: {why}; {kept}')
+
 def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
          layout: Layout | None = None, shapes: dict | None = None) -> Path:
     "Save the engine's whole state as `root/iter_XXXXXXX` atomically; every rank calls it"
-    import torch
-    import torch.distributed as dist
-
-    from gptkit.store import state_text
     root = Path(root)
     name = tag(iteration)
     tmp, final = root / f'.tmp-{name}', root / name
@@ -276,19 +157,10 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
                 traceback.clear_frames(x.__traceback__)
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        # torch.save reports a full disk as a RuntimeError ('PytorchStreamWriter failed writing file ...', 'unexpected
-        # pos ...'), without errno
-        if not isinstance(e, OSError) and not (isinstance(e, RuntimeError) and ('writ' in str(e) or
-                                                                                full_disk(e, root, None))):
-                                                                                    raise
-        before = newest(root)
-        kept = f'the previous checkpoint {before} is intact' if before else 'no earlier checkpoint exists'
-        why = (e.strerror if isinstance(e, OSError) and e.strerror and not full_disk(e, root, None) else
-               f'the disk is full (at least {size_text(_state_bytes(engine))} needed, '
-               f'{size_text(free_space(root))} free)'
-               if full_disk(e, root, None) else
-               str(e).strip().splitlines()[-1])
-        raise CheckpointError(f'could not write checkpoint {final}: {why}; {kept}') from None
+        failure = _not_written(e, engine, root, final)
+        if failure is None:
+            raise
+        raise failure from None
     barrier()
     return final
 
@@ -318,9 +190,6 @@ def partitioned(folder: str | Path) -> bool:
 # %% ../nbs/12b_checkpoint.ipynb #50503939
 def to_universal(src: str | Path, dst: str | Path) -> Path:
     "Convert the DeepSpeed ZeRO checkpoint folder `src` into DeepSpeed's universal layout in the new folder `dst`"
-    import io
-    from contextlib import redirect_stderr, redirect_stdout
-
     from deepspeed.checkpoint import ds_to_universal
     # inject_missing_state: DeepSpeed records the universal-checkpoint info only for AutoTP/MoE models
     args = argparse.Namespace(input_folder=str(src), output_folder=str(dst), num_extract_workers=1, num_merge_workers=1,
@@ -333,7 +202,6 @@ def to_universal(src: str | Path, dst: str | Path) -> Path:
 
 def _share(value):
     "`value` from rank 0, on every rank"
-    import torch.distributed as dist
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     box = [value]
@@ -341,7 +209,6 @@ def _share(value):
     return box[0]
 
 def _barrier():
-    import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
 
@@ -399,7 +266,6 @@ def _ds_version() -> str:
 
 def _repair_zero3(engine, universal: Path):
     "Undo two slips of DeepSpeed's ZeRO-3 universal load: all groups given the first one's settings, one step counter"
-    import torch
     # It copies param_groups[0]'s hyperparameters into every group, so biases and norms would get the matrices'
     # weight decay; the saved groups are put back one by one.
     saved = read_torch_file(universal / 'zero' / 'optimizer_state.pt', mmap=True)['param_groups']
@@ -522,7 +388,6 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
 # %% ../nbs/12b_checkpoint.ipynb #7647c3c9
 def _known_settings(d: dict, where: Path) -> dict:
     "`d` without the settings this version of gptkit no longer has (a checkpoint outlives changes to the config)"
-    import dataclasses
     base, out = RunConfig(), {}
     for k, v in d.items():
         section = getattr(base, k, None)
@@ -537,7 +402,6 @@ def _known_settings(d: dict, where: Path) -> dict:
 
 def read_config(folder: Path) -> RunConfig:
     "The RunConfig saved with a checkpoint (settings that gptkit has since dropped are ignored, with a warning)"
-    from gptkit.runconfig import from_dict
     path = Path(folder) / 'config.json'
     if not path.exists():
         raise CheckpointError(f'{folder} has no config.json')
@@ -568,7 +432,6 @@ def _read_weights(folder: Path) -> dict:
     layout = saved_layout(_verified_state(folder), folder / 'state.json')
     tp, pp = layout.tp, layout.pp
     if tp * pp > 1:
-        from gptkit.parallel import merge_weights
         shards = {}
         for mp in range(tp * pp):
             f = folder / f'mp_rank_{mp:02d}_model_states.pt'
@@ -604,7 +467,6 @@ def _verified_state(folder: Path) -> dict:
 
 def _check_finite(weights: dict, folder: Path):
     "Refuse weights holding NaN or infinite values (a run that diverged before it saved): nothing useful comes out"
-    import torch
     bad = {k: int(v.numel() - torch.isfinite(v).sum()) for k, v in weights.items() if v.is_floating_point()}
     if not any(bad.values()):
         return
@@ -615,9 +477,6 @@ def _check_finite(weights: dict, folder: Path):
 
 def checkpoint_parts(path) -> tuple:
     "(folder, RunConfig, state.json, weights checked against the config, tokenizer or None) of a checkpoint"
-    import torch
-
-    from gptkit.model import GPT
     folder = find(path)
     state, cfg = _verified_state(folder), read_config(folder)
     weights = _read_weights(folder)
@@ -627,13 +486,11 @@ def checkpoint_parts(path) -> tuple:
     _check_finite(weights, folder)
     tok = None
     if (folder / 'tokenizer').is_dir():
-        from gptkit.tokenizer import load as load_tokenizer
         tok = load_tokenizer(folder / 'tokenizer')
     return folder, cfg, state, weights, tok
 
 def check_device(device: str | None, key: str = 'device') -> str | None:
     "`device` if torch can run on it here, else a `ConfigError` naming the setting (None: the caller's default)"
-    import torch
     if device is None:
         return None
     try:
@@ -649,9 +506,6 @@ def check_device(device: str | None, key: str = 'device') -> str | None:
 
 def load_model(path: str | Path, device: str = 'cpu', dtype=None) -> Loaded:
     "Load a gptkit checkpoint (run, checkpoints or iter folder) for inference, with its config and tokenizer"
-    import torch
-
-    from gptkit.model import GPT
     check_device(device)
     folder, cfg, state, weights, tok = checkpoint_parts(path)
     with torch.device('meta'):
@@ -682,7 +536,6 @@ def inspect(path: str | Path) -> dict:
     world, lay = state.get('world_size', 1), saved_layout(state, folder / 'state.json')
     tok = None
     if (folder / 'tokenizer').is_dir():
-        from gptkit.tokenizer import load as load_tokenizer
         t = load_tokenizer(folder / 'tokenizer')
         tok = {'vocab_size': t.vocab_size, 'eod': t.eod}
     files = {n: f['size'] for n, f in state.get('files', {}).items()}

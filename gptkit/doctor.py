@@ -83,7 +83,7 @@ def kernel_checks(device: str | None = None, dtype=None, tokens: int = 4096, hid
     import torch
     import torch.nn.functional as F
 
-    from gptkit import kernels as K, model as M
+    from gptkit import kernels as K, ops as M
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if device == 'cpu' and not K.interpreted():
         return [Check('kernels', 'skipped', "no GPU: tests/test_kernels.py runs them in Triton's interpreter")]

@@ -6,19 +6,10 @@ chunked cross entropy that never holds the fp32 logits, each beside its torch re
 # %% ../nbs/09_kernels.ipynb #13f58e62
 from __future__ import annotations
 
-import json
-import os
-import re
-import subprocess
-import sys
-import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 
+from . import ops
 from .errors import GptkitError
 from .estimate import ce_chunk_tokens
 
@@ -34,11 +25,10 @@ def _jit(fn):
     return fn if triton is None else triton.jit(fn)
 
 # %% auto #0
-__all__ = ['NORM_MAX_COLUMNS', 'ROTARY_MAX_HALF', 'CE_BLOCK', 'KERNEL_ARGS', 'interpreted', 'use_triton', 'bias_gelu_reference',
-           'BiasGelu', 'bias_gelu', 'norm_launch', 'rotary_block', 'LayerNormFn', 'layer_norm', 'RMSNormFn', 'rms_norm',
-           'SwiGLUFn', 'swiglu', 'RotaryFn', 'apply_rotary', 'ChunkedCrossEntropy', 'chunked_cross_entropy',
-           'cross_entropy_reference', 'peak_cpu_bytes', 'KernelConfig', 'kernel_configs', 'CompiledKernel',
-           'compile_kernel', 'compile_all']
+__all__ = ['ELEMENTWISE_BLOCK', 'NORM_MAX_COLUMNS', 'ROTARY_MAX_HALF', 'NORM_BWD_ROWS', 'CE_BLOCK', 'interpreted', 'use_triton',
+           'bias_gelu_reference', 'BiasGelu', 'bias_gelu', 'norm_launch', 'rotary_block', 'LayerNormFn', 'layer_norm',
+           'RMSNormFn', 'rms_norm', 'SwiGLUFn', 'swiglu', 'RotaryFn', 'apply_rotary', 'ChunkedCrossEntropy',
+           'chunked_cross_entropy', 'cross_entropy_reference']
 
 # %% ../nbs/09_kernels.ipynb #6e133414
 def interpreted() -> bool:
@@ -100,7 +90,7 @@ def _bias_gelu_bwd(g_ptr, x_ptr, b_ptr, dz_ptr, n, cols, TANH: tl.constexpr, BLO
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(dz_ptr + offs, (g * _gelu_grad(z, TANH)).to(dz_ptr.dtype.element_ty), mask=mask)
 
-_ELEMENTWISE_BLOCK = 1024
+ELEMENTWISE_BLOCK = 1024
 
 class BiasGelu(torch.autograd.Function):
     "GELU(x + bias) for x [..., n] and bias [n], one pass over memory forward and one backward"
@@ -109,7 +99,7 @@ class BiasGelu(torch.autograd.Function):
         x = x.contiguous()
         y, n = torch.empty_like(x), x.numel()
         ctx.tanh = approximate == 'tanh'
-        _bias_gelu_fwd[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](x, bias, y, n, bias.numel(), ctx.tanh, _ELEMENTWISE_BLOCK)
+        _bias_gelu_fwd[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](x, bias, y, n, bias.numel(), ctx.tanh, ELEMENTWISE_BLOCK)
         ctx.save_for_backward(x, bias)
         return y
 
@@ -117,8 +107,8 @@ class BiasGelu(torch.autograd.Function):
     def backward(ctx, g):
         x, bias = ctx.saved_tensors
         g, dz, n = g.contiguous(), torch.empty_like(x), x.numel()
-        grid = (triton.cdiv(n, _ELEMENTWISE_BLOCK),)
-        _bias_gelu_bwd[grid](g, x, bias, dz, n, bias.numel(), ctx.tanh, _ELEMENTWISE_BLOCK)
+        grid = (triton.cdiv(n, ELEMENTWISE_BLOCK),)
+        _bias_gelu_bwd[grid](g, x, bias, dz, n, bias.numel(), ctx.tanh, ELEMENTWISE_BLOCK)
         return dz, dz.reshape(-1, bias.numel()).sum(0, dtype=torch.float32).to(bias.dtype), None
 
 def bias_gelu(x, bias, approximate: str = 'none'):
@@ -184,7 +174,7 @@ def _layer_norm_bwd(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db
     tl.store(dw_ptr + pid * cols + offs, dw, mask=cmask)
     tl.store(db_ptr + pid * cols + offs, db, mask=cmask)
 
-_LN_ROWS = 16   # rows per backward program
+NORM_BWD_ROWS = 16   # rows per backward program
 
 class LayerNormFn(torch.autograd.Function):
     "LayerNorm over the last dimension, statistics and output in one pass; dx, dw and db in one pass back"
@@ -208,10 +198,10 @@ class LayerNormFn(torch.autograd.Function):
         rows, cols = x2.shape
         dy = dy.reshape(rows, cols).contiguous()
         dx = torch.empty_like(x2)
-        programs = triton.cdiv(rows, _LN_ROWS)
+        programs = triton.cdiv(rows, NORM_BWD_ROWS)
         dw = torch.empty(programs, cols, dtype=torch.float32, device=x2.device)
         db = torch.empty_like(dw)
-        _layer_norm_bwd[(programs,)](dy, x2, weight, mean, rstd, dx, dw, db, rows, cols, _LN_ROWS, ctx.block,
+        _layer_norm_bwd[(programs,)](dy, x2, weight, mean, rstd, dx, dw, db, rows, cols, NORM_BWD_ROWS, ctx.block,
                                      num_warps=ctx.warps)
         return dx.view(ctx.shape), dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype), None
 
@@ -272,17 +262,16 @@ class RMSNormFn(torch.autograd.Function):
         x2, weight, r = ctx.saved_tensors
         rows, cols = x2.shape
         dy, dx = dy.reshape(rows, cols).contiguous(), torch.empty_like(x2)
-        programs = triton.cdiv(rows, _LN_ROWS)
+        programs = triton.cdiv(rows, NORM_BWD_ROWS)
         dw = torch.empty(programs, cols, dtype=torch.float32, device=x2.device)
-        _rms_norm_bwd[(programs,)](dy, x2, weight, r, dx, dw, rows, cols, _LN_ROWS, ctx.block,
+        _rms_norm_bwd[(programs,)](dy, x2, weight, r, dx, dw, rows, cols, NORM_BWD_ROWS, ctx.block,
                                    num_warps=ctx.warps)
         return dx.view(ctx.shape), dw.sum(0).to(weight.dtype), None
 
 def rms_norm(x, weight, eps: float = 1e-5):
     "RMSNorm of x over its last dimension with the fused Triton kernels (rows wider than one program: torch)"
     if x.shape[-1] > NORM_MAX_COLUMNS:
-        from gptkit.model import rms_norm as reference
-        return reference(x, weight, eps)
+        return ops.rms_norm(x, weight, eps)
     return RMSNormFn.apply(x, weight, eps)
 
 @_jit
@@ -314,7 +303,7 @@ class SwiGLUFn(torch.autograd.Function):
         f = y.shape[-1] // 2
         out = torch.empty(*y.shape[:-1], f, dtype=y.dtype, device=y.device)
         n = out.numel()
-        _swiglu_fwd[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](y, out, n, f, _ELEMENTWISE_BLOCK)
+        _swiglu_fwd[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](y, out, n, f, ELEMENTWISE_BLOCK)
         ctx.save_for_backward(y)
         return out
 
@@ -323,7 +312,7 @@ class SwiGLUFn(torch.autograd.Function):
         y, = ctx.saved_tensors
         d, dy = d.contiguous(), torch.empty_like(y)
         n, f = d.numel(), y.shape[-1] // 2
-        _swiglu_bwd[(triton.cdiv(n, _ELEMENTWISE_BLOCK),)](d, y, dy, n, f, _ELEMENTWISE_BLOCK)
+        _swiglu_bwd[(triton.cdiv(n, ELEMENTWISE_BLOCK),)](d, y, dy, n, f, ELEMENTWISE_BLOCK)
         return dy
 
 def swiglu(y):
@@ -365,10 +354,9 @@ class RotaryFn(torch.autograd.Function):
         return _rotate(g, cos, sin, -1.0), None, None
 
 def apply_rotary(x, cos, sin):
-    "Rotary position embedding of x with the Triton kernel (the halves layout of `gptkit.model.apply_rotary`)"
+    "Rotary position embedding of x with the Triton kernel (the halves layout of `gptkit.ops.apply_rotary`)"
     if x.shape[-1] // 2 > ROTARY_MAX_HALF:
-        from gptkit.model import apply_rotary as reference
-        return reference(x, cos, sin)
+        return ops.apply_rotary(x, cos, sin)
     return RotaryFn.apply(x, cos, sin)
 
 # %% ../nbs/09_kernels.ipynb #260b5bbe
@@ -502,150 +490,3 @@ def cross_entropy_reference(x, weight, targets, ignore_index: int = -100):
     "The output layer and loss as the model computes them without the kernel: fp32 logits, then F.cross_entropy"
     logits = F.linear(x, weight).float()
     return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index)
-
-# %% ../nbs/09_kernels.ipynb #8b82bfcb
-def peak_cpu_bytes(fn) -> int:
-    "Peak bytes allocated on the CPU while `fn()` runs, above those allocated before, from the profiler's memory events"
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    live = peak = 0
-    events = (e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]')
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()                      # an allocation (> 0) or a free (< 0), in the order they happened
-        peak = max(peak, live)
-    return peak
-
-# %% ../nbs/09_kernels.ipynb #a07a0003
-# Each kernel's runtime arguments in order: 'x' a tensor of the activations' dtype, '*fp32' / '*i64' a tensor of that
-# type, 'i32' an integer, 'fp32' a float, 'i1' a bool. The constexprs come from the launch configuration.
-KERNEL_ARGS = {
-    '_bias_gelu_fwd': ('x', 'x', 'x', 'i32', 'i32'),
-    '_bias_gelu_bwd': ('x', 'x', 'x', 'x', 'i32', 'i32'),
-    '_layer_norm_fwd': ('x', 'x', 'x', 'x', '*fp32', '*fp32', 'i32', 'fp32'),
-    '_layer_norm_bwd': ('x', 'x', 'x', '*fp32', '*fp32', 'x', '*fp32', '*fp32', 'i32', 'i32'),
-    '_rms_norm_fwd': ('x', 'x', 'x', '*fp32', 'i32', 'fp32'),
-    '_rms_norm_bwd': ('x', 'x', 'x', '*fp32', 'x', '*fp32', 'i32', 'i32'),
-    '_swiglu_fwd': ('x', 'x', 'i32', 'i32'),
-    '_swiglu_bwd': ('x', 'x', 'x', 'i32', 'i32'),
-    '_rotary': ('x', 'x', 'x', 'x', 'i32', 'i32', 'i1', 'i32'),
-    '_ce_fwd': ('x', '*i64', '*fp32', '*fp32', 'i32', 'i32'),
-    '_ce_bwd': ('x', '*i64', '*fp32', '*fp32', 'i32', 'i32'),
-}
-
-@dataclass(frozen=True)
-class KernelConfig:
-    "One compilation a launcher can ask for: a kernel, the activations' dtype, its constexprs and warps"
-    kernel: str
-    dtype: str                          # 'fp32', 'bf16' or 'fp16'
-    constexprs: tuple = ()              # ((name, value), ...)
-    num_warps: int = 4
-
-    def __str__(self):
-        args = ', '.join(f'{k}={v}' for k, v in self.constexprs)
-        return f'{self.kernel}[{self.dtype}, {args}, warps={self.num_warps}]'
-
-    def signature(self, arg_names: list[str]) -> tuple[dict, dict]:
-        """(signature, attrs) for Triton's compiler: tensors 16-byte aligned and integers multiples of 16, as at
-        every preset's shapes (hidden, ffn, head and padded vocabulary sizes), which is how the JIT specializes them"""
-        consts = dict(self.constexprs)
-        types = iter(KERNEL_ARGS[self.kernel])
-        sig, attrs = {}, {}
-        for i, name in enumerate(arg_names):
-            if name in consts:
-                sig[name] = 'constexpr'
-                continue
-            t = next(types)
-            sig[name] = '*' + self.dtype if t == 'x' else t
-            if sig[name].startswith('*') or t == 'i32':
-                attrs[(i,)] = [['tt.divisibility', 16]]
-        return sig, attrs
-
-def kernel_configs(dtypes: tuple[str, ...] = ('bf16',)) -> list[KernelConfig]:
-    "Every launch configuration (constexprs and warps) the launchers above can pick, for each activation dtype"
-    norm_blocks = sorted({norm_launch(2**i) for i in range(NORM_MAX_COLUMNS.bit_length())})
-    rotary_blocks = sorted({rotary_block(2**i) for i in range(ROTARY_MAX_HALF.bit_length())})
-    out = []
-    for dt in dtypes:
-        for tanh in (False, True):
-            out += [KernelConfig(k, dt, (('TANH', tanh), ('BLOCK', _ELEMENTWISE_BLOCK)))
-                    for k in ('_bias_gelu_fwd', '_bias_gelu_bwd')]
-        for block, warps in norm_blocks:
-            for norm in ('_layer_norm', '_rms_norm'):
-                out += [KernelConfig(norm + '_fwd', dt, (('BLOCK', block),), warps),
-                        KernelConfig(norm + '_bwd', dt, (('ROWS', _LN_ROWS), ('BLOCK', block)), warps)]
-        out += [KernelConfig(k, dt, (('BLOCK', _ELEMENTWISE_BLOCK),)) for k in ('_swiglu_fwd', '_swiglu_bwd')]
-        out += [KernelConfig('_rotary', dt, (('SIGN', sign), ('BLOCK', block))) for block in rotary_blocks
-                for sign in (1.0, -1.0)]
-        out += [KernelConfig(k, dt, (('BLOCK', CE_BLOCK),)) for k in ('_ce_fwd', '_ce_bwd')]
-    return out
-
-# %% ../nbs/09_kernels.ipynb #a07a0004
-@dataclass(frozen=True)
-class CompiledKernel:
-    "What the CUDA compiler made of one configuration for one GPU"
-    config: KernelConfig
-    arch: int                 # 80: A100, 90: H100
-    registers: int            # per thread
-    spill_bytes: int          # per thread: the stack frame, where registers that do not fit are spilled
-    shared_bytes: int         # per program: Triton's shared memory (reductions) and any static shared memory
-    seconds: float            # to compile (little when Triton's on-disk cache already had it)
-
-_RESOURCES = re.compile(r'REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)')
-
-def _resources(cubin: bytes) -> tuple[int, int, int]:
-    "(registers, stack + local bytes, static shared bytes) of a cubin's kernel, read by the CUDA toolkit's cuobjdump"
-    import triton.backends.nvidia as nv
-    tool = os.path.join(os.path.dirname(nv.__file__), 'bin', 'cuobjdump')
-    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
-        f.write(cubin)
-        f.flush()
-        text = subprocess.run([tool, '--dump-resource-usage', f.name], capture_output=True, text=True,
-                              check=True).stdout
-    reg, stack, shared, local = map(int, _RESOURCES.search(text).groups())
-    return reg, stack + local, shared
-
-def compile_kernel(config: KernelConfig, arch: int) -> CompiledKernel:
-    "Compile `config` to a cubin for sm_`arch` with Triton's own compiler: no GPU is needed, only Triton's ptxas"
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    fn = globals()[config.kernel]
-    if interpreted():
-        raise GptkitError('compile_kernel needs Triton without TRITON_INTERPRET=1: see compile_all')
-    sig, attrs = config.signature(fn.arg_names)
-    start = time.perf_counter()
-    k = triton.compile(ASTSource(fn, sig, dict(config.constexprs), attrs), target=GPUTarget('cuda', arch, 32),
-                       options={'num_warps': config.num_warps})
-    reg, spill, shared = _resources(k.asm['cubin'])
-    return CompiledKernel(config, arch, reg, spill, shared + k.metadata.shared, time.perf_counter() - start)
-
-def _compile_worker():
-    "`python -c` entry of compile_all: (config, arch) jobs as JSON on stdin, one line of results on stdout"
-    out = []
-    for config, arch in json.load(sys.stdin):
-        config = KernelConfig(**{**config, 'constexprs': tuple(map(tuple, config['constexprs']))})
-        try:
-            out.append(asdict(compile_kernel(config, arch)))
-        except Exception as e:   # one line naming the configuration; Triton's own message after it
-            sys.exit(f'{config} does not compile for sm_{arch}: {type(e).__name__}: {str(e).strip()[:2000]}')
-    print('compiled: ' + json.dumps(out))
-
-def compile_all(configs: list[KernelConfig], archs=(80, 90), workers: int = 2) -> list[CompiledKernel]:
-    """Every configuration for every arch, in `workers` fresh processes: Triton's compiler runs without
-    TRITON_INTERPRET (which only applies as Triton is imported); a kernel that does not compile raises here"""
-    jobs = [(c, a) for a in archs for c in configs]
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    env.setdefault('TRITON_DEFAULT_FP_FUSION', '1')            # Triton 3.9's default, said explicitly
-    def run(part):
-        r = subprocess.run([sys.executable, '-c', 'from gptkit.kernels import _compile_worker; _compile_worker()'],
-                           input=json.dumps([(asdict(c), a) for c, a in part]), env=env,
-                           capture_output=True, text=True)
-        lines = r.stdout.splitlines()
-        if r.returncode or not lines or not lines[-1].startswith('compiled: '):
-            raise GptkitError((r.stderr.strip().splitlines() or ['the compiler process ended without a result'])[-1])
-        return [CompiledKernel(c, a, **{k: v for k, v in res.items() if k not in ('config', 'arch')})
-                for (c, a), res in zip(part, json.loads(lines[-1][len('compiled: '):]))]
-    parts = [jobs[i::workers] for i in range(workers)]
-    with ThreadPoolExecutor(workers) as pool:
-        done = list(pool.map(run, parts))
-    return [done[i % workers][i // workers] for i in range(len(jobs))]

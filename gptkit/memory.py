@@ -15,13 +15,15 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .estimate import activation_element_bytes, stage_activation_bytes
 
 # %% auto #0
 __all__ = ['DTYPES', 'PARALLEL_CASES', 'Saved', 'SavedTensors', 'watch_rebuilds', 'saved_activation_bytes', 'fused_attention',
-           'measure', 'predict', 'Row', 'single_rows', 'measure_parallel', 'parallel_rows', 'markdown_table']
+           'measure', 'predict', 'Row', 'single_rows', 'measure_parallel', 'parallel_rows', 'markdown_table',
+           'peak_cpu_bytes']
 
 # %% ../nbs/17_memory.ipynb #f8b4eaf3
 @dataclass(frozen=True)
@@ -220,7 +222,7 @@ def measure_parallel(model: ModelConfig, micro_batch: int = 2, cases=PARALLEL_CA
     import torch.multiprocessing as mp
 
     import gptkit.memory
-    from gptkit.checkpoint import read_torch_file
+    from gptkit.torch_files import read_torch_file
     env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
            if k in os.environ}
     with tempfile.TemporaryDirectory() as tmp:
@@ -257,3 +259,15 @@ def markdown_table(rows: list[Row]) -> str:
     out += [f'| {r.layout} | {r.recompute} | {r.attention} | {r.precision} | {r.predicted / 1024:,.1f} '
             f'| {r.measured / 1024:,.1f} | {r.error:+.2%} |' for r in rows]
     return '\n'.join(out)
+
+# %% ../nbs/17_memory.ipynb #be3d59e5
+def peak_cpu_bytes(fn) -> int:
+    "Peak bytes allocated on the CPU while `fn()` runs, above those allocated before, from the profiler's memory events"
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    live = peak = 0
+    events = (e for e in prof.profiler.kineto_results.events() if e.name() == '[memory]')
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()                      # an allocation (> 0) or a free (< 0), in the order they happened
+        peak = max(peak, live)
+    return peak

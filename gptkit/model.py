@@ -17,12 +17,12 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import RECOMPUTE, ModelConfig
 from .errors import ConfigError
+from .ops import apply_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
-__all__ = ['RMSNorm', 'rms_norm', 'rotary_tables', 'apply_rotary', 'repeat_kv', 'core_attention', 'reference_attention',
-           'Attention', 'MLP', 'swiglu', 'LayerNorm', 'make_norm', 'Dropout', 'Block', 'OutputLayer', 'GPT',
-           'num_params', 'KVCache']
+__all__ = ['RMSNorm', 'repeat_kv', 'core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'make_norm',
+           'Dropout', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -41,23 +41,6 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         k = _kernels(self.kernels, x)
         return rms_norm(x, self.weight, self.eps) if k is None else k.rms_norm(x, self.weight, self.eps)
-
-def rms_norm(x, weight, eps: float):
-    "The formula, in fp32, cast back to x's dtype before the scale (as Llama does)"
-    y = x.float()
-    return weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32):
-    "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout)"
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    angles = positions.float()[..., None] * inv
-    angles = torch.cat([angles, angles], -1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-def apply_rotary(x, cos, sin):
-    "Rotate the pairs (i, i + d/2) of x [batch, heads, len, d] by the angles whose cos and sin are [.., len, d]"
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
 def repeat_kv(x, groups: int):
     "Keys or values [batch, kv_heads, len, d] for every query head: each of the kv_heads serves `groups` of them"
@@ -128,11 +111,6 @@ class MLP(nn.Module):
         if k is not None and type(self.fc1) is nn.Linear and self.fc1.bias is not None:   # fused bias + GELU
             return self.fc2(k.bias_gelu(F.linear(x, self.fc1.weight), self.fc1.bias, self.approximate))
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
-
-def swiglu(y):
-    "silu(gate) * up of y = [gate; up] along the last dimension"
-    gate, up = y.chunk(2, -1)
-    return F.silu(gate) * up
 
 class LayerNorm(nn.LayerNorm):
     "nn.LayerNorm (same parameters and names) that runs the fused kernel when the `kernels` switch picks Triton"

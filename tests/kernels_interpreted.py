@@ -116,7 +116,7 @@ def test_chunk_size_follows_the_estimator():
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('shape', [(2, 9, 40), (37, 64)])
 def test_rms_norm_matches_torch(shape, dtype):
-    from gptkit.model import rms_norm
+    from gptkit.ops import rms_norm
     torch.manual_seed(0)
     x, w = (torch.randn(shape) * 3 + 2).to(DEV, dtype), torch.randn(shape[-1]).to(DEV, dtype)
     compare(lambda x, w: K.rms_norm(x, w), lambda x, w: rms_norm(x, w, 1e-5), [x, w], TOL[dtype] * 2)
@@ -125,7 +125,7 @@ def test_rms_norm_matches_torch(shape, dtype):
 @needs_triton
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 def test_swiglu_matches_torch(dtype):
-    from gptkit.model import swiglu
+    from gptkit.ops import swiglu
     torch.manual_seed(0)
     y = (torch.randn(3, 5, 2 * 72) * 4).to(DEV, dtype)
     y[0, 0, :3] = torch.tensor([-30.0, 30.0, 0.0])                     # sigmoid's tails, and zero
@@ -136,7 +136,7 @@ def test_swiglu_matches_torch(dtype):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('per_row', [False, True], ids=['shared', 'per-row'])
 def test_rotary_matches_torch(per_row, dtype):
-    from gptkit.model import apply_rotary, rotary_tables
+    from gptkit.ops import apply_rotary, rotary_tables
     torch.manual_seed(0)
     x = torch.randn(2, 3, 7, 24).to(DEV, dtype).transpose(1, 2).contiguous().transpose(1, 2)   # strided, as after QKV
     pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 40]]).to(DEV)

@@ -6,24 +6,24 @@ import textwrap
 
 import pytest
 
-from gptkit import kernels as K
+from gptkit import kernels as K, kernels_aot as A
 
 
 def test_the_argument_table_describes_every_kernel():
     "KERNEL_ARGS and the kernels agree: every Triton kernel of the module is listed, with one type per runtime argument"
     jitted = {name for name, v in vars(K).items() if 'BLOCK' in getattr(v, 'arg_names', ())}   # not the helpers
-    assert jitted == set(K.KERNEL_ARGS)
-    for config in K.kernel_configs(('bf16',)):
+    assert jitted == set(A.KERNEL_ARGS)
+    for config in A.kernel_configs(('bf16',)):
         names = getattr(K, config.kernel).arg_names
         sig, _ = config.signature(names)
         assert list(sig) == names and sum(t == 'constexpr' for t in sig.values()) == len(config.constexprs), config
-    assert {c.kernel for c in K.kernel_configs()} == set(K.KERNEL_ARGS)
+    assert {c.kernel for c in A.kernel_configs()} == set(A.KERNEL_ARGS)
 
 
 def test_the_configurations_are_the_ones_the_launchers_pick():
     assert K.norm_launch(48) == (128, 1) and K.norm_launch(768) == (1024, 4) and K.norm_launch(12288) == (16384, 8)
     assert K.rotary_block(32) == 32 and K.rotary_block(3) == 16
-    blocks = {dict(c.constexprs)['BLOCK'] for c in K.kernel_configs() if c.kernel == '_layer_norm_fwd'}
+    blocks = {dict(c.constexprs)['BLOCK'] for c in A.kernel_configs() if c.kernel == '_layer_norm_fwd'}
     assert blocks == {K.norm_launch(h)[0] for h in range(1, K.NORM_MAX_COLUMNS + 1, 7)} | {K.NORM_MAX_COLUMNS}
 
 
@@ -38,34 +38,34 @@ def check(compiled, configs, stack_slot: int = 0):
 
 
 def test_every_configuration_compiles_in_bf16_for_sm80_and_sm90():
-    configs = K.kernel_configs(('bf16',))
-    check(K.compile_all(configs), configs)
+    configs = A.kernel_configs(('bf16',))
+    check(A.compile_all(configs), configs)
 
 
 def test_every_configuration_compiles_in_fp32_and_fp16(request):
     "Flagged slow (twice the bf16 test's compilations): pytest --nb-flags slow"
     if 'slow' not in request.config.getoption('--nb-flags').split(): pytest.skip('slow: run with --nb-flags slow')
-    configs = K.kernel_configs(('fp32', 'fp16'))
-    check(K.compile_all(configs), configs, stack_slot=8)
+    configs = A.kernel_configs(('fp32', 'fp16'))
+    check(A.compile_all(configs), configs, stack_slot=8)
 
 
 def test_a_kernel_that_does_not_compile_fails_with_its_name(tmp_path):
     "The control: a kernel whose block is not a power of two (Triton refuses tl.arange over it) fails, saying which"
     (tmp_path / 'broken.py').write_text(textwrap.dedent('''
         import triton, triton.language as tl
-        from gptkit import kernels as K
+        from gptkit import kernels as K, kernels_aot as A
 
         @triton.jit
         def _broken(x_ptr, n, BLOCK: tl.constexpr):
             offs = tl.arange(0, BLOCK)
             tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
 
-        K._broken, K.KERNEL_ARGS['_broken'] = _broken, ('x', 'i32')
-        K.compile_kernel(K.KernelConfig('_broken', 'bf16', (('BLOCK', 128),)), 80)     # compiles
+        K._broken, A.KERNEL_ARGS['_broken'] = _broken, ('x', 'i32')
+        A.compile_kernel(A.KernelConfig('_broken', 'bf16', (('BLOCK', 128),)), 80)     # compiles
         import io, json, sys
         sys.stdin = io.StringIO(json.dumps([[{'kernel': '_broken', 'dtype': 'bf16', 'constexprs': [['BLOCK', 100]],
                                              'num_warps': 4}, 80]]))
-        K._compile_worker()                                                             # does not
+        A._compile_worker()                                                             # does not
     '''))
     env = {k: v for k, v in __import__('os').environ.items() if k != 'TRITON_INTERPRET'}
     r = subprocess.run([sys.executable, str(tmp_path / 'broken.py')], capture_output=True, text=True, env=env, timeout=300)

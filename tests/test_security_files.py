@@ -31,7 +31,7 @@ class Payload:
 
 def plant(path: Path, marker: Path):
     "Add a payload to the dict torch.save wrote to `path`"
-    from gptkit.checkpoint import read_torch_file
+    from gptkit.torch_files import read_torch_file
     d = read_torch_file(path)
     d['extra'] = Payload(marker)
     torch.save(d, path)
@@ -299,7 +299,7 @@ def test_an_export_removes_what_a_killed_export_left(tiny_checkpoint, tmp_path):
 
 def test_a_payload_in_torchs_old_file_format_runs_not(runs, tmp_path):
     "A file in torch's pre-1.6 format cannot be listed before it is read; torch's safe reader refuses the payload itself"
-    from gptkit.checkpoint import read_torch_file
+    from gptkit.torch_files import read_torch_file
     run, folder = copy_run(runs(1), tmp_path)
     f, marker = folder / 'mp_rank_00_model_states.pt', tmp_path / 'ran'
     torch.save({**read_torch_file(f), 'extra': Payload(marker)}, f, _use_new_zipfile_serialization=False)

@@ -19,7 +19,6 @@ import re
 import stat
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -28,11 +27,12 @@ import zstandard
 
 from ..errors import DataError
 from ..files import read_json
+from .document import Document, Tally, text_encoding
 
 # %% auto #0
 __all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'COMPRESSIONS', 'TEXT_FORMATS', 'FORMATS', 'SUFFIXES', 'ACCEPTED',
-           'builtin_path', 'expand_inputs', 'Document', 'Tally', 'text_encoding', 'input_format', 'read_file',
-           'read_documents', 'clean_text', 'Deduper', 'repair_text']
+           'builtin_path', 'expand_inputs', 'input_format', 'read_file', 'read_documents', 'clean_text', 'Deduper',
+           'repair_text']
 
 # %% ../../nbs/03_corpus.ipynb #f9051583
 BUILTIN = {
@@ -122,49 +122,6 @@ def expand_inputs(inputs: Iterable[str | Path], fmt: str = 'auto') -> list[Path]
     for p in out:
         input_format(p, fmt)   # refuse unknown or binary input before any work starts
     return out
-
-# %% ../../nbs/03_corpus.ipynb #51bea273
-@dataclass
-class Document:
-    "One document's text and where it came from"
-    text: str
-    source: str
-    line: int = 0   # 1-based line for JSON Lines and blank-line-separated text; 0 for a whole file
-
-@dataclass
-class Tally:
-    "What reading and cleaning did: documents kept, and problems by reason with a few examples"
-    strict: bool = False
-    fatal: tuple = ()               # reasons that are an error even when not strict (a truncated input, say)
-    hint: str = ''                  # said after such an error: what to do about it
-    keep_examples: int = 5
-    documents: int = 0
-    bytes: int = 0                  # text read, UTF-8
-    input_bytes: int = 0            # bytes of the input files consumed so far, as stored (compressed or not)
-    problems: Counter = field(default_factory=Counter)
-    examples: list = field(default_factory=list)
-    inputs: dict = field(default_factory=dict)   # input file -> Counter of its documents and problems by reason
-
-    def problem(self, reason: str, source, line: int = 0, detail: str = ''):
-        "Count one problem; in strict mode, or for a `fatal` reason, raise it naming the file and line"
-        where = f'{source}:{line}' if line else str(source)
-        what = f'{where}: {reason.replace("_", " ")}{": " + detail if detail else ""}'
-        if self.strict:
-            raise DataError(f'{what} (--strict)')
-        if reason in self.fatal:
-            raise DataError(f'{what}{self.hint}')
-        self.problems[reason] += 1
-        self.inputs.setdefault(str(source), Counter())[reason] += 1
-        if len(self.examples) < self.keep_examples:
-            self.examples.append(what)
-
-    def merge(self, other: 'Tally'):
-        self.documents += other.documents
-        self.bytes += other.bytes
-        self.problems.update(other.problems)
-        for src, counts in other.inputs.items():
-            self.inputs.setdefault(src, Counter()).update(counts)
-        self.examples.extend(other.examples[: max(0, self.keep_examples - len(self.examples))])
 
 # %% ../../nbs/03_corpus.ipynb #7c47ac22
 def _open_binary(path: Path, compression: str | None = None):
@@ -258,20 +215,6 @@ def _looks_binary(head: bytes) -> str | None:
     if what is None and _compression(Path(''), head):
         what = 'compressed data'
     return what or ('binary data (NUL bytes in the first KiB)' if b'\x00' in head else None)
-
-_BOMS = ((b'\x00\x00\xfe\xff', 'utf-32-be'), (b'\xff\xfe\x00\x00', 'utf-32-le'), (b'\xef\xbb\xbf', 'utf-8-sig'),
-         (b'\xfe\xff', 'utf-16-be'), (b'\xff\xfe', 'utf-16-le'))
-_XML_STARTS = {'<?'.encode(e): e for e in ('utf-32-be', 'utf-32-le', 'utf-16-be', 'utf-16-le')}   # no mark
-_DECLARED = re.compile(rb'<\?xml[^>]*?\sencoding\s*=\s*["\']([^"\']{1,40})["\']')
-
-def text_encoding(head: bytes, xml: bool = False) -> str:
-    "The encoding the first bytes say: a byte-order mark; for XML also UTF-16/32 without one, or its declaration"
-    enc = next((e for bom, e in _BOMS if head.startswith(bom)), None)
-    if enc is None and xml:
-        enc = _XML_STARTS.get(head[:8]) or _XML_STARTS.get(head[:4])
-    if enc is None and xml and (m := _DECLARED.match(head)):
-        enc = m[1].decode('ascii', 'replace')
-    return enc or 'utf-8'
 
 def _not_readable(head: bytes, kind: str) -> str | None:
     "Why `kind`'s reader cannot read text starting with `head` (binary, an encoding it does not read), else None"

@@ -9,14 +9,16 @@ from __future__ import annotations
 import bz2
 import codecs
 import html
+import multiprocessing as mp
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections import deque
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import DataError
-from .corpus import Document, Tally, text_encoding
+from .document import Document, Tally, text_encoding
 
 # %% auto #0
 __all__ = ['DROPPED', 'clean_wikitext', 'read_mediawiki', 'index_path', 'bz2_streams', 'read_mediawiki_parallel']
@@ -424,33 +426,66 @@ def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list |
         return None
     return _parallel(path, tally, workers, groups, seen if seen is not None else [0])
 
-def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
-    import multiprocessing as mp
-    from collections import deque
+class _Stitch:
+    "The serial reader's page count, skeleton parser and error places, over the results of a parallel read's tasks"
+    def __init__(self, path: Path, tally: Tally):
+        self.path, self.tally, self.n, self.title, self.where, self.root = path, tally, 0, '', _Where(), []
+        self.skeleton = ET.XMLPullParser(events=('start', 'end'))   # all but the workers' whole pages
 
-    # the worker is named by its module, so that spawned processes can import it (also when called from a notebook)
-    from gptkit.data.mediawiki import _read_streams
-    n, title, where, root = 0, '', _Where(), []
-    skeleton = ET.XMLPullParser(events=('start', 'end'))   # all but the workers' whole pages: header, footer, cut pages
-    def emit(pages):
-        nonlocal n, title
-        for title, clean, broken in pages:
-            n += 1
+    def emit(self, pages):
+        for self.title, clean, broken in pages:
+            self.n += 1
             if broken:
-                tally.problem('broken_markup', path, n, f'page {title!r}: unmatched {", ".join(sorted(set(broken)))}')
+                detail = f'page {self.title!r}: unmatched {", ".join(sorted(set(broken)))}'
+                self.tally.problem('broken_markup', self.path, self.n, detail)
             if clean:
-                yield Document(clean, str(path), n)
-    def outside(piece):   # head or tail of a task, through the skeleton parser; a ParseError means stop
+                yield Document(clean, str(self.path), self.n)
+
+    def truncated(self, what: str, msg: str):
+        self.tally.problem('truncated_file', self.path, self.n + 1, f'{what} after page {self.title!r} ({msg})')
+        return True
+
+    def parse_error(self, e: ET.ParseError):
+        msg = self.where.moved(str(e), e.position[0], e.position[1], self.where.skipped, 0)
+        return self.truncated('XML ends or breaks', msg)
+
+    def outside(self, piece: bytes):
+        "Head or tail of a task (header, footer, pages cut by a task's end) through the skeleton; True: stop"
         pages = []
         try:
-            _pages(skeleton, piece, root, pages)
+            _pages(self.skeleton, piece, self.root, pages)
         except ET.ParseError as e:
-            yield from emit(pages)
-            msg = where.moved(str(e), e.position[0], e.position[1], where.skipped, 0)
-            tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
+            yield from self.emit(pages)
+            return self.parse_error(e)
+        yield from self.emit(pages)
+        self.where.advance(piece.count(b'\n'), len(piece) - 1 - piece.rfind(b'\n'))
+
+    def task(self, r: dict):
+        "The documents of one task's result `r`, in order; True: the input ended or broke there"
+        if (yield from self.outside(r['head'])):
             return True
-        yield from emit(pages)
-        where.advance(piece.count(b'\n'), len(piece) - 1 - piece.rfind(b'\n'))
+        yield from self.emit(r['pages'])
+        if r['parse_error']:
+            msg, line, col = r['parse_error']
+            return self.truncated('XML ends or breaks', self.where.moved(msg, line, col, self.where.line - 1,
+                                                                         self.where.col - len('<mediawiki>')))
+        self.where.advance(*r['body'], skip=True)
+        if (yield from self.outside(r['tail'])):
+            return True
+        if r['error']:
+            kind, msg = r['error']
+            return self.truncated('stream ends', f'{kind}: {msg}')
+
+    def close(self):
+        try:
+            self.skeleton.close()
+        except ET.ParseError as e:
+            self.parse_error(e)
+
+def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
+    # the worker is named by its module, so that spawned processes can import it (also when called from a notebook)
+    from gptkit.data.mediawiki import _read_streams
+    stitch = _Stitch(path, tally)
     pool = mp.get_context('spawn').Pool(workers)
     try:
         todo, running = deque(groups), deque()
@@ -464,26 +499,9 @@ def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
                 raise DataError(f'{index_path(path)}: its offsets are not where the bz2 streams of {path.name} start; '
                                 'it is the index of another dump (move it away to scan the dump instead)')
             seen[0] = end
-            if (yield from outside(r['head'])):
+            if (yield from stitch.task(r)):
                 return
-            yield from emit(r['pages'])
-            if r['parse_error']:
-                msg, line, col = r['parse_error']
-                msg = where.moved(msg, line, col, where.line - 1, where.col - len('<mediawiki>'))
-                tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
-                return
-            where.advance(*r['body'], skip=True)
-            if (yield from outside(r['tail'])):
-                return
-            if r['error']:
-                kind, msg = r['error']
-                tally.problem('truncated_file', path, n + 1, f'stream ends after page {title!r} ({kind}: {msg})')
-                return
-        try:
-            skeleton.close()
-        except ET.ParseError as e:
-            msg = where.moved(str(e), e.position[0], e.position[1], where.skipped, 0)
-            tally.problem('truncated_file', path, n + 1, f'XML ends or breaks after page {title!r} ({msg})')
+        stitch.close()
     finally:
         pool.terminate()
         pool.join()
