@@ -57,7 +57,7 @@ def prompts(tok, batch: int) -> list[list[int]]:
 
 
 def run_ours(gen, rows, new):
-    from gptkit.generate import Sampling
+    from gptkit.sampling import Sampling
     out = [[] for _ in rows]
     for c in gen.stream(rows, Sampling(max_new_tokens=new, greedy=True, stop_at_eod=False)):
         if c.token is not None: out[c.index].append(c.token)
@@ -95,7 +95,8 @@ def bench_server(gen, new):
     to their end before the next) and with continuous batching, in the same run: the 16 sent one after another, all
     at once, and arriving one every `gap` seconds. Throughput, and each client's latency (p50, p99, max)"""
     import httpx
-    from gptkit.serve import Limits, Server
+    from gptkit.batching import Limits
+    from gptkit.serve import Server
     words = ('God', 'the', 'it', 'he', 'they', 'Moses', 'Jesus', 'she', 'we', 'I', 'thou', 'ye', 'all', 'there', 'when', 'so')
     lengths = [max(1, new * (1 + i * 5 % 8) // 8) for i in range(len(words))]     # mixed: new/8 ... new, shuffled
     bodies = [{'prompt': f'And {w} said', 'max_tokens': n, 'temperature': 0} for w, n in zip(words, lengths)]

@@ -31,15 +31,15 @@ def read_prompts(prompts: list[str], prompt_file: Optional[Path]) -> list[tuple[
     found = [('prompt', p) for p in prompts]
     if prompt_file is not None:
         lines = read_text(prompt_file, 'prompt_file', PROMPT_FILE_BYTES).splitlines()   # a regular file, size checked
-        found += [(f'{prompt_file} line {i}', line.replace('\\n', '\n')) for i, line in enumerate(lines,
-                                                                                                  1) if line.strip()]
+        found += [(f'{prompt_file} line {i}', line.replace('\\n', '\n'))
+                  for i, line in enumerate(lines, 1) if line.strip()]
         if not any(w != 'prompt' for w, _ in found):
             raise ConfigError([('prompt_file', f'{{key}} {prompt_file} holds no prompt (one per line)')])
     return found
 
 
 def _sampling(**kw):
-    from gptkit.generate import Sampling
+    from gptkit.sampling import Sampling
     return Sampling(**kw)
 
 
@@ -126,11 +126,7 @@ def generate(
         raise typer.Exit(launch_tp(ctx, 'generate', tp, [] if seed is None else ['--seed', str(seed)]))
     if tp > 1:
         device = join_tp(device)[1]
-    problems = [(k, f'{{key}} must be at least 1, not {v}') for k, v in (('num_samples', num_samples),
-                                                                         ('batch_size', batch_size)) if v < 1]
-    if num_samples > MAX_SAMPLES:
-        problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
-                                        'gptkit.generate.Generator from a script and write as it goes'))
+    problems = _problems(num_samples, batch_size)
     if problems:
         raise ConfigError(problems)
     sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -139,14 +135,26 @@ def generate(
     from gptkit.generate import Generator
     with out.status(f'loading {fmt.text(checkpoint)}'):
         gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
-    p = gen.loaded.state
-    err.print(f'[dim]{fmt.text(gen.loaded.folder)} (step {p.get("iteration", "?")}, {gen.model.cfg.layers} layers, '
-              f'hidden '
-              f'{gen.model.cfg.hidden}, '
-              f'context {gen.context}) on {gen.model.wte.weight.device}, '
-              f'{str(gen.model.wte.weight.dtype).replace("torch.", "")}[/]')
+    step, cfg, weight = gen.loaded.state.get('iteration', '?'), gen.model.cfg, gen.model.wte.weight
+    err.print(f'[dim]{fmt.text(gen.loaded.folder)} (step {step}, {cfg.layers} layers, hidden {cfg.hidden}, '
+              f'context {gen.context}) on {weight.device}, {str(weight.dtype).replace("torch.", "")}[/]')
     if items:
         return _run(gen, items, sampling, num_samples, batch_size)
+    _interactive(gen, sampling, num_samples, batch_size)
+
+
+def _problems(num_samples: int, batch_size: int) -> list[tuple[str, str]]:
+    "Every problem with the counts `gptkit generate` was given, as (option, sentence) pairs"
+    problems = [(k, f'{{key}} must be at least 1, not {v}')
+                for k, v in (('num_samples', num_samples), ('batch_size', batch_size)) if v < 1]
+    if num_samples > MAX_SAMPLES:
+        problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
+                                        'gptkit.generate.Generator from a script and write as it goes'))
+    return problems
+
+
+def _interactive(gen, sampling, num_samples: int, batch_size: int):
+    "Prompts typed one at a time, each answered as it comes, until an empty line or Ctrl-D"
     err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
     while True:
         try:

@@ -120,7 +120,8 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
 
 def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int = 80):
     "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
-    from gptkit.generate import Generator, Sampling
+    from gptkit.generate import Generator
+    from gptkit.sampling import Sampling
     gen = Generator.from_checkpoint(run, device='cpu')
     out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {fmt.text(run)} '
               '--top-k 40 '

@@ -3,6 +3,7 @@ server)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -53,32 +54,20 @@ def serve(
 ):
     ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
      """and /v1/models, /health, and a web page at /.""")
-    limits = (('max_new_tokens', max_new_tokens), ('max_prompts', max_prompts),
-              ('max_waiting', max_waiting), ('max_prompt_tokens', max_prompt_tokens or 1), ('max_batch', max_batch))
-    bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits if v < 1]
-    if not 0 < port < 65536:
-        bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
-    if tp < 1:
-        bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
-    if not 0 < template_seconds <= 600:
-        bad.append(('template_seconds', f'{{key}} must be more than 0 and at most 600, not {template_seconds:g}'))
-    if api_key is not None and not api_key.strip():
-        bad.append(('api_key', '{key} (or GPTKIT_API_KEY) is empty; give a key or leave it out'))
-    for h in allowed_host or []:
-        if not h or any(c in h for c in '/ \t'):
-            bad.append(('allowed_host', f'{{key}} {_quoted(h)} must be a host name or address like example.com, '
-                                        'without a scheme or a path'))
+    bad = _problems(port, tp, template_seconds, api_key, allowed_host or [], max_new_tokens=max_new_tokens,
+                    max_prompts=max_prompts, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens or 1,
+                    max_batch=max_batch)
     if bad:
         raise ConfigError(bad)
-    import os
-
-    from gptkit.serve import LOOPBACK, Access, Limits, access_on, check_address, make_app, serve as run
+    from gptkit.batching import Limits
+    from gptkit.generate import Generator
+    from gptkit.guard import LOOPBACK, Access
+    from gptkit.serve import access_on, check_address, make_app, serve as run
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ:
         raise typer.Exit(launch_tp(ctx, 'serve', tp))
     if tp > 1:
         device = join_tp(device)[1]
-    from gptkit.generate import Generator
     with out.status(f'loading {escape(str(checkpoint))}'):
         gen = Generator.from_checkpoint(checkpoint, device=device, tp=tp)
     # the biggest batch the server runs (a request alone may be bigger than max_batch): its KV cache must fit
@@ -93,18 +82,42 @@ def serve(
                     template_seconds=template_seconds)
     # the app before the banner: a chat template that fails on a sample conversation stops the server here
     web_app = make_app(gen, limits, name, access_on(host, access)) if first else None
-    out.print(f'[bold]{escape(name)}[/]: {escape(str(folder))} (step {gen.loaded.state.get("iteration", "?")}), '
-              f'context {gen.context}, on {gen.model.wte.weight.device}')
+    _banner(gen, name, host, port, LOOPBACK + access_on(host, access).hosts, api_key is not None)
+    run(gen, host, port, limits, name, access=access, app=web_app)
+
+
+def _problems(port: int, tp: int, template_seconds: float, api_key: str | None, allowed_host: list[str],
+              **limits: int) -> list[tuple[str, str]]:
+    "Every problem with `gptkit serve`'s options, as (option, sentence) pairs"
+    bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits.items() if v < 1]
+    if not 0 < port < 65536:
+        bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
+    if tp < 1:
+        bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
+    if not 0 < template_seconds <= 600:
+        bad.append(('template_seconds', f'{{key}} must be more than 0 and at most 600, not {template_seconds:g}'))
+    if api_key is not None and not api_key.strip():
+        bad.append(('api_key', '{key} (or GPTKIT_API_KEY) is empty; give a key or leave it out'))
+    for h in allowed_host:
+        if not h or any(c in h for c in '/ \t'):
+            bad.append(('allowed_host', f'{{key}} {_quoted(h)} must be a host name or address like example.com, '
+                                        'without a scheme or a path'))
+    return bad
+
+
+def _banner(gen, name: str, host: str, port: int, hosts: tuple[str, ...], keyed: bool):
+    "What the server serves, where, to which Host names (loopback ones first), and whether it needs a key"
+    step = gen.loaded.state.get('iteration', '?')
+    out.print(f'[bold]{escape(name)}[/]: {escape(str(gen.loaded.folder))} (step {step}), context {gen.context}, '
+              f'on {gen.model.wte.weight.device}')
     at = escape(f'http://{host}:{port}')
     out.print(f'  web page   {at}/\n  Megatron   PUT  {at}/api\n'
               f'  OpenAI     POST {at}/v1/completions, /v1/chat/completions  (base_url {at}/v1)\n'
               f'  schema     {at}/docs')
-    hosts = access_on(host, access).hosts
-    said = 'any' if '*' in hosts else ', '.join(dict.fromkeys(LOOPBACK + hosts)) + ' (add others with --allowed-host)'
+    said = 'any' if '*' in hosts else ', '.join(dict.fromkeys(hosts)) + ' (add others with --allowed-host)'
     out.print(f'  Host       {escape(said)}')
-    key = 'required on /api and /v1' if api_key else 'none (anyone who reaches the server may use it; see --api-key)'
+    key = 'required on /api and /v1' if keyed else 'none (anyone who reaches the server may use it; see --api-key)'
     out.print(f'  API key    {key}')
-    run(gen, host, port, limits, name, access=access, app=web_app)
 
 
 @app.command()

@@ -716,7 +716,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.model.KVCache.max_len': ('model.html#kvcache.max_len', 'gptkit/model.py'),
                               'gptkit.model.KVCache.positions': ('model.html#kvcache.positions', 'gptkit/model.py'),
                               'gptkit.model.KVCache.select': ('model.html#kvcache.select', 'gptkit/model.py'),
-                              'gptkit.model.KVCache.stacked': ('model.html#kvcache.stacked', 'gptkit/model.py'),
                               'gptkit.model.KVCache.update': ('model.html#kvcache.update', 'gptkit/model.py'),
                               'gptkit.model.LayerNorm': ('model.html#layernorm', 'gptkit/model.py'),
                               'gptkit.model.LayerNorm.__init__': ('model.html#layernorm.__init__', 'gptkit/model.py'),

@@ -336,30 +336,3 @@ class KVCache:
         for i in self.k:
             self.k[i], self.v[i] = self.k[i][rows], self.v[i][rows]
         self.valid = self.valid[rows]
-
-    @classmethod
-    def stacked(cls, parts: list[tuple[KVCache, torch.Tensor | None]], room: int, max_len: int | None = None
-                ) -> KVCache:
-        """A new cache with the rows `rows` (None: all) of each `(cache, rows)` in turn, right-aligned so that every
-        row's next token goes in one column, the leading columns none of them uses left out, and `room` free
-        columns after them (at most `max_len` columns in all): how a running batch takes rows in and lets them go"""
-        every = lambda c: torch.arange(c.valid.shape[0], device=c.valid.device)
-        parts = [(c, every(c) if rows is None else rows) for c, rows in parts]
-        parts = [(c, rows, int(c.valid[rows, :c.len].any(0).int().argmax())) for c, rows in parts if len(rows)]
-        width = max(c.len - lead for c, _, lead in parts)      # a row with no real column at all keeps every column
-        first = parts[0][0]
-        k = next(iter(first.k.values()))
-        out = cls(list(first.k), sum(len(r) for _, r, _ in parts), k.shape[1],
-                  min(width + room, max_len or width + room), k.shape[3], k.dtype, k.device)
-        o = 0
-        for c, rows, lead in parts:
-            n, w = len(rows), c.len - lead
-            for mine, theirs in ((out.k, c.k), (out.v, c.v)):
-                for i in mine:
-                    mine[i][o:o + n, :, :width - w] = 0                # never attended, but 0 x NaN would be NaN
-                    mine[i][o:o + n, :, width - w:width] = theirs[i][rows, :, lead:c.len]
-            out.valid[o:o + n, width - w:width] = c.valid[rows, lead:c.len]
-            o += n
-        out.len = out.start = width
-        out.padded = not bool(out.valid[:, :width].all())
-        return out

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from conftest import run_here
-from gptkit.generate import Generator, Sampling, reference_greedy
-from gptkit.serve import Limits, Server
+from gptkit.batching import Limits
+from gptkit.generate import Generator, reference_greedy
+from gptkit.sampling import Sampling
+from gptkit.serve import Server
 
 LLAMA_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=32',
               'train.micro_batch=2', 'train.global_batch=4', 'train.precision=fp32', 'train.iters=4',

@@ -14,8 +14,10 @@ import httpx
 import pytest
 import requests
 
-from gptkit.generate import Generator, Sampling
-from gptkit.serve import Busy, Job, Limits, Server, Worker
+from gptkit.batching import Busy, Job, Limits, Worker
+from gptkit.generate import Generator
+from gptkit.sampling import Sampling
+from gptkit.serve import Server
 
 LIMITS = Limits(max_new_tokens=48, max_prompts=16, max_waiting=32)
 
@@ -142,7 +144,7 @@ def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
 
 def test_chat_completions_with_the_plain_template(url, gen):
     from openai import BadRequestError, OpenAI
-    from gptkit.serve import PLAIN_CHAT_STOP, plain_chat_prompt
+    from gptkit.http_api import PLAIN_CHAT_STOP, plain_chat_prompt
     client = OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0)
     messages = [{'role': 'system', 'content': 'You answer in verse.'}, {'role': 'user', 'content': 'Who made the earth?'}]
     prompt = plain_chat_prompt(messages)
@@ -181,7 +183,7 @@ def test_chat_completions_with_the_plain_template(url, gen):
 
 def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
     from transformers import AutoTokenizer
-    from gptkit.serve import chat_prompt, chat_renderer
+    from gptkit.http_api import chat_prompt, chat_renderer
     from gptkit.tokenizer import gpt2, load, save
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ eos_token if false }}")

@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 from ..errors import DataError, check
 from ..files import check_folder, written
+from ..tokenizer import load as load_tokenizer
 from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
 from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
 
@@ -220,8 +221,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
             paths = shard_inputs(paths, cfg.shard)
         os.environ['RAYON_NUM_THREADS'] = str(cfg.workers)   # read by HF tokenizers when its thread pool starts
         os.environ.setdefault('TOKENIZERS_PARALLELISM', 'true')
-        from gptkit.tokenizer import load
-        tok = load(cfg.tokenizer)
+        tok = load_tokenizer(cfg.tokenizer)
         damaged = () if cfg.keep_truncated else ('truncated_file', 'unreadable_file')
         hint = '; nothing was written (--keep-truncated keeps what was read)'
         tally = Tally(strict=cfg.strict, fatal=damaged, hint=hint)
