@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -13,13 +14,22 @@ import re
 import shutil
 from pathlib import Path
 
-from .checkpoint import check_shapes, checkpoint_parts, read_torch_file, save
-from .config import ModelConfig
-from .errors import ConfigError, shown
+import torch
+from safetensors.torch import load_file, save_file
+
+from .checkpoint import check_shapes, checkpoint_parts, save
+from .config import DataConfig, ModelConfig, TrainConfig
+from .engine import build_engine, init_distributed
+from .errors import ConfigError, DataError, check, shown
 from .files import read_json, read_text, write_atomic
+from .layout import Layout
+from .model import GPT
+from .parallel import shard_weights
 from .params import hf_family, param_table, stage_layers
 from .runconfig import RunConfig, save_config
 from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
+from .tokenizer import EOD, from_bpe_files, gpt2, load as load_tokenizer, save as save_tokenizer
+from .torch_files import read_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +93,6 @@ def to_hf(weights: dict, cfg: ModelConfig) -> dict:
 
 def _pad_rows(w, rows: int):
     "`w` with zero rows appended (or extra rows cut) to `rows` rows"
-    import torch
     if w.shape[0] >= rows:
         return w[:rows].contiguous()
     return torch.cat([w, w.new_zeros(rows - w.shape[0], *w.shape[1:])])
@@ -97,7 +106,6 @@ def _unexpected(have: set, want: set, where: str):
 
 def from_hf(sd: dict, cfg: ModelConfig, where: str = 'the Hugging Face weights') -> dict:
     "GPT-2 or Llama state dict -> gptkit state dict (embeddings padded with zero rows to the padded vocabulary)"
-    import torch
     table = _hf_names(cfg, where)
     _unexpected(set(sd), {n for p in table for n in (p.hf if p.hf_rows else [p.hf])}, where)
     out = {}
@@ -205,7 +213,6 @@ def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
 # %% ../nbs/12c_interop.ipynb #b3dcac65
 def write_hf_tokenizer(tok, directory: Path, max_length: int):
     "The tokenizer as `transformers` reads it: tokenizer.json, vocab.json, merges.txt, tokenizer_config.json"
-    from gptkit.tokenizer import EOD, save as save_tokenizer
     save_tokenizer(tok, directory)
     special = {'bos_token': EOD, 'eos_token': EOD, 'unk_token': EOD}
     config = {'tokenizer_class': 'GPT2TokenizerFast', **special, 'add_prefix_space': False,
@@ -216,7 +223,6 @@ def write_hf_tokenizer(tok, directory: Path, max_length: int):
 def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     "Write a checkpoint as a Hugging Face folder that `AutoModelForCausalLM` (GPT-2 or Llama) and `AutoTokenizer` load"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    from safetensors.torch import save_file
     folder, cfg, _, weights, tok = checkpoint_parts(path)
     if tok is None:
         log.warning('%s has no tokenizer/; the export holds the model only', folder)
@@ -235,12 +241,6 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
 def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, where: str) -> Path:
     "Write `weights` as a new gptkit run folder: config.json, tokenizer/ and checkpoints/iter_0000000"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    import torch
-
-    from gptkit.config import DataConfig, TrainConfig
-    from gptkit.engine import build_engine, init_distributed
-    from gptkit.model import GPT
-    from gptkit.tokenizer import save as save_tokenizer
     out = Path(out_dir).resolve()
     cfg = RunConfig(model=model_cfg, data=DataConfig(tokenizer=str(out / 'tokenizer')),
                     train=TrainConfig(precision='fp32'), out=str(out))
@@ -261,7 +261,6 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
 
 def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
     "The tensors of a folder (safetensors, sharded or not, or pytorch_model.bin); GPT-2's named transformer.*"
-    import torch
     if (hf / 'model.safetensors').is_file():
         files = [hf / 'model.safetensors']
     elif (hf / 'model.safetensors.index.json').is_file():
@@ -279,7 +278,6 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
     for f in files:
         try:
             if f.suffix == '.safetensors':
-                from safetensors.torch import load_file
                 sd.update(load_file(f))
             else:
                 sd.update(read_torch_file(f))
@@ -303,8 +301,6 @@ def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Hugging Face GPT-2 or Llama folder"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    from gptkit.errors import DataError
-    from gptkit.tokenizer import load as load_tokenizer
     hf = Path(hf_dir)
     if not (hf / 'config.json').is_file():
         raise CheckpointError(f'{hf} is not a Hugging Face model folder: it has no config.json')
@@ -323,7 +319,6 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
 # %% ../nbs/12c_interop.ipynb #f719f182
 def qkv_to_megatron(t, heads: int, kv_heads: int | None = None):
     "gptkit's fused QKV rows [q heads; k kv_heads; v kv_heads] -> Megatron's, per KV group [its q heads, k, v]"
-    import torch
     kv = kv_heads or heads
     d, rest = t.shape[0] // (heads + 2 * kv), t.shape[1:]
     q, k, v = t.split((heads * d, kv * d, kv * d))
@@ -331,7 +326,6 @@ def qkv_to_megatron(t, heads: int, kv_heads: int | None = None):
 
 def qkv_from_megatron(t, heads: int, kv_heads: int | None = None):
     "Megatron's fused QKV rows, per KV group [its q heads, k, v] -> gptkit's [q heads; k kv_heads; v kv_heads]"
-    import torch
     kv = kv_heads or heads
     d, rest = t.shape[0] // (heads + 2 * kv), t.shape[1:]
     q, k, v = t.reshape(kv, -1, *rest).split((heads // kv * d, d, d), 1)
@@ -451,7 +445,6 @@ def config_from_megatron(args, vocab: int, seq_len: int, where: str = 'args') ->
 def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
     "A checkpoint in Megatron-LM's legacy layout (iter_XXXXXXX/mp_rank_00/model_optim_rng.pt), weights and args only"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    import torch
     folder, cfg, state, weights, tok = checkpoint_parts(path)
     it, out = state['iteration'], Path(out_dir)
     files = tuple(str(out.resolve() / 'tokenizer' / f) if tok else None for f in ('vocab.json', 'merges.txt'))
@@ -463,7 +456,6 @@ def export_megatron(path: str | Path, out_dir: str | Path) -> Path:
         torch.save(ckpt, shard / 'model_optim_rng.pt')
         write_atomic(tmp / 'latest_checkpointed_iteration.txt', str(it))
         if tok is not None:
-            from gptkit.tokenizer import save as save_tokenizer
             save_tokenizer(tok, tmp / 'tokenizer')
     log.info('exported %s to %s', folder, out)
     return out
@@ -498,11 +490,10 @@ def _megatron_shard(src: Path) -> Path:
 
 def _megatron_tokenizer(src: Path, args: dict, tokenizer):
     "The tokenizer for a Megatron checkpoint: given, saved beside it, its args' vocab/merge files, or GPT-2's"
-    from gptkit.tokenizer import from_bpe_files, gpt2, load
     if tokenizer is not None:
-        return load(tokenizer)
+        return load_tokenizer(tokenizer)
     if (src / 'tokenizer').is_dir():
-        return load(src / 'tokenizer')
+        return load_tokenizer(src / 'tokenizer')
     vf, mf = args.get('vocab_file'), args.get('merge_file')
     named = isinstance(vf, str) and isinstance(mf, str) and vf and mf
     if named and Path(vf).is_file() and Path(mf).is_file():
@@ -515,7 +506,6 @@ def _megatron_tokenizer(src: Path, args: dict, tokenizer):
 def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
     "A gptkit run folder (config, tokenizer, checkpoint at step 0) from a Megatron-LM legacy checkpoint (tp=1, pp=1)"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    from gptkit.errors import DataError
     src = Path(src)
     shard = _megatron_shard(src)
     ckpt = read_torch_file(shard)
@@ -557,14 +547,7 @@ def import_megatron(src: str | Path, out_dir: str | Path, tokenizer: str | Path 
 def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, balance: str = 'layers') -> Path:
     "Write the checkpoint at `path` (any layout) as a new run folder for tensor-parallel `tp` x pipeline `pp`"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    import dataclasses
 
-    import torch
-
-    from gptkit.errors import check
-    from gptkit.layout import Layout
-    from gptkit.parallel import shard_weights
-    from gptkit.tokenizer import save as save_tokenizer
     folder, cfg, state, weights, tok = checkpoint_parts(path)
     layout = Layout(tp, pp, balance=balance)
     check(Layout(tp=tp).problems(cfg.model))           # tp against the model; stage_layers checks pp
