@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 
-from .engine import free_port
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import ops as M
+from .engine import build_engine, free_port, init_distributed
+from .estimate import flops_per_iteration
+from .model import GPT
 from .runconfig import resolve
+from .train import peak_flops
 
 # %% auto #0
 __all__ = ['PACKAGES', 'Check', 'versions', 'device_checks', 'kernel_checks', 'train_check', 'allreduce_bandwidth',
@@ -47,7 +57,6 @@ def versions() -> list[Check]:
 # %% ../nbs/18_doctor.ipynb #cef1a8ff
 def device_checks() -> list[Check]:
     "What torch sees: the CUDA it was built for, each GPU, NCCL, bf16, and whether Triton can reach a GPU"
-    import torch
     if not torch.cuda.is_available():
         built = torch.version.cuda or 'none (a CPU build)'
         return [Check('cuda', 'skipped', f'no GPU visible; torch built for CUDA {built}'),
@@ -80,10 +89,7 @@ def _grads(fn, inputs, g):
 
 def kernel_checks(device: str | None = None, dtype=None, tokens: int = 4096, hidden: int = 1024) -> list[Check]:
     "Each Triton kernel, forward and backward, against its torch reference on `device` ([tokens, hidden] inputs)"
-    import torch
-    import torch.nn.functional as F
-
-    from gptkit import kernels as K, ops as M
+    from gptkit import kernels as K  # imports Triton: only when the kernels are checked
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if device == 'cpu' and not K.interpreted():
         return [Check('kernels', 'skipped', "no GPU: tests/test_kernels.py runs them in Triton's interpreter")]
@@ -124,12 +130,6 @@ def kernel_checks(device: str | None = None, dtype=None, tokens: int = 4096, hid
 # %% ../nbs/18_doctor.ipynb #d355330f
 def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | None = None) -> list[Check]:
     "`steps` training steps of `preset` (GPU: 125m in bf16; CPU: tiny in fp32) on random tokens; TFLOP/s and MFU"
-    import torch
-
-    from gptkit.engine import build_engine, init_distributed
-    from gptkit.estimate import flops_per_iteration
-    from gptkit.model import GPT
-    from gptkit.train import peak_flops
     cuda = torch.cuda.is_available()
     preset = preset or ('125m' if cuda else 'tiny')
     precision = 'bf16' if cuda and torch.cuda.is_bf16_supported() else 'fp16' if cuda else 'fp32'
@@ -172,10 +172,6 @@ def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | N
 # %% ../nbs/18_doctor.ipynb #3c586779
 def _allreduce_worker():
     "`python -c` entry of one rank: RANK WORLD PORT BACKEND NUMEL ITERS as arguments; rank 0 prints its result"
-    import sys
-
-    import torch
-    import torch.distributed as dist
     rank, world, port, backend, numel, iters = sys.argv[1:]
     rank, world, numel, iters = int(rank), int(world), int(numel), int(iters)
     dist.init_process_group(backend, init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=world)
@@ -203,8 +199,6 @@ def _allreduce_worker():
 
 def allreduce_bandwidth(nproc: int, backend: str = 'nccl', mbytes: float = 256, iters: int = 10) -> tuple[float, bool]:
     "(bus bandwidth in GB/s, whether the sums were right) of an fp32 all-reduce of `mbytes` MB over `nproc` processes"
-    import subprocess
-    import sys
     port, numel = free_port(), int(mbytes * 1e6 / 4)
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'TRITON_INTERPRET')}
     code = 'from gptkit.doctor import _allreduce_worker; _allreduce_worker()'
@@ -220,7 +214,6 @@ def allreduce_bandwidth(nproc: int, backend: str = 'nccl', mbytes: float = 256, 
 
 def allreduce_check(mbytes: float = 256) -> list[Check]:
     "The NCCL all-reduce bus bandwidth between this machine's GPUs, when it has two or more"
-    import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < 2:
         return [Check('all-reduce', 'skipped', f'{n} GPU(s): nothing to measure between')]
