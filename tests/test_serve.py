@@ -205,6 +205,19 @@ def test_stop_strings(url, gen):
     assert r['choices'][0]['text'] == full[:full.find(stop)] and r['choices'][0]['finish_reason'] == 'stop'
 
 
+def test_streamed_and_whole_completions_report_the_same_tokens(url, gen):
+    "One reader of a job's chunks serves both answers: a token whose text is held back comes with its row's next event"
+    full = greedy(gen, 'And the', 12).text
+    body = {'prompt': 'And the', 'max_tokens': 12, 'temperature': 0, 'logprobs': 1, 'stop': [full + '!']}
+    whole = httpx.post(url + '/v1/completions', json=body).json()['choices'][0]       # every text may start the stop
+    with httpx.stream('POST', url + '/v1/completions', json={**body, 'stream': True}) as r:
+        streamed = [json.loads(line[6:])['choices'][0] for line in r.iter_lines() if line.startswith('data: {')]
+    assert ''.join(c['text'] for c in streamed) == whole['text'] == full
+    tokens = [t for c in streamed for t in c['logprobs']['tokens']]
+    assert tokens == whole['logprobs']['tokens'] and len(tokens) > len(streamed)     # held tokens came later
+    assert [v for c in streamed for v in c['logprobs']['token_logprobs']] == whole['logprobs']['token_logprobs']
+
+
 @pytest.mark.parametrize('body,status,message', [
     (b'{"prompt": ', 400, 'the body is not valid JSON'),
     (b'[1, 2]', 400, 'the body: input should be a valid dictionary'),
