@@ -15,10 +15,21 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.utils.checkpoint as tuc
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
+
+import gptkit.model
+import gptkit.parallel
 
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .estimate import activation_element_bytes, stage_activation_bytes
+from .layout import Layout
+from .model import GPT, core_attention
+from .parallel import ParallelState, parallelize, stage_input_shape
+from .torch_files import read_torch_file
 
 # %% auto #0
 __all__ = ['DTYPES', 'PARALLEL_CASES', 'Saved', 'SavedTensors', 'watch_rebuilds', 'saved_activation_bytes', 'fused_attention',
@@ -87,7 +98,6 @@ class SavedTensors:
 @contextlib.contextmanager
 def watch_rebuilds(tracker: SavedTensors, modules=None):
     "Inside: `checkpoint` as `modules` (default gptkit.model) call it reports each rebuild to `tracker`"
-    import torch.utils.checkpoint as tuc
     modules = modules or [sys.modules['gptkit.model']]
     real = tuc.checkpoint
     def checkpoint(fn, *args, **kwargs):
@@ -109,7 +119,6 @@ def watch_rebuilds(tracker: SavedTensors, modules=None):
 
 def saved_activation_bytes(fn, exclude=(), backward: bool = True) -> Saved:
     "Bytes autograd keeps for backward while `fn()` runs and (if `backward`) while its result is backpropagated"
-    import gptkit.model
     tracker = SavedTensors(exclude)
     with watch_rebuilds(tracker, [gptkit.model]):
         with tracker.hooks():
@@ -122,7 +131,6 @@ def saved_activation_bytes(fn, exclude=(), backward: bool = True) -> Saved:
 # %% ../nbs/17_memory.ipynb #00e75f39
 def fused_attention(dropout: float = 0.0, dtype=torch.float32, device: str = 'cpu') -> bool:
     "Whether `F.scaled_dot_product_attention` runs a fused kernel (no s x s scores kept) for this dropout here"
-    from gptkit.model import core_attention
     q, k, v = (torch.randn(1, 2, 8, 4, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
     return type(core_attention(q, k, v, dropout).grad_fn).__name__.startswith('ScaledDotProduct')
 
@@ -131,13 +139,10 @@ DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 def measure(model: ModelConfig, train: TrainConfig, attention: str = 'auto', seed: int = 0) -> Saved:
     "Saved bytes of one training step of gptkit's `GPT` on one process (`attention='math'` forces the math path)"
-    from gptkit.model import GPT
-    from gptkit.parallel import Layout, ParallelState, parallelize
     torch.manual_seed(seed)
     gpt = parallelize(GPT(model), ParallelState(Layout(), 0), train.recompute).to(DTYPES[train.precision]).train()
     b, s = train.micro_batch, model.seq_len
     ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel(SDPBackend.MATH) if attention == 'math' else contextlib.nullcontext():
         return saved_activation_bytes(lambda: gpt(ids, targets), list(gpt.parameters()))
 
@@ -185,12 +190,6 @@ PARALLEL_CASES = [(2, 1, False, 'none'), (2, 1, False, 'selective'), (2, 1, Fals
                   (1, 2, False, 'none'), (1, 2, False, 'selective'), (1, 2, False, 'full')]
 
 def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
-    import torch.distributed as dist
-
-    import gptkit.model
-    import gptkit.parallel
-    from gptkit.model import GPT
-    from gptkit.parallel import Layout, ParallelState, parallelize, stage_input_shape
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
@@ -219,10 +218,7 @@ def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
 def measure_parallel(model: ModelConfig, micro_batch: int = 2, cases=PARALLEL_CASES,
                      world: int = 2) -> list[dict]:
     "Measure every (tp, pp, sequence parallel, recompute) case on `world` gloo processes; one dict per rank and case"
-    import torch.multiprocessing as mp
-
-    import gptkit.memory
-    from gptkit.torch_files import read_torch_file
+    import gptkit.memory  # the library's worker by name, also when this runs in the notebook: spawn imports it
     env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
            if k in os.environ}
     with tempfile.TemporaryDirectory() as tmp:
