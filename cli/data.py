@@ -7,6 +7,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gptkit.errors import DataError
 from gptkit_cli import format as fmt
 from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
 
@@ -89,7 +90,6 @@ def inspect(
     import numpy as np
 
     from gptkit.data.indexed import IndexedDataset, data_paths, dataset_writer, stale_temporaries
-    from gptkit.errors import DataError
     writer, stale = dataset_writer(prefix), stale_temporaries(prefix)
     missing = [p for p in data_paths(prefix) if not p.is_file()]
     left = ', '.join(f'{p.name} ({p.stat().st_size / 2**20:,.1f} MB)' for p in stale)

@@ -7,9 +7,10 @@ from typing import Annotated, List, Optional
 import typer
 from rich.table import Table
 
+from gptkit.files import json_text
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
-from gptkit_cli.train import resolve_run
+from gptkit_cli.train import RichProgress, resolve_run
 
 Opt = typer.Option
 
@@ -43,15 +44,12 @@ def profile(
 ):
     ("""Profile training steps with torch.profiler: Chrome and TensorBoard traces, top operators by time and """
      """memory, TFLOP/s and MFU.""")
-    from gptkit.profile import parse_steps
+    from gptkit.profile import parse_steps, prepare_builtin, profile_run  # torch: only when a profile runs
     ranges = parse_steps(steps)                       # bad --steps fails before anything is built
     if data is None:
-        from gptkit.profile import prepare_builtin
         with err.status('tokenizing the built-in KJV text'):
             data, tokenizer = prepare_builtin(out_dir / 'data', tokenizer=tokenizer)
     cfg = resolve_run(preset, config, set_ or [], data, tokenizer, None, None, None)
-    from gptkit.profile import profile_run
-    from gptkit_cli.train import RichProgress
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:
         out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: profiling '
@@ -60,7 +58,6 @@ def profile(
     res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks,
                       force=force)
     if as_json:
-        from gptkit.files import json_text
         print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     _report(res, top)

@@ -1,9 +1,11 @@
 """`gptkit tokenizer train|encode|info`: byte-level BPE."""
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from gptkit_cli import format as fmt
 from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
@@ -26,10 +28,6 @@ def train(
     overwrite: Annotated[bool, Opt('--overwrite', help='Replace a tokenizer already in --output.')] = False,
 ):
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
-    import time
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from gptkit.data.corpus import Tally, clean_text, expand_inputs, read_documents
     from gptkit.tokenizer import bytes_per_token, check_new_tokenizer, gpt2, save, train_bpe
     check_new_tokenizer(output, overwrite)           # refused before the corpus is read
