@@ -7,6 +7,7 @@ chunked cross entropy that never holds the fp32 logits, each beside its torch re
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import ops
@@ -434,7 +435,6 @@ def _ce_grad(z, local, lse, scale, real, use_triton):
 # %% ../nbs/09_kernels.ipynb #d2f27e54
 def _combine(lse, picked, group):
     "The global lse and target logit from every rank's block: max, then sum of exp(lse - max); picked summed"
-    import torch.distributed as dist
     m = lse.clone()
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
     s = (lse - m).exp()

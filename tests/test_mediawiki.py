@@ -251,6 +251,7 @@ def test_early_stop_leaves_no_process(dump):
 
 def test_prepare_workers_read_a_multistream_dump_in_processes(dump, tmp_path, monkeypatch):
     "prepare --workers 2 hands the dump to worker processes (streams in tasks of one) and writes the same bytes"
+    import gptkit.data.corpus as corpus
     import gptkit.data.mediawiki as mw
     from gptkit.data.prepare import PrepareConfig, prepare
     path, _ = dump
@@ -259,7 +260,7 @@ def test_prepare_workers_read_a_multistream_dump_in_processes(dump, tmp_path, mo
         docs = real(path, tally, workers, seen, task_bytes=1)
         calls.append(docs is not None)
         return docs
-    monkeypatch.setattr(mw, 'read_mediawiki_parallel', small_tasks)
+    monkeypatch.setattr(corpus, 'read_mediawiki_parallel', small_tasks)   # where the corpus reader looks it up
     one = prepare(PrepareConfig((str(path),), str(tmp_path / 'one'), workers=1))
     two = prepare(PrepareConfig((str(path),), str(tmp_path / 'two'), workers=2))
     assert calls == [True]                                 # workers=1 never asks for processes; workers=2 got them

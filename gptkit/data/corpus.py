@@ -23,11 +23,13 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import ftfy
 import zstandard
 
 from ..errors import DataError
 from ..files import read_json
 from .document import Document, Tally, text_encoding
+from .mediawiki import read_mediawiki, read_mediawiki_parallel
 
 # %% auto #0
 __all__ = ['BUILTIN', 'DEFAULT_CORPUS', 'HELD_OUT', 'COMPRESSIONS', 'TEXT_FORMATS', 'FORMATS', 'SUFFIXES', 'ACCEPTED',
@@ -338,16 +340,6 @@ def _read_arrow(path: Path, text_key: str, tally: Tally, seen: list) -> Iterator
                     seen[0] = src.tell()
         yield from _rows(batches(), reader.schema.names, path, text_key, tally)
 
-def _read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
-    "A MediaWiki XML dump, article by article (gptkit.data.mediawiki)"
-    from gptkit.data.mediawiki import read_mediawiki
-    return read_mediawiki(stream, path, tally)
-
-def _read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list) -> Iterator[Document] | None:
-    "A multistream .xml.bz2 dump decompressed and cleaned by `workers` processes; None if it holds one stream"
-    from gptkit.data.mediawiki import read_mediawiki_parallel
-    return read_mediawiki_parallel(path, tally, workers, seen)
-
 # %% ../../nbs/03_corpus.ipynb #5356bff8
 def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str = 'file',
               fmt: str = 'auto', workers: int = 1) -> Iterator[Document]:
@@ -369,14 +361,14 @@ def read_file(path: Path, tally: Tally, text_key: str = 'text', txt_split: str =
                 comp = _compression(path, head)
                 docs = None   # a multistream .bz2 dump is read by `workers` processes, anything else streams here
                 if kind == 'mediawiki' and comp == '.bz2' and workers > 1 and _utf8(path, comp):
-                    docs = _read_mediawiki_parallel(path, tally, workers, seen)
+                    docs = read_mediawiki_parallel(path, tally, workers, seen)
                     tell = lambda: seen[0]
                 if docs is None:
                     stream, raw = _open_binary(path, comp)
                     stack.enter_context(raw)
                     stack.enter_context(stream)
                     docs = (_read_txt(stream, path, txt_split, tally) if kind == 'txt'
-                            else _read_mediawiki(stream, path, tally) if kind == 'mediawiki'
+                            else read_mediawiki(stream, path, tally) if kind == 'mediawiki'
                             else _read_jsonl(stream, path, text_key, tally))
                     tell = raw.tell
             for doc in docs:
@@ -433,7 +425,6 @@ class Deduper:
 # %% ../../nbs/03_corpus.ipynb #518d2d81
 def repair_text(text: str) -> str:
     "Undo mojibake (text decoded with the wrong codec), then clean it"
-    import ftfy
     fixed = ftfy.fix_text(text, unescape_html=False, uncurl_quotes=False, fix_latin_ligatures=False,
                           fix_character_width=False, fix_line_breaks=False, normalization='NFC')
     return clean_text(fixed)
