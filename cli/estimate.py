@@ -5,6 +5,7 @@ import json
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gptkit.config import ParallelConfig, TrainConfig, parse_size
@@ -27,8 +28,8 @@ MODEL, LAYOUT, HW = 'Model', 'Layout', 'Hardware and budget'
 
 
 def in_panel(panel: str):
-    "A typer.Option maker for one help panel: `in_panel(MODEL)('help', '--flag')`"
-    return lambda help, *decls: Opt(*decls, help=help, rich_help_panel=panel)
+    "A typer.Option maker for one help panel: `in_panel(MODEL)('help', '--flag')`; the help is plain text"
+    return lambda help, *decls: Opt(*decls, help=escape(help), rich_help_panel=panel)   # '[default: 1]' shown
 
 
 ModelOpt, LayoutOpt, HardwareOpt = in_panel(MODEL), in_panel(LAYOUT), in_panel(HW)
