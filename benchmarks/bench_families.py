@@ -37,7 +37,9 @@ def data(out: Path, vocab: int = 4096) -> tuple[str, str]:
 
 def run(name: str, model: dict, seed: int, iters: int, prefix: str, tok_dir: str, out: Path, held: list[int]) -> dict:
     from gptkit.estimate import count_params, flops_per_iteration
-    from gptkit.train import run_config, text_loss, train
+    from gptkit.evaluate import text_loss
+    from gptkit.plan import run_config
+    from gptkit.train import train
     cfg = run_config('tiny', sets=[f'train.iters={iters}', f'train.eval_interval={iters}', 'train.eval_iters=4',
                                    f'train.log_interval={max(1, iters // 10)}', 'optim.warmup=0.05', f'train.seed={seed}'],
                      overrides={'model': model, 'data': {'prefix': prefix, 'tokenizer': tok_dir}},

@@ -3,13 +3,17 @@
 scheduler starts one launcher per node, the launcher starts the processes, torch.distributed connects them."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from gptkit.engine import free_port, init_distributed
 from gptkit.errors import ConfigError
 
 LAUNCHERS = ('torchrun', 'deepspeed')
@@ -164,7 +168,6 @@ def k8s_manifest(launch: Launch, argv: list[str], name: str, image: str) -> str:
 
 def job_name(out: str | None) -> str:
     "A job name from the run folder: lower case letters, digits and dashes, as Kubernetes requires"
-    import re
     base = re.sub(r'[^a-z0-9-]+', '-', Path(out or 'run').name.lower()).strip('-') or 'run'
     return f'gptkit-{base}'[:63].rstrip('-')
 
@@ -184,9 +187,7 @@ def emit(kind: str, launch: Launch, argv: list[str], out: str | None, image: str
 def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
     """`gptkit COMMAND` with this command's options again, in `tp` processes on this machine under torchrun (each
     finds RANK set and joins with `join_tp`); its exit code"""
-    import os
 
-    from gptkit.engine import free_port
     argv = [a for a in train_argv(ctx) if a not in extra]
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
            str(free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
@@ -245,7 +246,6 @@ class _LauncherOutput:
 
     def _why(self, report: str) -> str | None:
         "One sentence for the launcher's report, or None when a process has already said why it stopped"
-        import signal
         m = _ROOT_CAUSE.search(report)
         if m is None:
             last = report.strip().splitlines()[-1] if report.strip() else 'failed'
@@ -268,9 +268,6 @@ def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = Fa
     """Run a launcher (torchrun, deepspeed) to its end, showing its processes' messages (`_LauncherOutput`); its exit
     code, 130 after Ctrl-C. `own_session`: the launcher does not get the terminal's Ctrl-C; this process hands it one
     SIGINT to pass on (else the terminal sends it to every process, which each finish their step and save)"""
-    import os
-    import signal
-    import subprocess
     output = _LauncherOutput(bool(os.environ.get('GPTKIT_DEBUG')))
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors='replace',
                             start_new_session=own_session)
@@ -305,7 +302,6 @@ def join_tp(device: str | None) -> tuple[int, str]:
     "Join the torchrun job; only rank 0 prints. (this rank, its device: its local GPU, or the CPU)"
     import torch
 
-    from gptkit.engine import init_distributed
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
     if rank != 0:

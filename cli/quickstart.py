@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Annotated
@@ -10,10 +11,12 @@ import typer
 from rich.table import Table
 
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
+from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import GPUS, count_params, estimate, search
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
+from gptkit_cli.train import RichProgress
 
 HELD_OUT_ARTICLES = 24   # of the built-in held-out text's 96: the step-4 loss to two decimals in seconds
 QUICK_PRESETS = ('tiny', 'llama-tiny')   # the CPU-sized models of each family
@@ -81,13 +84,10 @@ def _data_stage(out_dir: Path, vocab_size: int):
 
 
 def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
-    import shutil
-
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
-    from gptkit.engine import device_type
-    from gptkit.tokenizer import load
-    from gptkit.train import run_config, text_loss, token_counts, train, unigram_loss
-    from gptkit_cli.train import RichProgress
+    from gptkit.evaluate import text_loss, token_counts, unigram_loss
+    from gptkit.plan import plan_run, run_config
+    from gptkit.train import train
     run = out_dir / 'run'
     shutil.rmtree(run, ignore_errors=True)           # the quickstart always starts its run afresh
     cfg = run_config(preset, sets=[f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
@@ -95,13 +95,14 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
                                    f'train.micro_batch={QUICK_BATCH}', f'train.global_batch={QUICK_BATCH}',
                                    'optim.warmup=0.05'],
                      overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'),
-                                         'tokenizer': str(out_dir / 'tokenizer')}}, out=str(run))
+                                         'tokenizer': str(out_dir / 'tokenizer')}}, vocab=False, out=str(run))
+    plan = plan_run(cfg)                             # the tokenizer read once, for the run and the held-out text
+    cfg, tok = plan.cfg, plan.tokenizer
     out.print(f'3. training the {preset} preset ({cfg.model.layers} layers, hidden {cfg.model.hidden}, context '
               f'{cfg.model.seq_len}) '
               f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this {device_type().upper()} '
               f'in {cfg.train.precision}')
-    result = train(cfg, callbacks=[RichProgress()])
-    tok = load(out_dir / 'tokenizer')
+    result = train(plan, callbacks=[RichProgress()])
     held = []
     for d in list(read_documents([HELD_OUT]))[:HELD_OUT_ARTICLES]:
         held += tok.encode(clean_text(d.text)) + [tok.eod]

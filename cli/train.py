@@ -3,14 +3,25 @@ that do)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
+import signal
 from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from gptkit.errors import ConfigError, GptkitError
+from gptkit.engine import ds_config, free_port, world_size
+from gptkit.errors import ConfigError
 from gptkit.files import read_text
 from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
@@ -32,16 +43,17 @@ def key_name(key: str) -> str:
 
 
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
-                splits=(None, None, None), save_minutes=None, watchdog_minutes=None, resume=False) -> RunConfig:
-    "The RunConfig the command line describes, as `gptkit.train.run_config` completes it (machine defaults, vocabulary)"
-    from gptkit.train import run_config
+                splits=(None, None, None), save_minutes=None, watchdog_minutes=None, resume=False,
+                vocab=True) -> RunConfig:
+    "The RunConfig the command line describes, as `gptkit.plan.run_config` completes it (machine defaults, vocabulary)"
+    from gptkit.plan import run_config
     pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
     over = {'data': {k: v for k, v in pairs if v is not None},
             'train': {k: v for k, v in (('iters', iters), ('tokens', tokens), ('save_interval_minutes', save_minutes),
                                         ('watchdog_minutes', watchdog_minutes)) if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
-    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, **top)
+    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, vocab, **top)
 
 
 def _ds_override(path: Optional[Path]) -> dict | None:
@@ -73,86 +85,113 @@ def _summary(cfg: RunConfig):
               f'{fmt.text(cfg.out)}')
 
 
-def _data_summary(cfg: RunConfig):
-    "Each split's datasets: weight, samples drawn and epochs (a dataset that cannot be read is one line)"
-    from gptkit.train import data_plan
-    if not (cfg.data.prefix or cfg.data.train_prefix):
-        return
-    try:
-        plan = data_plan(cfg)
-    except GptkitError as e:
-        out.print(f'[yellow]data: {fmt.text(e)}[/]')
-        return
-    for name, parts in plan.items():
+def _data_summary(plan):
+    "Each split's datasets: weight, samples drawn and epochs (a data plan that could not be made is one line)"
+    if plan.data_error is not None:
+        out.print(f'[yellow]data: {fmt.text(plan.data_error)}[/]')
+    for name, parts in plan.data.items():
         for p in parts:
             weight = 'whole' if p.weight is None else f'weight {p.weight:.4g}'
             out.print(f'{name} data: {fmt.text(p.prefix)} | {weight} | {p.samples:,} samples | {p.epochs} epoch'
                       f'{"s" if p.epochs != 1 else ""}')
 
 
+# The options of `gptkit train`, in the order its --help lists them
+PresetOption = Annotated[Optional[str], typer.Option(
+    help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, tinyllama-1.1b '
+         '(default tiny when no --config).')]
+ConfigOption = Annotated[Optional[Path], typer.Option(
+    help='A JSON or YAML run config (sections model, data, parallel, train, optim).')]
+SetOption = Annotated[Optional[List[str]], typer.Option(
+    '--set', help='Override one setting: section.key=value (repeat).')]
+DataOption = Annotated[Optional[str], typer.Option(
+    help="Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare) or a blend '0.3 PREFIX1 0.7 PREFIX2'.")]
+TrainDataOption = Annotated[Optional[str], typer.Option(
+    help='The train split\'s own PREFIX or blend (instead of --data and data.split).')]
+ValidDataOption = Annotated[Optional[str], typer.Option(
+    help="The validation split's own PREFIX or blend (with --train-data).")]
+TestDataOption = Annotated[Optional[str], typer.Option(
+    help="The test split's own PREFIX or blend (with --train-data).")]
+TokenizerOption = Annotated[Optional[str], typer.Option(
+    help="Tokenizer folder the data was prepared with, or 'gpt2'.")]
+OutDirOption = Annotated[Optional[Path], typer.Option(
+    '--out', help='Run folder: config, metrics, TensorBoard events, checkpoints.')]
+ItersOption = Annotated[Optional[int], typer.Option(help='Optimizer steps.')]
+TokensOption = Annotated[Optional[str], typer.Option(
+    help='Train on this many tokens instead of --iters (like 300B).')]
+TpOption = Annotated[Optional[int], typer.Option(
+    help='Tensor-parallel degree (parallel.tp): each layer split over this many processes.')]
+PpOption = Annotated[Optional[int], typer.Option(
+    help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')]
+SaveIntervalMinutesOption = Annotated[Optional[float], typer.Option(
+    help='Also save when this many minutes passed since the last save (train.save_interval: steps).')]
+WatchdogMinutesOption = Annotated[Optional[float], typer.Option(
+    help='A step, evaluation or save that takes longer is a hang: print every stack and exit 124 '
+         '(train.watchdog_minutes, default 30).')]
+MaxRestartsOption = Annotated[int, typer.Option(
+    help="Restart all processes up to this many times when one dies or hangs (torchrun's elastic agent); "
+         'each restart resumes from the newest intact checkpoint.')]
+ResumeOption = Annotated[bool, typer.Option(
+    '--resume', help="Continue from the newest intact checkpoint in --out (with neither --preset nor --config: "
+                     "the run's own config.json, the other flags on top).")]
+DryRunOption = Annotated[bool, typer.Option(
+    '--dry-run',
+    help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')]
+DeepspeedConfigOption = Annotated[Optional[Path], typer.Option(
+    help='A DeepSpeed JSON merged over the generated one (experts).')]
+NprocOption = Annotated[Optional[int], typer.Option(
+    help='Start this many processes on this node (on each node) with --launcher.')]
+LauncherOption = Annotated[str, typer.Option(help='torchrun or deepspeed, for --nproc and --nnodes.')]
+NnodesOption = Annotated[int, typer.Option(help='Nodes the run spans; run the same command on each.')]
+NodeRankOption = Annotated[int, typer.Option(help='This node\'s rank, 0 to --nnodes - 1.')]
+MasterAddrOption = Annotated[Optional[str], typer.Option(
+    help='Address of the node with --node-rank 0 (needed with --nnodes above 1).')]
+MasterPortOption = Annotated[Optional[int], typer.Option(
+    help='Its port (default: 29500 across nodes, a free one on one node).')]
+HostfileOption = Annotated[Optional[Path], typer.Option(
+    help="DeepSpeed's hostfile ('host slots=N' lines): deepspeed starts every node itself.")]
+EmitOption = Annotated[Optional[str], typer.Option(
+    help='Print a job file instead of training: slurm (an sbatch script) or k8s (a Kubeflow PyTorchJob).')]
+ImageOption = Annotated[Optional[str], typer.Option(help='The container image, for --emit k8s.')]
+ForceOption = Annotated[bool, typer.Option(
+    '--force', help="Train even when the estimate says the model does not fit this machine.")]
+LocalRankOption = Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True)]
+
+
 @app.command(context_settings={'help_option_names': ['-h', '--help']})
 @handles_errors(name=key_name)
 def train(
     ctx: typer.Context,
-    preset: Annotated[Optional[str], typer.Option(
-        help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, tinyllama-1.1b '
-             '(default tiny when no --config).')] = None,
-    config: Annotated[Optional[Path], typer.Option(
-        help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,
-    set_: Annotated[Optional[List[str]], typer.Option(
-        '--set', help='Override one setting: section.key=value (repeat).')] = None,
-    data: Annotated[Optional[str], typer.Option(
-        help="Dataset PREFIX (PREFIX.bin/.idx from gptkit data prepare) or a blend '0.3 PREFIX1 0.7 PREFIX2'.")] = None,
-    train_data: Annotated[Optional[str], typer.Option(
-        help='The train split\'s own PREFIX or blend (instead of --data and data.split).')] = None,
-    valid_data: Annotated[Optional[str], typer.Option(
-        help="The validation split's own PREFIX or blend (with --train-data).")] = None,
-    test_data: Annotated[Optional[str], typer.Option(
-        help="The test split's own PREFIX or blend (with --train-data).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(
-        help="Tokenizer folder the data was prepared with, or 'gpt2'.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option(
-        '--out', help='Run folder: config, metrics, TensorBoard events, checkpoints.')] = None,
-    iters: Annotated[Optional[int], typer.Option(help='Optimizer steps.')] = None,
-    tokens: Annotated[Optional[str], typer.Option(
-        help='Train on this many tokens instead of --iters (like 300B).')] = None,
-    tp: Annotated[Optional[int], typer.Option(
-        help='Tensor-parallel degree (parallel.tp): each layer split over this many processes.')] = None,
-    pp: Annotated[Optional[int], typer.Option(
-        help='Pipeline-parallel degree (parallel.pp): the layers split into this many stages.')] = None,
-    save_interval_minutes: Annotated[Optional[float], typer.Option(
-        help='Also save when this many minutes passed since the last save (train.save_interval: steps).')] = None,
-    watchdog_minutes: Annotated[Optional[float], typer.Option(
-        help='A step, evaluation or save that takes longer is a hang: print every stack and exit 124 '
-             '(train.watchdog_minutes, default 30).')] = None,
-    max_restarts: Annotated[int, typer.Option(
-        help="Restart all processes up to this many times when one dies or hangs (torchrun's elastic agent); "
-             'each restart resumes from the newest intact checkpoint.')] = 0,
-    resume: Annotated[bool, typer.Option(
-        '--resume', help="Continue from the newest intact checkpoint in --out (with neither --preset nor --config: "
-                         "the run's own config.json, the other flags on top).")] = False,
-    dry_run: Annotated[bool, typer.Option(
-        '--dry-run',
-        help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')] = False,
-    deepspeed_config: Annotated[Optional[Path], typer.Option(
-        help='A DeepSpeed JSON merged over the generated one (experts).')] = None,
-    nproc: Annotated[Optional[int], typer.Option(
-        help='Start this many processes on this node (on each node) with --launcher.')] = None,
-    launcher: Annotated[str, typer.Option(help='torchrun or deepspeed, for --nproc and --nnodes.')] = 'torchrun',
-    nnodes: Annotated[int, typer.Option(help='Nodes the run spans; run the same command on each.')] = 1,
-    node_rank: Annotated[int, typer.Option(help='This node\'s rank, 0 to --nnodes - 1.')] = 0,
-    master_addr: Annotated[Optional[str], typer.Option(
-        help='Address of the node with --node-rank 0 (needed with --nnodes above 1).')] = None,
-    master_port: Annotated[Optional[int], typer.Option(
-        help='Its port (default: 29500 across nodes, a free one on one node).')] = None,
-    hostfile: Annotated[Optional[Path], typer.Option(
-        help="DeepSpeed's hostfile ('host slots=N' lines): deepspeed starts every node itself.")] = None,
-    emit: Annotated[Optional[str], typer.Option(
-        help='Print a job file instead of training: slurm (an sbatch script) or k8s (a Kubeflow PyTorchJob).')] = None,
-    image: Annotated[Optional[str], typer.Option(help='The container image, for --emit k8s.')] = None,
-    force: Annotated[bool, typer.Option(
-        '--force', help="Train even when the estimate says the model does not fit this machine.")] = False,
-    local_rank: Annotated[Optional[int], typer.Option('--local_rank', '--local-rank', hidden=True)] = None,
+    preset: PresetOption = None,
+    config: ConfigOption = None,
+    set_: SetOption = None,
+    data: DataOption = None,
+    train_data: TrainDataOption = None,
+    valid_data: ValidDataOption = None,
+    test_data: TestDataOption = None,
+    tokenizer: TokenizerOption = None,
+    out_dir: OutDirOption = None,
+    iters: ItersOption = None,
+    tokens: TokensOption = None,
+    tp: TpOption = None,
+    pp: PpOption = None,
+    save_interval_minutes: SaveIntervalMinutesOption = None,
+    watchdog_minutes: WatchdogMinutesOption = None,
+    max_restarts: MaxRestartsOption = 0,
+    resume: ResumeOption = False,
+    dry_run: DryRunOption = False,
+    deepspeed_config: DeepspeedConfigOption = None,
+    nproc: NprocOption = None,
+    launcher: LauncherOption = 'torchrun',
+    nnodes: NnodesOption = 1,
+    node_rank: NodeRankOption = 0,
+    master_addr: MasterAddrOption = None,
+    master_port: MasterPortOption = None,
+    hostfile: HostfileOption = None,
+    emit: EmitOption = None,
+    image: ImageOption = None,
+    force: ForceOption = False,
+    local_rank: LocalRankOption = None,
 ):
     """Train a GPT on DeepSpeed: one process here, or --nproc processes through torchrun or deepspeed.
 
@@ -160,46 +199,59 @@ def train(
     checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it. A hang
     exits 124 after --watchdog-minutes; --max-restarts K restarts a run whose process died or hung."""
     cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume)
+                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume, vocab=False)
     override = _ds_override(deepspeed_config)
-    launched = 'RANK' in os.environ or local_rank is not None
-    from gptkit.engine import world_size
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
     launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
     problems = launch.problems(launching=emit is None)
     if problems:
         raise ConfigError(problems)
     world = world_size(cfg, launch.world)
-    cfg = cfg.for_world(world)
-    rank = int(os.environ.get('RANK', 0))
-    argv = train_argv(ctx)
+    cfg, argv = cfg.for_world(world), train_argv(ctx)
     if emit is not None:
         print(emit_job(emit, launch, argv, cfg.out, image), end='')
         return
     if dry_run:
         return _dry_run(cfg, override, world, launch, argv)
+    launched = 'RANK' in os.environ or local_rank is not None
     if (world > 1 or max_restarts) and not launched:
-        from gptkit.engine import free_port
-        from gptkit.train import check_run
-        check_run(cfg, resume)                  # once here, not in every process the launcher would start
-        port = master_port or int(os.environ.get('MASTER_PORT') or (DEFAULT_PORT if nnodes > 1 else free_port()))
-        cmd = launch.command(argv, port)
-        out.print(f'[dim]$ {fmt.text(shlex.join(cmd))}[/]')
-        raise typer.Exit(run_launcher(cmd))
+        raise typer.Exit(_launch(cfg, resume, world, launch, argv))
+    rank = int(os.environ.get('RANK', 0))
+    return _run(_plan(cfg, resume, world, launched, rank), override, force, rank)
+
+
+def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list[str]) -> int:
+    "The run planned once here, then its processes started by the launcher with the plan in their environment"
+    from gptkit.plan import PLAN_ENV, plan_run
+    plan = plan_run(cfg, resume, world)          # checked once here, not in every process the launcher starts
+    port = launch.master_port or int(os.environ.get('MASTER_PORT') or
+                                     (DEFAULT_PORT if launch.nnodes > 1 else free_port()))
+    cmd = launch.command(argv, port)
+    out.print(f'[dim]$ {fmt.text(shlex.join(cmd))}[/]')
+    return run_launcher(cmd, {**os.environ, PLAN_ENV: plan.to_json()})
+
+
+def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
+    "This process's RunPlan (the one `gptkit train` handed it under a launcher, else made here); rank 0 shows it"
+    from gptkit.plan import handed_plan, plan_run
     restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
+    plan = (handed_plan(restarted=restart > 0) if launched else None) or plan_run(cfg, resume or restart > 0, world)
     if rank == 0 and restart:
         out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '
                   'checkpoint')
     elif rank == 0:
-        _summary(cfg)
-        _data_summary(cfg)
-    _run(cfg, override, resume or restart > 0, force, rank)
+        _summary(plan.cfg)
+        _data_summary(plan)
+    return plan
 
 
 def _dry_run(cfg, override, world, launch, argv):
-    from gptkit.engine import ds_config
+    "The plan without its checks (`preview_run`), the DeepSpeed config and the launch command"
+    from gptkit.plan import preview_run
+    plan = preview_run(cfg, world)
+    cfg = plan.cfg
     _summary(cfg)
-    _data_summary(cfg)
+    _data_summary(plan)
     out.print('[bold]Run config[/]')
     out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
@@ -213,14 +265,6 @@ def _dry_run(cfg, override, world, launch, argv):
 class RichProgress:
     "A rich progress bar with loss, tokens/s and ETA; evaluations and checkpoints as lines above it"
     def __init__(self):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
         self.progress = Progress(TextColumn('[bold]train[/]'), BarColumn(), MofNCompleteColumn(),
                                  TextColumn('{task.fields[stats]}'),
                                  TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(), console=out,
@@ -245,7 +289,6 @@ class RichProgress:
         self.progress.update(self.task, completed=m.iteration, stats=stats)
 
     def on_eval(self, split, iteration, loss):
-        import math
         self.progress.console.print(f'step {iteration}: {split} loss {loss:.3f}, perplexity '
                                     f'{math.exp(min(loss, 50)):,.1f}')
 
@@ -256,9 +299,11 @@ class RichProgress:
         self.progress.stop()
 
 
-def _run(cfg, override, resume, force, rank):
+def _run(plan, override, force, rank):
+    "Train `plan` in this process; rank 0 says how it ended"
     from gptkit.train import train as run_training
-    result = run_training(cfg, callbacks=[RichProgress()], resume=resume, ds_override=override, force=force)
+    result = run_training(plan, callbacks=[RichProgress()], ds_override=override, force=force)
+    cfg = plan.cfg
     if rank != 0:
         if result.interrupted:
             raise typer.Exit(result.exit_code)
@@ -270,7 +315,6 @@ def _run(cfg, override, resume, force, rank):
         parts.append(f'test loss {result.test_loss:.3f}')
     out.print('[bold green]done[/]: ' + ', '.join(parts) + f'; checkpoint {fmt.text(result.checkpoint)}')
     if result.interrupted:
-        import signal
         name = signal.Signals(result.signal).name if result.signal else 'a signal'
         out.print(f'[yellow]interrupted[/] by {name}, checkpoint saved: continue with [bold]gptkit train --resume '
                   f'--out {fmt.text(cfg.out)}[/] (its config.json holds the settings; exit code {result.exit_code}: '

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 
 from .config import OptimConfig
+from .errors import ConfigError
 from .layout import BatchPlan
 from .runconfig import RunConfig
 
@@ -20,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'ds_config', 'param_groups', 'make_optimizer', 'Schedule', 'device_type', 'machine_defaults', 'world_size',
-           'free_port', 'init_distributed', 'build_engine']
+           'free_port', 'init_distributed', 'check_precision', 'cpp_compiler', 'compile_model', 'build_engine']
 
 # %% ../nbs/10_engine.ipynb #7d1311a2
 def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | None = None) -> dict:
@@ -179,6 +181,39 @@ def init_distributed() -> tuple[int, int, int]:
     if not cpu:
         torch.cuda.set_device(local)
     return torch.distributed.get_rank(), torch.distributed.get_world_size(), local
+
+# %% ../nbs/10_engine.ipynb #2d09a38b
+def check_precision(cfg: RunConfig):
+    "Refuse a precision this device or this layout cannot train in, before DeepSpeed fails on it"
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    precision = cfg.train.precision
+    dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}[precision]
+    acc = get_accelerator()
+    why = None
+    if dtype not in acc.supported_dtypes():
+        why = f'{{key}} {precision} is not supported by DeepSpeed on this {acc.device_name()} device; use fp32 or bf16'
+    elif cfg.parallel.pp > 1 and precision == 'fp16':
+        why = ('{key} fp16 cannot be combined with parallel.pp above 1 in gptkit '
+               '(the loss scale would reach the earlier stages twice); use bf16')
+    if why:
+        raise ConfigError([('train.precision', why)])
+
+def cpp_compiler() -> str | None:
+    "The C++ compiler torch.compile would build CPU kernels with: $CXX, else g++, c++ or clang++ on PATH"
+    names = (os.environ.get('CXX', ''), 'g++', 'c++', 'clang++')
+    return next(filter(None, (shutil.which(c) for c in names if c)), None)
+
+def compile_model(cfg: RunConfig, model):
+    "torch.compile the model's blocks for `train.compile`, where gptkit has tested it: one rank's whole model, ZeRO 0-2"
+    p = cfg.parallel
+    if p.tp > 1 or p.pp > 1 or p.zero == 3:
+        raise ConfigError([('train.compile', '{key} works with parallel.tp = parallel.pp = 1 and ZeRO 0-2 '
+                            f'(this run: tp {p.tp}, pp {p.pp}, ZeRO {p.zero}); set train.compile=false')])
+    if device_type() == 'cpu' and not cpp_compiler():
+        raise ConfigError([('train.compile', '{key} on a CPU needs a C++ compiler for torch.compile (g++ or clang++ '
+                            'on PATH, or $CXX); install one or set train.compile=false')])
+    model.compile_blocks()
 
 # %% ../nbs/10_engine.ipynb #f06e6974
 def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override: dict | None = None, mpu=None,

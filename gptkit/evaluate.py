@@ -15,16 +15,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .data.corpus import HELD_OUT, Document, clean_text
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import load_model
+from .data.corpus import HELD_OUT, Document, builtin_path, clean_text
+from .data.indexed import IndexedDataset
+from .data.samples import split_ranges
 from .errors import ConfigError, DataError, shorten
 from .files import size_text
+from .generate import GatheredLogits, tensor_parallel_part
+from .model import num_params
+from .store import CheckpointError
+from .tokenizer import gpt2
 
 Progress = Callable[[str, int, int], None]   # (stage, done, total): stage is 'perplexity' or 'cloze'
 
 # %% auto #0
-__all__ = ['Progress', 'EVAL_BYTES', 'LINE_BYTES', 'Window', 'check_stride', 'windows', 'token_losses', 'word_perplexity',
-           'Perplexity', 'is_jsonl', 'read_texts', 'perplexity', 'ClozeExample', 'cloze_example', 'read_cloze', 'Cloze',
-           'cloze_accuracy', 'Evaluation', 'evaluate']
+__all__ = ['Progress', 'EVAL_BYTES', 'LINE_BYTES', 'Window', 'check_stride', 'windows', 'token_losses', 'token_counts',
+           'unigram_loss', 'text_loss', 'word_perplexity', 'Perplexity', 'is_jsonl', 'read_texts', 'perplexity',
+           'ClozeExample', 'cloze_example', 'read_cloze', 'Cloze', 'cloze_accuracy', 'Evaluation', 'evaluate']
 
 # %% ../nbs/16_evaluate.ipynb #67dcc678
 @dataclass(frozen=True)
@@ -56,8 +67,6 @@ def windows(n: int, context: int, stride: int | None = None) -> list[Window]:
 def token_losses(model, tokens: Sequence[int], context: int, stride: int | None = None, batch_size: int = 8,
                  progress: Progress | None = None) -> tuple[float, int, int]:
     "(summed loss in nats, targets scored, windows) of `model` on one token stream"
-    import torch
-    import torch.nn.functional as F
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError([('batch_size', f'{{key}} must be a positive number of windows, not {batch_size!r}')])
     ws = windows(len(tokens), context, stride)
@@ -81,6 +90,39 @@ def token_losses(model, tokens: Sequence[int], context: int, stride: int | None 
             if progress:
                 progress('perplexity', min(i + batch_size, len(ws)), len(ws))
     return float(total), count, len(ws)
+
+# %% ../nbs/16_evaluate.ipynb #b93882de
+def token_counts(prefix: str | Path, split: str, vocab: int) -> np.ndarray:
+    "How often each token id occurs in the train split of dataset `prefix`"
+    data = IndexedDataset(prefix)
+    lo, hi = split_ranges(split, len(data))['train']
+    counts = np.zeros(vocab, np.int64)
+    for i in range(lo, hi):
+        counts += np.bincount(data[i], minlength=vocab)[:vocab]
+    return counts
+
+def unigram_loss(counts: np.ndarray, tokens) -> float:
+    "Cross entropy (nats per token) of `tokens` under the add-one smoothed unigram distribution `counts`"
+    p = (counts + 1) / (counts.sum() + len(counts))
+    return float(-np.log(p[np.asarray(tokens)]).mean())
+
+def text_loss(model, tokens, seq_len: int, batch: int = 8) -> float:
+    "Mean next-token loss of `model` on `tokens`, in consecutive windows of `seq_len` predictions"
+    ids = torch.as_tensor(np.asarray(tokens, np.int64))
+    n = (len(ids) - 1) // seq_len
+    if n == 0:
+        raise ValueError(f'{len(ids)} tokens are fewer than one window of {seq_len + 1}')
+    x = ids[:n * seq_len].view(n, seq_len)
+    y = ids[1:n * seq_len + 1].view(n, seq_len)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
+        for i in range(0, n, batch):
+            total += model(x[i:i + batch].to(device), y[i:i + batch].to(device)).float().item() * len(x[i:i + batch])
+    model.train(was_training)
+    return total / n
 
 # %% ../nbs/16_evaluate.ipynb #edc0b4c4
 def _exp(x: float) -> float:
@@ -113,7 +155,6 @@ class Perplexity:
 def _path(source: str | Path) -> Path:
     s = str(source)
     if s.startswith('builtin:'):
-        from gptkit.data.corpus import builtin_path
         return builtin_path(s[len('builtin:'):])
     return Path(s)
 
@@ -232,7 +273,6 @@ class Cloze:
 def cloze_accuracy(model, examples: Sequence[ClozeExample], context: int, batch_size: int = 8,
                    progress: Progress | None = None, source: str = '') -> Cloze:
     "Strict LAMBADA accuracy: every token of the last word must be the greedy prediction"
-    import torch
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError([('batch_size', f'{{key}} must be a positive number of examples, not {batch_size!r}')])
     start, correct = time.perf_counter(), 0
@@ -278,23 +318,18 @@ def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl
              device: str = 'cpu', progress: Progress | None = None, tp: int = 1) -> Evaluation:
     """Perplexity on `source` (None: skip) and cloze accuracy on the JSON Lines file `cloze` for a gptkit checkpoint;
     with `tp` > 1, in each of `tp` processes (torchrun) on that rank's shard of the model, all ranks in step"""
-    from gptkit.checkpoint import load_model
-    from gptkit.model import num_params
-    from gptkit.store import CheckpointError
     bad_count = isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 1
     if max_documents is not None and bad_count:
         raise ConfigError([('max_documents', f'{{key}} must be a positive number, not {max_documents!r}')])
     loaded = load_model(checkpoint, device='cpu' if tp > 1 else device)
     model, ctx, params = loaded.model, loaded.config.model.seq_len, num_params(loaded.model)
     if tp > 1:
-        from gptkit.generate import GatheredLogits, tensor_parallel_part
         model = GatheredLogits(tensor_parallel_part(model, tp).to(device))
     stride = check_stride(stride, ctx)
     tok = loaded.tokenizer
     if tok is None:
         if loaded.config.data.tokenizer != 'gpt2':
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to read text with')
-        from gptkit.tokenizer import gpt2
         tok = gpt2()
     if tok.vocab_size > loaded.config.model.vocab:
         raise CheckpointError(f'{loaded.folder}: the tokenizer has {tok.vocab_size} entries '

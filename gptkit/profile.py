@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .callbacks import Callback
 from .errors import ConfigError
 from .files import check_folder, json_text, write_atomic
 from .runconfig import RunConfig
-from .train import Callback
 
 # %% auto #0
 __all__ = ['MAX_PROFILE_STEP', 'CATEGORIES', 'RULES', 'REGIONS', 'parse_steps', 'step_actions', 'profiler_schedule', 'categorize',

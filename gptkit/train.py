@@ -7,169 +7,53 @@ metrics to TensorBoard and JSON lines, checkpoints that resume bit for bit, and 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import faulthandler
 import json
 import logging
 import math
-import os
 import random
 import resource
-import signal
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
+
+from gptkit.parallel import (
+    DeepSpeedMPU,
+    ParallelState,
+    grad_norm,
+    one_f_one_b,
+    parallelize,
+    stage_input_shape,
+    sync_tied_grads,
+)
 
 from . import checkpoint as ckpt, store
-from .errors import ConfigError, DataError, GptkitError
+from .callbacks import MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResult
+from .data.plan import data_name, machine_memory, split_sizes, split_source, warn_repeats
+from .data.samples import split_samples
+from .engine import Schedule, build_engine, check_precision, compile_model, device_type, init_distributed
+from .errors import DataError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
-from .files import json_text, written
 from .layout import BatchPlan
-from .runconfig import RunConfig, resolve, save_config
+from .model import GPT, num_params
+from .plan import RunPlan, plan_run, read_tokenizer
+from .runconfig import RunConfig, save_config
+from .stops import StopSignals, Watchdog
+from .tokenizer import load as load_tokenizer, save as save_tokenizer
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'STOP_SIGNALS', 'WATCHDOG_EXIT', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'RESUME_MAY_CHANGE', 'TrainingError',
-           'RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'micro_batch',
-           'peak_flops', 'memory_gib', 'machine_memory', 'check_fits', 'evaluate', 'data_plan', 'cpp_compiler',
-           'tokenizer_vocab', 'run_config', 'Window', 'Loop', 'check_run', 'hold_run', 'setup', 'restore', 'train_step',
-           'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish', 'train', 'LivePlot', 'token_counts',
-           'unigram_loss', 'text_loss']
+__all__ = ['log', 'TrainingError', 'micro_batch', 'peak_flops', 'memory_gib', 'check_fits', 'evaluate', 'Window', 'Loop',
+           'hold_run', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due',
+           'finish', 'train']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
     "A run that cannot go on (a loss that stays NaN, a machine too small for the model)"
-
-@dataclass
-class RunInfo:
-    "What a run is about to do, given to callbacks at the start"
-    cfg: RunConfig
-    iters: int                # total optimizer steps
-    start: int                # first step (> 0 when resuming)
-    params: int
-    world_size: int
-    grad_accum: int
-    device: str
-    flops_per_step: float     # model FLOPs of one step (Narayanan et al., recomputation included)
-    peak_flops: float | None  # the device's dense peak for this precision, when known
-    out: Path
-    resumed_from: Path | None = None
-
-@dataclass
-class StepMetrics:
-    "Averages over the steps since the last report"
-    iteration: int            # optimizer steps done
-    loss: float | None        # None when every micro-batch since the last report was dropped (NaN or inf)
-    lr: float
-    grad_norm: float | None
-    loss_scale: float | None
-    tokens: int               # tokens consumed so far
-    tokens_per_s: float
-    tflops: float             # achieved model TFLOP/s per device
-    mfu: float | None         # tflops / the device's peak, when known
-    memory_gib: float         # peak memory of this process (GPU allocated, or CPU resident)
-    step_seconds: float
-    skipped: int = 0          # micro-batches dropped for a non-finite loss since the last report
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-@dataclass
-class TrainResult:
-    iteration: int
-    tokens: int
-    losses: list[float]                  # the mean training loss of every step this call ran
-    valid_loss: float | None = None
-    test_loss: float | None = None
-    checkpoint: Path | None = None
-    interrupted: bool = False            # stopped early by a signal, after saving
-    signal: int | None = None            # that signal's number (SIGINT, SIGTERM or SIGUSR1)
-    seconds: float = 0.0
-    engine: object = field(default=None, repr=False)   # the DeepSpeed engine, to look at or go on with
-
-    @property
-    def exit_code(self) -> int:
-        "What `gptkit train` exits with: 0 when the run is done or its caller stopped it, else 128 + the signal"
-        return 128 + self.signal if self.signal else 0
-
-# %% ../nbs/11_train.ipynb #c4bd73d0
-class Callback:
-    "Hooks called on rank 0; override the ones you need"
-    def on_start(self, info: RunInfo):
-        pass
-    def on_step(self, m: StepMetrics):
-        pass                # every log_interval steps, averaged
-    def on_train_step(self, iteration: int):
-        pass          # after every optimizer step (a profiler's step())
-    def on_eval(self, split: str, iteration: int, loss: float):
-        pass
-    def on_checkpoint(self, path: Path, iteration: int):
-        pass
-    def on_end(self, result: TrainResult):
-        pass
-
-def _rows_up_to(path: Path, iteration: int):
-    "Drop the rows of a metrics.jsonl after `iteration`, which a run resumed from there logs again"
-    if not path.is_file():
-        return
-    lines = path.read_text(encoding='utf-8', errors='replace').splitlines(keepends=True)
-    def keep(line: str) -> bool:
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            return line.endswith('\n')   # a row cut by a kill is dropped
-        return not isinstance(row, dict) or not isinstance(row.get('iteration'), int) or row['iteration'] <= iteration
-    kept = [line for line in lines if keep(line)]
-    if len(kept) < len(lines):
-        from gptkit.files import write_atomic
-        write_atomic(path, ''.join(kept))
-
-class MetricsFile(Callback):
-    "Appends one JSON object per report, evaluation and checkpoint to OUT/metrics.jsonl: one row per step, also resumed"
-    def on_start(self, info):
-        if info.resumed_from is not None:
-            _rows_up_to(info.out / 'metrics.jsonl', info.start)
-        self.path = info.out / 'metrics.jsonl'
-        self.f = open(self.path, 'a')
-    def _write(self, d):
-        with written(self.path, kept='its earlier rows are intact (a cut last row is dropped on --resume)'):
-            self.f.write(json_text(d) + '\n')
-            self.f.flush()   # NaN as null
-    def on_step(self, m):
-        self._write({'kind': 'train', 'time': time.time(), **m.to_dict()})
-    def on_eval(self, split, iteration, loss):
-        self._write({'kind': split, 'iteration': iteration, 'loss': loss, 'ppl': math.exp(min(loss, 50))})
-    def on_checkpoint(self, path, iteration):
-        self._write({'kind': 'checkpoint', 'iteration': iteration, 'path': str(path)})
-    def on_end(self, result):
-        self.f.close()
-
-class TensorBoard(Callback):
-    "Scalars to TensorBoard event files in OUT/tensorboard (x axis: steps)"
-    def on_start(self, info):
-        from torch.utils.tensorboard import SummaryWriter
-        # a resumed run hides the events its previous run wrote after the step it resumes from
-        purge = info.start + 1 if info.resumed_from is not None else None
-        self.path = info.out / 'tensorboard'
-        with written(self.path):
-            self.w = SummaryWriter(str(self.path), purge_step=purge)
-    def on_step(self, m):
-        with written(self.path):
-            for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib'):
-                v = getattr(m, k)
-                if v is not None:
-                    self.w.add_scalar(f'train/{k}', v, m.iteration)
-    def on_eval(self, split, iteration, loss):
-        with written(self.path):
-            self.w.add_scalar(f'{split}/loss', loss, iteration)
-            self.w.add_scalar(f'{split}/ppl', math.exp(min(loss, 50)), iteration)
-    def on_end(self, result):
-        self.w.close()
 
 # %% ../nbs/11_train.ipynb #8ad9606a
 def micro_batch(samples, start: int, size: int, vocab: int, where: str) -> np.ndarray:
@@ -187,7 +71,6 @@ def peak_flops(device: str, precision: str) -> float | None:
     "Dense peak FLOP/s of this process's GPU for `precision`, or None when unknown"
     if device != 'cuda':
         return None
-    import torch
     name = torch.cuda.get_device_name().lower()
     for key, gpu in GPUS.items():
         if key.split('-')[0] in name and (('80' in key) == ('80' in name) or key.startswith(('h1', 'h2'))):
@@ -197,19 +80,13 @@ def peak_flops(device: str, precision: str) -> float | None:
 def memory_gib(device: str) -> float:
     "Peak memory so far: allocated on the GPU, or resident on the CPU"
     if device == 'cuda':
-        import torch
         return torch.cuda.max_memory_allocated() / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-def machine_memory() -> int:
-    "Bytes of physical memory"
-    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 # %% ../nbs/11_train.ipynb #37cb7c9b
 def check_fits(cfg: RunConfig, device: str, force: bool = False):
     "Raise a `TrainingError` if the estimate for `cfg` (on its layout) exceeds this device's memory"
     if device == 'cuda':
-        import torch
         capacity, what = torch.cuda.get_device_properties(0).total_memory, f'this GPU ({torch.cuda.get_device_name()})'
     else:
         capacity, what = machine_memory(), 'this machine'
@@ -226,44 +103,17 @@ def check_fits(cfg: RunConfig, device: str, force: bool = False):
     return mem
 
 # %% ../nbs/11_train.ipynb #48629a1f
-# Signals that ask a run to finish its step, save and exit 128 + the signal's number: Ctrl-C, a scheduler's
-# preemption or shutdown (SIGTERM), and SLURM's warning before the time limit (`sbatch --signal=USR1@120`)
-STOP_SIGNALS = tuple(getattr(signal, s) for s in ('SIGINT', 'SIGTERM', 'SIGUSR1') if hasattr(signal, s))
-
-class _Stop:
-    "Turns the first stop signal into a request to checkpoint and stop; a second one interrupts at once"
-    def __init__(self):
-        self.signal, self.old = None, {}
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in STOP_SIGNALS:
-                self.old[s] = signal.signal(s, self._handle)
-        return self
-    def _handle(self, signum, frame):
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signum
-        log.warning('%s received: saving a checkpoint after this step (press again to stop at once)',
-                    signal.Signals(signum).name)
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-
 def _zero_loss(module):
     "A loss whose gradient is zero everywhere, so a micro-batch can be dropped without upsetting DeepSpeed's counters"
     return sum((p * 0).sum() for p in module.parameters() if p.requires_grad)
 
 def _all_max(value: int, device) -> int:
-    import torch
-    import torch.distributed as dist
     t = torch.tensor([value], dtype=torch.int64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
 def _all_sum(values: list[float], device) -> list[float]:
-    import torch
-    import torch.distributed as dist
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
@@ -273,63 +123,10 @@ def _reports_loss(parallel) -> bool:
     "One rank per model replica counts the loss: the last stage's first TP rank (its TP peers hold the same value)"
     return parallel.is_last_stage and parallel.tp_rank == 0
 
-# %% ../nbs/11_train.ipynb #7a1d0c02
-WATCHDOG_EXIT = 124   # a hung run's exit code, as GNU timeout's
-
-def _real_stderr():
-    "A stderr that faulthandler can write to (it needs a file descriptor; a notebook's or CliRunner's has none)"
-    for f in (sys.stderr, sys.__stderr__):
-        try:
-            f.fileno()
-            return f
-        except (AttributeError, ValueError, OSError):
-            pass   # io.UnsupportedOperation is an OSError and a ValueError
-    return None
-
-class _Watchdog:
-    "Exits 124 with every thread's stack when `beat` was not called for `minutes` (None: never)"
-    def __init__(self, minutes: float | None, rank: int = 0):
-        self.seconds = None if minutes is None else minutes * 60
-        self.rank, self.err = rank, _real_stderr()
-        self.what, self.since, self.done = 'start-up', time.monotonic(), threading.Event()
-
-    def beat(self, what: str):
-        "`what` starts now: a step, an evaluation, a save"
-        self.what, self.since = what, time.monotonic()
-        if self.seconds is not None and self.err is not None:
-            faulthandler.dump_traceback_later(self.seconds + 60, exit=True, file=self.err)
-
-    def __enter__(self):
-        if self.seconds is not None:
-            threading.Thread(target=self._watch, name='gptkit-watchdog', daemon=True).start()
-            self.beat(self.what)
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        if self.seconds is not None and self.err is not None:
-            faulthandler.cancel_dump_traceback_later()
-
-    def _watch(self):
-        while not self.done.wait(min(1.0, self.seconds / 10)):
-            if time.monotonic() - self.since > self.seconds:
-                self._fire()
-
-    def _fire(self):
-        print(f'rank {self.rank}: {self.what} has not finished in {self.seconds / 60:g} minutes '
-              f'(train.watchdog_minutes), so the run is taken to be hung: the stack of every thread follows, '
-              f'then exit {WATCHDOG_EXIT}', file=sys.stderr, flush=True)
-        if self.err is not None:
-            faulthandler.dump_traceback(file=self.err, all_threads=True)
-        if self.err is not None:
-            self.err.flush()
-        os._exit(WATCHDOG_EXIT)
-
 # %% ../nbs/11_train.ipynb #6649ee2c
 def _micro_batches(samples, start: int, ga: int, dp: int, dp_rank: int, mb: int, vocab: int, where: str,
                    device) -> list:
     "This data-parallel rank's `ga` micro-batches of the step whose first sample is `start`, as (inputs, targets)"
-    import torch
     out = []
     for m in range(ga):
         ids = torch.from_numpy(micro_batch(samples, start + (m * dp + dp_rank) * mb, mb, vocab, where)).to(device)
@@ -338,9 +135,6 @@ def _micro_batches(samples, start: int, ga: int, dp: int, dp_rank: int, mb: int,
 
 def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -> tuple[float, int, float | None]:
     "One optimizer step over this rank's micro-batches: (sum of their losses, how many were dropped, grad norm or None)"
-    import torch
-
-    from gptkit.parallel import grad_norm, one_f_one_b, stage_input_shape, sync_tied_grads
     counted = {'loss': 0.0, 'dropped': 0}
     def backward(loss, last):
         if not last:
@@ -382,9 +176,6 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
 # %% ../nbs/11_train.ipynb #746372ac
 def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where: str) -> float:
     "Mean loss over the first `n_micro` x dp micro-batches of `samples`, agreed across ranks"
-    import torch
-
-    from gptkit.parallel import one_f_one_b, stage_input_shape
     dp = parallel.layout.dp
     engine.eval()
     batches = _micro_batches(samples, 0, n_micro, dp, parallel.dp_rank, mb, vocab, where, engine.device)
@@ -402,239 +193,23 @@ def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where
     return s / n
 
 # %% ../nbs/11_train.ipynb #341a2afc
-def _split_sizes(cfg: RunConfig) -> dict[str, int]:
-    "Samples each split is built for: every step's global batch for train, `eval_iters` batches for valid and test"
-    plan = cfg.plan
-    n_eval = cfg.train.eval_iters * plan.global_batch
-    return {'train': max(plan.iters * plan.global_batch, 1), 'valid': n_eval, 'test': n_eval}
-
-def _source(cfg: RunConfig, name: str) -> tuple | None:
-    "(prefixes, weights, split string or None for a per-split blend) of split `name`; None: no data for it"
-    from gptkit.data.indexed import IndexedDataset
-    from gptkit.data.samples import split_ranges
-    blend = cfg.data.blend(name)
-    if blend is None or (name != 'train' and not _split_sizes(cfg)[name]):
-        return None
-    key, prefixes, weights = blend
-    if weights is None and any(c.isspace() for c in prefixes[0]) and not Path(prefixes[0] + '.idx').exists():
-        raise DataError(f'{key} {prefixes[0]!r} is not a dataset; a blend gives a weight before each prefix, as in '
-                        f"'1 {' 1 '.join(prefixes[0].split())}' (Megatron's list of prefixes without weights "
-                        'is not read)')
-    if cfg.data.per_split:
-        return prefixes, weights, None
-    if name != 'train':                          # a valid/test share that rounds to nothing in every dataset
-        ranges = [split_ranges(cfg.data.split, len(IndexedDataset(p))).get(name) for p in prefixes]
-        if all(r is None or r[1] <= r[0] for r in ranges):
-            return None
-    return prefixes, weights, cfg.data.split
-
-def data_plan(cfg: RunConfig) -> dict[str, list]:
-    "Each split's datasets with their weight, samples drawn and epochs (`BlendPart`s), from the .idx files alone"
-    from gptkit.data.samples import _EmptySplit, plan_split
-    out = {}
-    for name, n in _split_sizes(cfg).items():
-        src = _source(cfg, name)
-        if src is None:
-            continue
-        try:
-            out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
-        except _EmptySplit as e:
-            raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that gives '
-                            'every dataset documents in each split, or give each split its own blend') from None
-        for part in out[name]:
-            _check_index_size(cfg, name, part)
-    return out
-
-INDEX_BYTES_PER_SAMPLE = 40   # building a split's index: its sample, shuffle and document indices, and temporaries
-MANY_EPOCHS = 10              # more passes than this over a training dataset: warned of (it will be memorized)
-
-def _check_index_size(cfg: RunConfig, name: str, part):
-    "Refuse, before any work, a split whose sample index would not fit in this machine's memory"
-    need, have = part.built * INDEX_BYTES_PER_SAMPLE, machine_memory()
-    if need <= have:
-        return
-    raise DataError(f'the {name} split would draw {part.built:,} samples of {cfg.model.seq_len + 1} tokens from '
-                    f'{part.prefix}, {part.epochs:,} passes over its data; building their index takes about '
-                    f'{need / 2**30:,.1f} GiB and this machine has {have / 2**30:,.1f} GiB. Train on fewer tokens '
-                    '(train.tokens, --iters) or on more data')
-
-def _warn_repeats(plan: dict):
-    "A warning for each training dataset the run passes over many times"
-    for part in plan.get('train', []):
-        if part.epochs > MANY_EPOCHS:
-            log.warning('the train split passes over %s %s times: a model this size will memorize it, and its '
-                        'validation loss will rise while the training loss falls; more data or fewer tokens help',
-                        part.prefix, f'{part.epochs:,}')
-
 def _split(cfg: RunConfig, name: str, rank: int):
     "The samples of one split, in Megatron's order (rank 0 builds the index caches first); None: no valid/test data"
-    import torch.distributed as dist
-
-    from gptkit.data.samples import split_samples
-    src = _source(cfg, name)
+    src = split_source(cfg, name)
     if src is None:
         blend = cfg.data.blend(name)
-        if rank == 0 and blend is not None and _split_sizes(cfg)[name]:
+        if rank == 0 and blend is not None and split_sizes(cfg)[name]:
             log.warning('%s: the %s split of %r is empty; %s evaluation is skipped', ' '.join(blend[1]), name,
                         cfg.data.split, name)
         return None
     prefixes, weights, split = src
-    build = lambda: split_samples(prefixes, weights, name, _split_sizes(cfg)[name], cfg.model.seq_len,
+    build = lambda: split_samples(prefixes, weights, name, split_sizes(cfg)[name], cfg.model.seq_len,
                                   cfg.train.seed, split)
     if rank == 0:
         samples = build()
     if dist.is_initialized():
         dist.barrier()
     return build() if rank != 0 else samples
-
-def _where(cfg: RunConfig, name: str) -> str:
-    "The data of split `name` as the run names it, for messages"
-    b = cfg.data.blend(name)
-    return cfg.data.prefix or (b and getattr(cfg.data, b[0].split('.')[1])) or 'data'
-
-# %% ../nbs/11_train.ipynb #fc4e1309
-def _setup_data(cfg: RunConfig):
-    "The tokenizer, after checking --out, the tokenizer and that every dataset of every split's blend exists"
-    from gptkit.files import check_folder
-    check_folder(cfg.out, 'out')                         # --out naming a file: refused before any work
-    from gptkit.data.indexed import data_paths
-    from gptkit.data.samples import SPLITS
-    from gptkit.tokenizer import load
-    problems = []
-    if not cfg.data.prefix and not cfg.data.train_prefix:
-        problems.append(('data.prefix',
-                         '{key} is not set: give the PREFIX of PREFIX.bin/.idx from gptkit data prepare'))
-    if not cfg.data.tokenizer:
-        problems.append(('data.tokenizer',
-                         "{key} is not set: give the tokenizer folder the data was prepared with, or 'gpt2'"))
-    if problems:
-        raise ConfigError(problems)
-    for name in SPLITS:
-        key, prefixes, _ = cfg.data.blend(name) or (None, (), None)
-        for p in (p for prefix in prefixes for p in data_paths(prefix)):
-            if not p.is_file():
-                raise DataError(f'{p}: no such file; {key} must name the PREFIX of PREFIX.bin/.idx '
-                                'written by gptkit data prepare' + (' in each of its pairs' if _ else ''))
-    tok = load(cfg.data.tokenizer)
-    return tok
-
-def _blends(data) -> dict:
-    "Each split's dataset names and normalized weights (a run whose data moved to other folders is the same run)"
-    from gptkit.data.samples import SPLITS
-    out = {}
-    for name in SPLITS:
-        b = data.blend(name)
-        if b is not None:
-            weights = None if b[2] is None else tuple(w / sum(b[2]) for w in b[2])
-            out[name] = (tuple(Path(p).name for p in b[1]), weights)
-    return {'split': None if data.per_split else data.split, **out}
-
-def _check_same_tokenizer(cfg: RunConfig, tok, resume_from: Path):
-    "Refuse to continue a checkpoint with another tokenizer than the one it saved: its token ids would mean other text"
-    saved = resume_from / 'tokenizer'
-    if tok is None or not saved.is_dir():
-        return
-    from gptkit.data.prepare import tokenizer_digest
-    from gptkit.tokenizer import load
-    old = load(saved)
-    if tokenizer_digest(old) == tokenizer_digest(tok):
-        return
-    what = (f'{tok.vocab_size:,} entries, not its {old.vocab_size:,}' if tok.vocab_size != old.vocab_size
-            else f'the same {tok.vocab_size:,} entries but other tokens')
-    raise ConfigError([('data.tokenizer', f'{{key}} {cfg.data.tokenizer} is not the tokenizer {resume_from} was '
-                                          f'trained with ({what}), so its token ids would mean other text; resume '
-                                          f'with --tokenizer {saved}, or train into a new --out')])
-
-def _check_same_data(cfg: RunConfig, resume_from: Path):
-    "Refuse to continue a checkpoint on another blend than the one it was trained on (an import names none: any goes)"
-    old = ckpt.read_config(resume_from).data
-    if not (old.prefix or old.train_prefix) or _blends(old) == _blends(cfg.data):
-        return
-    show = lambda d: '; '.join(f'{k} {getattr(d, k)!r}' for k in ('prefix', 'train_prefix', 'valid_prefix',
-                                                                   'test_prefix', 'split') if getattr(d, k))
-    raise DataError(f'{resume_from} was trained on {show(old)}, not {show(cfg.data)}: resuming on another blend '
-                    'would not continue the same run; resume with the same data settings or train into a new --out')
-
-
-# %% ../nbs/11_train.ipynb #26e46c74
-def _check_precision(cfg: RunConfig):
-    "Refuse a precision this device or this layout cannot train in, before DeepSpeed fails on it"
-    import torch
-    from deepspeed.accelerator import get_accelerator
-    precision = cfg.train.precision
-    dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}[precision]
-    acc = get_accelerator()
-    why = None
-    if dtype not in acc.supported_dtypes():
-        why = f'{{key}} {precision} is not supported by DeepSpeed on this {acc.device_name()} device; use fp32 or bf16'
-    elif cfg.parallel.pp > 1 and precision == 'fp16':
-        why = ('{key} fp16 cannot be combined with parallel.pp above 1 in gptkit '
-               '(the loss scale would reach the earlier stages twice); use bf16')
-    if why:
-        raise ConfigError([('train.precision', why)])
-
-def _resume_from(root: Path, resume: bool | str | Path) -> Path | None:
-    "The checkpoint to resume from (`resume` True: the newest intact one in `root`); None starts afresh"
-    if resume:
-        start = Path(resume) if not isinstance(resume, bool) else store.newest(root)
-        if start is None and store.checkpoints(root):
-            raise store.CheckpointError(f'{root} holds no intact checkpoint to resume from (see the warnings above)')
-        return start
-    if store.checkpoints(root):
-        newest = store.checkpoints(root)[-1][1].name
-        raise ConfigError([('out', f'{{key}} {root.parent} already holds checkpoints (newest {newest}); '
-                                   'resume them with --resume or choose another --out')])
-    return None
-
-def _compile(cfg: RunConfig, model):
-    "torch.compile the model's blocks for `train.compile`, where gptkit has tested it: one rank's whole model, ZeRO 0-2"
-    p = cfg.parallel
-    if p.tp > 1 or p.pp > 1 or p.zero == 3:
-        raise ConfigError([('train.compile', '{key} works with parallel.tp = parallel.pp = 1 and ZeRO 0-2 '
-                            f'(this run: tp {p.tp}, pp {p.pp}, ZeRO {p.zero}); set train.compile=false')])
-    from gptkit.engine import device_type
-    if device_type() == 'cpu' and not cpp_compiler():
-        raise ConfigError([('train.compile', '{key} on a CPU needs a C++ compiler for torch.compile (g++ or clang++ '
-                            'on PATH, or $CXX); install one or set train.compile=false')])
-    model.compile_blocks()
-
-def cpp_compiler() -> str | None:
-    "The C++ compiler torch.compile would build CPU kernels with: $CXX, else g++, c++ or clang++ on PATH"
-    import shutil
-    return next(filter(None, (shutil.which(c) for c in (os.environ.get('CXX', ''), 'g++', 'c++', 'clang++') if c)),
-                None)
-
-# %% ../nbs/11_train.ipynb #ea7e5954
-def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
-    "`cfg` with its model's vocabulary that of its tokenizer (`tok`, else `data.tokenizer`; unchanged without one)"
-    if tok is None and not cfg.data.tokenizer:
-        return cfg
-    if tok is None:
-        from gptkit.tokenizer import load
-        tok = load(cfg.data.tokenizer)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=tok.vocab_size))
-
-def _own_config(out: str | None, sets, overrides: dict | None) -> tuple:
-    "(run folder `out`'s config.json or None, `overrides` with train.iters cleared when only train.tokens is given)"
-    own = Path(out or RunConfig.out) / 'config.json'
-    if not own.is_file():
-        return None, overrides
-    train = dict((overrides or {}).get('train', {}))
-    keys = {str(s).partition('=')[0].strip() for s in sets} | {f'train.{k}' for k in train}
-    if 'train.tokens' in keys and 'train.iters' not in keys:     # the run's saved iters would win over the tokens
-        train['iters'] = None
-        overrides = {**(overrides or {}), 'train': train}
-    return own, overrides
-
-def run_config(preset: str | None = None, file: str | Path | None = None, sets=(), overrides: dict | None = None,
-               resume: bool = False, **top) -> RunConfig:
-    "The run `gptkit train` trains: `resolve` on this machine's defaults (tiny by default), the tokenizer's vocabulary"
-    from gptkit.engine import machine_defaults
-    if resume and preset is None and file is None:      # a resume continues the run's own settings, flags on top
-        file, overrides = _own_config(top.get('out'), sets, overrides)
-    if preset is None and file is None:
-        preset = 'tiny'
-    return tokenizer_vocab(resolve(preset, file, sets, overrides, defaults=machine_defaults(), **top))
 
 # %% ../nbs/11_train.ipynb #be114d04
 @dataclass
@@ -707,58 +282,9 @@ class Loop:
 # %% ../nbs/11_train.ipynb #d202b564
 def _write_run_folder(cfg: RunConfig, tok, out: Path):
     "The run folder as every tool reads it: config.json and the tokenizer"
-    from gptkit.tokenizer import save as save_tokenizer
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / 'config.json')
     save_tokenizer(tok, out / 'tokenizer')
-
-# settings a resume may change: regularization, kernels, the initialization it does not use, and the context with
-# rotary positions (a longer one, a larger rope_theta: how a context is extended)
-RESUME_MAY_CHANGE = ('dropout', 'kernels', 'init_std', 'rope_theta', 'seq_len')
-
-def _model_changes(old, new) -> list[str]:
-    "The settings of ModelConfig `new` that give the weights of `old` other shapes or another function"
-    from gptkit.config import ModelConfig
-    out = []
-    for f in dataclasses.fields(ModelConfig):
-        k = f.name
-        if getattr(old, k) == getattr(new, k):
-            continue
-        if k not in RESUME_MAY_CHANGE or (k == 'seq_len' and 'learned' in (old.position, new.position)):
-            out.append(k)
-    return out
-
-def _check_same_model(cfg: RunConfig, resume_from: Path):
-    "Refuse to continue a checkpoint whose model has other shapes, naming the settings, before anything is written"
-    from gptkit.errors import shown
-    try:
-        old = ckpt.read_config(resume_from).model
-    except store.CheckpointError:                        # no config.json saved: `restore` compares the shapes alone
-        return
-    keys = _model_changes(old, cfg.model)
-    if not keys:
-        return
-    diff = ', '.join(f'model.{k} {shown(getattr(cfg.model, k))} here, {shown(getattr(old, k))} there' for k in keys)
-    raise store.CheckpointError(f'{resume_from} holds another model than this run describes ({diff}), so resuming '
-                                f'was refused before anything was written; resume with its settings (--config '
-                                f'{resume_from / "config.json"}, or neither --preset nor --config to take '
-                                f'{Path(cfg.out) / "config.json"}), or train into a new --out')
-
-def _check_plan(cfg: RunConfig, resume, tok=None) -> tuple:
-    "(each split's data plan, the checkpoint to resume from or None): every split of every dataset holds data"
-    plan = data_plan(cfg)
-    resume_from = _resume_from(Path(cfg.out) / 'checkpoints', resume)
-    if resume_from is not None:
-        _check_same_data(cfg, resume_from)
-        _check_same_tokenizer(cfg, tok, resume_from)
-        _check_same_model(cfg, resume_from)
-    return plan, resume_from
-
-def check_run(cfg: RunConfig, resume: bool | str | Path = False):
-    """What can be checked before any process starts: --out, the tokenizer, every split's data, the checkpoint to
-    resume from. `gptkit train --nproc N` checks this once before it launches N processes that would each fail alike"""
-    tok = _setup_data(cfg)
-    _check_plan(tokenizer_vocab(cfg, tok), resume, tok)
 
 def hold_run(cfg: RunConfig, rank: int):
     "The run folder's lock, held by its rank 0 (the one writer of a run folder), and a killed writer's temporaries gone"
@@ -769,31 +295,14 @@ def hold_run(cfg: RunConfig, rank: int):
         log.warning('removed %s, left by a run that was killed', p)
     return lock
 
-def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
-          force: bool = False, hold: contextlib.ExitStack | None = None) -> Loop:
-    "Everything before the first step: checks, the run folder, this rank's part of the model, its engine, the data"
-    import torch
-
-    from gptkit.engine import build_engine, device_type, init_distributed
-    from gptkit.model import GPT, num_params
-    from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
-    started = time.perf_counter()
-    tok = _setup_data(cfg)
+def _plan(run: RunConfig | RunPlan, resume) -> tuple[RunPlan, int]:
+    "(the run's plan, this process's rank): `run` itself, or planned here on the processes that are there"
+    tok = None if isinstance(run, RunPlan) else read_tokenizer(run)     # checked before torch.distributed starts
     rank, world, _ = init_distributed()
-    cfg = tokenizer_vocab(cfg, tok).for_world(world)     # the data-parallel degree is the processes', not the config's
-    device = device_type()
-    _check_precision(cfg)
-    plan_data, resume_from = _check_plan(cfg, resume, tok)
-    if rank == 0:
-        _warn_repeats(plan_data)
-    check_fits(cfg, device, force)
-    out = Path(cfg.out)
-    lock = hold_run(cfg, rank)                           # held until `hold` closes (default: this process ends)
-    if hold is not None:
-        hold.enter_context(lock)
-    if rank == 0:
-        _write_run_folder(cfg, tok, out)
+    return (run if tok is None else plan_run(run, resume, world, tok)), rank
 
+def _build(cfg: RunConfig, ds_override: dict | None) -> tuple:
+    "(this rank's ParallelState, DeepSpeed engine, its config, the whole model's parameters and shapes), seeded"
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
@@ -802,24 +311,39 @@ def setup(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_ov
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
     if cfg.train.compile:
-        _compile(cfg, model)
-    plan = cfg.plan
+        compile_model(cfg, model)
     mpu = DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None
-    engine, ds = build_engine(cfg, model, plan, ds_override, mpu)
+    engine, ds = build_engine(cfg, model, cfg.plan, ds_override, mpu)
+    return parallel, engine, ds, params, shapes
+
+def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
+          force: bool = False, hold: contextlib.ExitStack | None = None) -> Loop:
+    "Everything before the first step: the plan (`run`, or made from it), the run folder, this rank's engine, the data"
+    started = time.perf_counter()
+    plan, rank = _plan(run, resume)
+    cfg, device, out = plan.cfg, device_type(), Path(plan.cfg.out)
+    check_precision(cfg)
+    if rank == 0:
+        warn_repeats(plan.data)
+    check_fits(cfg, device, force)
+    lock = hold_run(cfg, rank)                           # held until `hold` closes (default: this process ends)
+    if hold is not None:
+        hold.enter_context(lock)
+    if rank == 0:                                        # the one process that reads the tokenizer of a handed plan
+        _write_run_folder(cfg, plan.tokenizer or load_tokenizer(cfg.data.tokenizer), out)
+    parallel, engine, ds, params, shapes = _build(cfg, ds_override)
     if rank == 0:
         (out / 'ds_config.json').write_text(json.dumps(ds, indent=2))
-
     train_set, valid = _split(cfg, 'train', rank), _split(cfg, 'valid', rank)
     callbacks = list(callbacks) + [MetricsFile(), TensorBoard()] if rank == 0 else []
     # gptkit measures the gradient norm where DeepSpeed reports none (fp32, ZeRO 0) or a wrong one (ZeRO-0 pipelines)
     own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)
-    return Loop(cfg, plan, parallel, engine, ds, train_set, valid, callbacks, device, params, shapes, resume_from,
-                own_norm, started)
+    return Loop(cfg, cfg.plan, parallel, engine, ds, train_set, valid, callbacks, device, params, shapes,
+                plan.resume_from, own_norm, started)
 
 # %% ../nbs/11_train.ipynb #dcb94edc
 def restore(loop: Loop) -> Loop:
     "Continue from `loop.resume_from` when there is one, then tell the callbacks where the run starts"
-    from gptkit.engine import Schedule
     cfg, plan = loop.cfg, loop.plan
     if loop.resume_from is not None:
         state = ckpt.load(loop.engine, loop.resume_from, loop.rank, loop.parallel.layout, loop.shapes,
@@ -839,7 +363,7 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     "One optimizer step over the global batch; returns its mean loss (NaN when every micro-batch was dropped)"
     cfg, plan, engine = loop.cfg, loop.plan, loop.engine
     batches = _micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
-                             plan.micro_batch, cfg.model.vocab, _where(cfg, 'train'), engine.device)
+                             plan.micro_batch, cfg.model.vocab, data_name(cfg, 'train'), engine.device)
     loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
     if loop.own_norm:
         loop.grad_norm = norm
@@ -900,7 +424,7 @@ def _evaluate(loop: Loop, samples, split: str) -> float:
     "The mean loss over `eval_iters` global batches of `samples`, told to the callbacks"
     cfg, plan = loop.cfg, loop.plan
     loss = evaluate(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch, loop.parallel,
-                    cfg.model.vocab, _where(cfg, split))
+                    cfg.model.vocab, data_name(cfg, split))
     for c in loop.callbacks:
         c.on_eval(split, loop.iteration, loss)
     return loss
@@ -915,7 +439,6 @@ def evaluate_if_due(loop: Loop) -> float | None:
 # %% ../nbs/11_train.ipynb #b8d9037c
 def _nonfinite_weights(loop: Loop) -> int:
     "How many of the model's weights are NaN or infinite, over all ranks (each weight counted once)"
-    import torch
     bad = 0
     for p in loop.engine.module.parameters():
         t = getattr(p, 'ds_tensor', p)           # ZeRO-3 keeps this rank's partition there
@@ -992,16 +515,16 @@ def finish(loop: Loop) -> TrainResult:
     return r
 
 # %% ../nbs/11_train.ipynb #06349327
-def train(cfg: RunConfig, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
+def train(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
           force: bool = False, stop_after: int | None = None) -> TrainResult:
-    "Train `cfg` in this process (alone or as one rank of a launcher): set up, restore, then step until the run is done"
+    "Train `run` (a RunPlan, or a RunConfig planned here) in this process, alone or as one rank of a launcher"
     with contextlib.ExitStack() as hold:                 # the run folder's lock, let go however the run ends
-        return _train(cfg, callbacks, resume, ds_override, force, stop_after, hold)
+        return _train(run, callbacks, resume, ds_override, force, stop_after, hold)
 
-def _train(cfg: RunConfig, callbacks, resume, ds_override, force, stop_after, hold) -> TrainResult:
-    "`train`, the run folder's lock in `hold`"
-    loop = restore(setup(cfg, callbacks, resume, ds_override, force, hold))
-    with _Stop() as stop, _Watchdog(cfg.train.watchdog_minutes, loop.rank) as dog:
+def _train(run, callbacks, resume, ds_override, force, stop_after, hold) -> TrainResult:
+    "`train`, the run folder's lock in `hold`: set up, restore, then step until the run is done"
+    loop = restore(setup(run, callbacks, resume, ds_override, force, hold))
+    with StopSignals() as stop, Watchdog(loop.cfg.train.watchdog_minutes, loop.rank) as dog:
         while loop.iteration < loop.plan.iters:
             dog.beat(f'step {loop.iteration + 1}')
             train_step(loop, stop.signal is not None)
@@ -1016,74 +539,3 @@ def _train(cfg: RunConfig, callbacks, resume, ds_override, force, stop_after, ho
             loop.signal = _all_max(stop.signal or 0, loop.engine.device)   # the same on every rank
         dog.beat('the final evaluation and checkpoint')
         return finish(loop)
-
-# %% ../nbs/11_train.ipynb #3a9459fe
-class LivePlot(Callback):
-    "Redraws the training and validation loss in the notebook as the run goes"
-    def __init__(self, every: int = 1):
-        self.every, self.train, self.valid, self.n = every, [], [], 0
-    def on_start(self, info):
-        import matplotlib.pyplot as plt
-        from IPython.display import display
-        self.fig, self.ax = plt.subplots(figsize=(6, 3))
-        plt.close(self.fig)
-        self.handle, self.title = display(self.fig, display_id=True), f'{info.params:,} parameters, {info.iters} steps'
-    def _draw(self):
-        ax = self.ax
-        ax.clear()
-        if self.train:
-            ax.plot(*zip(*self.train), label='train')
-        if self.valid:
-            ax.plot(*zip(*self.valid), 'o-', label='validation')
-        ax.set_xlabel('step')
-        ax.set_ylabel('loss')
-        ax.set_title(self.title)
-        ax.legend()
-        self.handle.update(self.fig)
-    def on_step(self, m):
-        self.train.append((m.iteration, m.loss))
-        self.n += 1
-        if self.n % self.every == 0:
-            self._draw()
-    def on_eval(self, split, iteration, loss):
-        if split == 'valid':
-            self.valid.append((iteration, loss))
-            self._draw()
-    def on_end(self, result):
-        self._draw()
-
-# %% ../nbs/11_train.ipynb #ff312e64
-def token_counts(prefix: str | Path, split: str, vocab: int) -> np.ndarray:
-    "How often each token id occurs in the train split of dataset `prefix`"
-    from gptkit.data.indexed import IndexedDataset
-    from gptkit.data.samples import split_ranges
-    data = IndexedDataset(prefix)
-    lo, hi = split_ranges(split, len(data))['train']
-    counts = np.zeros(vocab, np.int64)
-    for i in range(lo, hi):
-        counts += np.bincount(data[i], minlength=vocab)[:vocab]
-    return counts
-
-def unigram_loss(counts: np.ndarray, tokens) -> float:
-    "Cross entropy (nats per token) of `tokens` under the add-one smoothed unigram distribution `counts`"
-    p = (counts + 1) / (counts.sum() + len(counts))
-    return float(-np.log(p[np.asarray(tokens)]).mean())
-
-def text_loss(model, tokens, seq_len: int, batch: int = 8) -> float:
-    "Mean next-token loss of `model` on `tokens`, in consecutive windows of `seq_len` predictions"
-    import torch
-    ids = torch.as_tensor(np.asarray(tokens, np.int64))
-    n = (len(ids) - 1) // seq_len
-    if n == 0:
-        raise ValueError(f'{len(ids)} tokens are fewer than one window of {seq_len + 1}')
-    x = ids[:n * seq_len].view(n, seq_len)
-    y = ids[1:n * seq_len + 1].view(n, seq_len)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
-        for i in range(0, n, batch):
-            total += model(x[i:i + batch].to(device), y[i:i + batch].to(device)).float().item() * len(x[i:i + batch])
-    model.train(was_training)
-    return total / n

@@ -98,7 +98,7 @@ def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
 @pytest.mark.parametrize('signum', [signal.SIGUSR1, signal.SIGINT])
 def test_a_stop_signal_finishes_the_step_saves_and_sets_the_exit_code(tiny_data, tmp_path, signum):
     "SLURM's warning before the time limit (SIGUSR1) or Ctrl-C: the run saves after the step and exits 128 + signal"
-    from gptkit.train import Callback
+    from gptkit.callbacks import Callback
     class SignalAt(Callback):
         def on_train_step(self, iteration):
             if iteration == 2: os.kill(os.getpid(), signum)
@@ -212,17 +212,16 @@ def test_a_hand_edited_state_json_is_noticed(tiny_checkpoint, tmp_path):
 
 def test_a_sample_index_too_big_is_refused_and_many_epochs_are_warned_of(tiny_data, tmp_path, caplog):
     "--tokens 300B on a small corpus used to build an 8.7 GiB index, then MemoryError"
+    from gptkit.data.plan import data_plan, warn_repeats
     from gptkit.errors import DataError
-    from gptkit.train import data_plan
     with pytest.raises(DataError, match=r'the train split would draw [\d,]+ samples of 33 tokens from .*kjv_text_'
                                         r'document, [\d,]+ passes over its data; building their index takes about '
                                         r'[\d,.]+ GiB and this machine has [\d,.]+ GiB\. Train on fewer tokens'):
         data_plan(config(tiny_data, tmp_path / 'a', 'train.iters=1000000000'))
-    from gptkit.train import _warn_repeats  # what setup calls on rank 0
     plan = lambda iters: data_plan(config(tiny_data, tmp_path / 'b', f'train.iters={iters}'))
-    with caplog.at_level(logging.WARNING): _warn_repeats(plan(2))
+    with caplog.at_level(logging.WARNING): warn_repeats(plan(2))
     assert not caplog.text
-    with caplog.at_level(logging.WARNING): _warn_repeats(plan(200_000))
+    with caplog.at_level(logging.WARNING): warn_repeats(plan(200_000))
     assert 'the train split passes over' in caplog.text and 'will memorize it' in caplog.text
 
 
@@ -362,7 +361,7 @@ def test_a_full_disk_on_every_write_path_is_one_sentence_and_keeps_what_was_ther
                   'no earlier checkpoint exists')
     assert not [p for p in (disk / 'run2' / 'checkpoints').iterdir()]
     # metrics.jsonl: the disk fills up during a run
-    from gptkit.train import Callback
+    from gptkit.callbacks import Callback
     (disk / 'filler').unlink(); shutil.rmtree(disk / 'run2')
     class Fill(Callback):          # after the run folder is made (TensorBoard starts after it), or after step 1
         def __init__(self, at_start): self.at_start = at_start

@@ -17,9 +17,10 @@ import torch
 from conftest import TINY_SETS, run_here
 
 from gptkit import store
+from gptkit.data.plan import data_plan
 from gptkit.errors import ConfigError, DataError
 from gptkit.runconfig import resolve
-from gptkit.train import TrainingError, data_plan, train
+from gptkit.train import TrainingError, train
 
 
 def config(tiny_data, out, *sets, tokenizer=None):
@@ -48,7 +49,7 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tiny_data, tmp_path, zer
 def test_resume_with_a_new_learning_rate_follows_it(tiny_data, tmp_path):
     "Fine-tuning a checkpoint (an import, or a run continued) at another lr: the schedule follows the new optim settings"
     from gptkit.engine import Schedule
-    from gptkit.train import Callback
+    from gptkit.callbacks import Callback
     first = train(config(tiny_data, tmp_path, 'train.iters=3'))
     lrs = []
     class Lr(Callback):
@@ -309,7 +310,7 @@ def test_fp16_scales_its_loss_dynamically_where_deepspeed_takes_fp16(tiny_data, 
 
 def test_every_optimizer_step_reaches_on_train_step(tiny_data, tmp_path):
     "The per-step hook (gptkit profile's profiler.step()) runs once per step, before that step's report"
-    from gptkit.train import Callback
+    from gptkit.callbacks import Callback
     seen = []
     class Steps(Callback):
         def on_train_step(self, iteration): seen.append(('step', iteration))
@@ -336,7 +337,7 @@ def two_datasets(tiny_data, tmp_path):
 
 def test_a_blend_trains_in_megatrons_order_and_resuming_on_another_blend_is_refused(tiny_data, two_datasets, tmp_path):
     from gptkit.data.samples import BlendedSamples, split_samples
-    from gptkit.train import _split, data_plan
+    from gptkit.train import _split
     a, b = two_datasets
     cfg = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.3 {a} 0.7 {b}', 'split': '90,8,2'}, 'train.iters=3')
     train_set = _split(cfg, 'train', 0)
@@ -367,21 +368,21 @@ def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
 def test_the_blend_check_on_resume(tmp_path):
     "Resuming compares blends by prefixes and normalized weights; a checkpoint that names no data (an import) takes any"
     from gptkit.config import DataConfig
+    from gptkit.plan import check_same_data
     from gptkit.runconfig import RunConfig, save_config
-    from gptkit.train import _check_same_data
     def saved(**data):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         folder.mkdir(); save_config(RunConfig(data=DataConfig(tokenizer='t', **data)), folder / 'config.json')
         return folder
     new = RunConfig(data=DataConfig(prefix='1 a 3 b', tokenizer='t'))
-    _check_same_data(new, saved())                                      # an imported model: no data recorded
-    _check_same_data(new, saved(prefix='0.25 a 0.75 b'))
+    check_same_data(new, saved())                                      # an imported model: no data recorded
+    check_same_data(new, saved(prefix='0.25 a 0.75 b'))
     with pytest.raises(DataError, match=r"was trained on prefix 'a'; split '949,50,1', not prefix '1 a 3 b'; split '949,50,1'"):
-        _check_same_data(new, saved(prefix='a'))
+        check_same_data(new, saved(prefix='a'))
     with pytest.raises(DataError, match="was trained on prefix '1 a 3 b'; split '90,10,0', not"):
-        _check_same_data(new, saved(prefix='1 a 3 b', split='90,10,0'))
+        check_same_data(new, saved(prefix='1 a 3 b', split='90,10,0'))
     with pytest.raises(DataError, match="train_prefix '1 a 3 b'"):
-        _check_same_data(new, saved(train_prefix='1 a 3 b'))
+        check_same_data(new, saved(train_prefix='1 a 3 b'))
 
 
 def test_a_dataset_with_an_empty_split_in_a_blend_is_refused_before_training(tiny_data, two_datasets, tmp_path):

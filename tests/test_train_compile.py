@@ -39,15 +39,15 @@ def test_compiled_blocks_train_like_eager(zero, recompute, request):
 
 
 def test_compile_is_refused_where_it_is_not_tested():
-    from gptkit.train import _compile
+    from gptkit.engine import compile_model
     cfg = resolve('tiny', sets=['parallel.tp=2', 'train.compile=true'])
-    with pytest.raises(ConfigError) as e: _compile(cfg, None)
+    with pytest.raises(ConfigError) as e: compile_model(cfg, None)
     assert 'train.compile' in e.value.render(lambda k: k) and 'tp 2' in str(e.value.render(lambda k: k))
     with pytest.raises(ConfigError): resolve('tiny', sets=['train.compile=3'])
 
 
 def test_compile_without_a_cpp_compiler_is_one_sentence(monkeypatch, tmp_path):
-    from gptkit.train import _compile
+    from gptkit.engine import compile_model
     monkeypatch.setenv('PATH', str(tmp_path)); monkeypatch.delenv('CXX', raising=False)
-    with pytest.raises(ConfigError) as e: _compile(resolve('tiny', sets=['train.compile=true']), None)
+    with pytest.raises(ConfigError) as e: compile_model(resolve('tiny', sets=['train.compile=true']), None)
     assert 'needs a C++ compiler' in e.value.render(lambda k: k)

@@ -21,8 +21,8 @@ from ..errors import ConfigError, DataError
 from .indexed import IndexedDataset
 
 # %% auto #0
-__all__ = ['SPLITS', 'PER_SPLIT', 'split_ranges', 'num_epochs', 'build_indices', 'SampleSpec', 'GPTSamples', 'batches',
-           'blending_indices', 'BlendedSamples', 'blend_sizes', 'BlendPart', 'plan_split', 'split_samples']
+__all__ = ['SPLITS', 'PER_SPLIT', 'split_ranges', 'num_epochs', 'build_indices', 'SampleSpec', 'EmptySplit', 'GPTSamples',
+           'batches', 'blending_indices', 'BlendedSamples', 'blend_sizes', 'BlendPart', 'plan_split', 'split_samples']
 
 # %% ../../nbs/06_samples.ipynb #cb16bf44
 SPLITS = ('train', 'valid', 'test')
@@ -117,14 +117,14 @@ def _save_atomic(path: Path, arr: np.ndarray):
     finally:
         tmp.unlink(missing_ok=True)   # a full disk leaves no partial array behind
 
-class _EmptySplit(DataError):
-    "A split of the documents that gives a dataset none"
+class EmptySplit(DataError):
+    "A split of the documents that gives a dataset none (the data plan names the blend that draws from it)"
 
 def _split_range(prefix, split: str, name: str, n: int) -> tuple[int, int]:
     "The sequences [begin, end) of split `name`, refused when empty"
     rng = split_ranges(split, n).get(name)
     if rng is None or rng[1] <= rng[0]:
-        raise _EmptySplit(f'{prefix}: the {name} split of {split!r} is empty')
+        raise EmptySplit(f'{prefix}: the {name} split of {split!r} is empty')
     return rng
 
 class GPTSamples:

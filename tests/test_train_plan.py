@@ -1,0 +1,70 @@
+"""The run plan: made once, read once per process, handed to the processes a launcher starts."""
+import dataclasses
+import json
+
+from typer.testing import CliRunner
+
+from conftest import TINY_SETS
+from gptkit.plan import PLAN_ENV, RunPlan, handed_plan, plan_run, run_config
+from gptkit_cli.main import app
+
+runner = CliRunner()
+
+
+def config(tiny_data, out, *sets):
+    prefix, tok = tiny_data
+    return run_config(sets=[*TINY_SETS, *sets], overrides={'data': {'prefix': prefix, 'tokenizer': tok}},
+                      vocab=False, out=str(out))
+
+
+def test_a_plan_settles_the_run_and_survives_json(tiny_data, tmp_path):
+    plan = plan_run(config(tiny_data, tmp_path / 'run'), world=2)
+    assert (plan.vocab, plan.layout.dp, plan.batch.accumulation, plan.resume_from) == (512, 2, 1, None)
+    assert [p.samples for p in plan.data['train']] == [24]
+    again = RunPlan.from_json(plan.to_json())
+    assert again == plan and again.tokenizer is None          # a rank that needs the tokenizer reads it itself
+
+
+def test_a_restarted_process_resumes_from_the_newest_checkpoint(tiny_data, tmp_path, monkeypatch):
+    from gptkit.train import train
+    cfg = config(tiny_data, tmp_path / 'run', 'train.save_interval=2')
+    train(cfg, stop_after=2)
+    plan = plan_run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=6)), resume=True)
+    assert plan.resume_from.name == 'iter_0000002'
+    stale = dataclasses.replace(plan, resume_from=None)
+    monkeypatch.setenv(PLAN_ENV, stale.to_json())
+    assert handed_plan().resume_from is None                  # as the launch planned it
+    assert handed_plan(restarted=True).resume_from.name == 'iter_0000002'
+
+
+def test_the_tokenizer_is_read_once_per_process(tiny_data, tmp_path, monkeypatch):
+    "`gptkit train` used to read it twice in the process that trains (its config, then setup)"
+    import gptkit.plan
+    import gptkit.train
+    reads = []
+    def counted(real):
+        return lambda *a, **kw: reads.append(a) or real(*a, **kw)
+    monkeypatch.setattr(gptkit.plan, 'load_tokenizer', counted(gptkit.plan.load_tokenizer))
+    monkeypatch.setattr(gptkit.train, 'load_tokenizer', counted(gptkit.train.load_tokenizer))
+    prefix, tok = tiny_data
+    args = ['train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run')]
+    r = runner.invoke(app, [*args, *[a for s in [*TINY_SETS, 'train.iters=2'] for a in ('--set', s)]])
+    assert r.exit_code == 0, r.output
+    assert len(reads) == 1, reads
+
+
+def test_a_launched_process_trains_the_plan_it_was_handed(tiny_data, tmp_path, monkeypatch):
+    "Under a launcher the process takes the plan from its environment, not from its command line"
+    import gptkit.plan
+    from gptkit.engine import free_port
+    handed = plan_run(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
+    monkeypatch.setattr(gptkit.plan, 'plan_run', lambda *a, **kw: (_ for _ in ()).throw(AssertionError('re-planned')))
+    for k, v in {'RANK': '0', 'WORLD_SIZE': '1', 'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1',
+                 'MASTER_PORT': str(free_port()), PLAN_ENV: handed.to_json()}.items():
+        monkeypatch.setenv(k, v)
+    prefix, tok = tiny_data
+    sets = [a for s in [*TINY_SETS, 'train.iters=5'] for a in ('--set', s)]   # what the plan says wins
+    r = runner.invoke(app, ['train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *sets])
+    assert r.exit_code == 0, r.output
+    assert 'done' in r.output and '2 steps' in ' '.join(r.output.split()), r.output
+    assert json.loads((tmp_path / 'run' / 'config.json').read_text())['train']['iters'] == 2
