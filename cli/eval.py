@@ -1,12 +1,24 @@
 """`gptkit eval`: perplexity (per token and per word) and LAMBADA-style cloze accuracy of a checkpoint."""
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
+from gptkit.data.corpus import HELD_OUT
+from gptkit.engine import device_type
 from gptkit.errors import ConfigError
+from gptkit.files import json_text
 from gptkit_cli import format as fmt
 from gptkit_cli.app import TextKey, app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
@@ -44,14 +56,11 @@ def eval_(
         raise ConfigError([('lambada', '{key} is needed with --no-perplexity: there is nothing else to measure')])
     if tp < 1:
         raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
-    import os
     if tp > 1 and 'RANK' not in os.environ:
         raise typer.Exit(launch_tp(ctx, 'eval', tp))
     rank = 0
     if tp > 1:
         rank, device = join_tp(device)
-    from gptkit.data.corpus import HELD_OUT
-    from gptkit.engine import device_type
     from gptkit.evaluate import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
     device = device or device_type()
@@ -62,7 +71,6 @@ def eval_(
     if rank != 0:
         return
     if as_json:
-        from gptkit.files import json_text
         print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     out.print(_table(res))
@@ -71,14 +79,6 @@ def eval_(
 class _Bar:
     "A rich progress bar per stage on stderr (count, rate, ETA), gone when done"
     def __enter__(self):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
         self.progress = Progress(TextColumn('[bold]{task.description}'), BarColumn(), MofNCompleteColumn(),
                                  TextColumn('{task.fields[rate]}'), TimeElapsedColumn(), TextColumn('ETA'),
                                  TimeRemainingColumn(),

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
+from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, Tally, clean_text, read_documents
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import GPUS, count_params, estimate, search
@@ -61,7 +62,6 @@ def quickstart(
 
 
 def _data_stage(out_dir: Path, vocab_size: int):
-    from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, Tally, clean_text, read_documents
     from gptkit.data.prepare import PrepareConfig, prepare
     from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
     out.rule('[bold]gptkit quickstart[/]: a tokenizer and a dataset from the built-in corpus')
@@ -84,7 +84,6 @@ def _data_stage(out_dir: Path, vocab_size: int):
 
 
 def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
-    from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
     from gptkit.evaluate import text_loss, token_counts, unigram_loss
     from gptkit.plan import plan_run, run_config
     from gptkit.train import train

@@ -22,6 +22,7 @@ from rich.progress import (
 
 from gptkit.engine import ds_config, free_port, world_size
 from gptkit.errors import ConfigError
+from gptkit.estimate import count_params, flops_per_iteration
 from gptkit.files import read_text
 from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
@@ -73,7 +74,6 @@ def _ds_override(path: Optional[Path]) -> dict | None:
 
 
 def _summary(cfg: RunConfig):
-    from gptkit.estimate import count_params, flops_per_iteration
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
     params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
     out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: {params:,} parameters ({m.layers} layers, '
