@@ -15,14 +15,22 @@ import re
 import shutil
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
 from .callbacks import Callback
+from .data.corpus import clean_text, read_documents
+from .data.prepare import PrepareConfig, prepare
 from .errors import ConfigError
 from .files import check_folder, json_text, write_atomic
 from .runconfig import RunConfig
+from .tokenizer import save as save_tokenizer, train_bpe
+from .train import train
 
 # %% auto #0
 __all__ = ['MAX_PROFILE_STEP', 'CATEGORIES', 'RULES', 'REGIONS', 'parse_steps', 'step_actions', 'profiler_schedule', 'categorize',
@@ -57,21 +65,19 @@ def parse_steps(spec: str, key: str = 'steps') -> list[tuple[int, int]]:
 # %% ../nbs/13_profile.ipynb #39bfdbd6
 def step_actions(ranges: list[tuple[int, int]], warmup: int = 1) -> dict:
     "{step: ProfilerAction} for the steps where the profiler does something; the others are NONE"
-    from torch.profiler import ProfilerAction as A
     acts = {}
     for a, b in ranges:
         for s in range(a, b):
-            acts[s] = A.RECORD
-        acts[b] = A.RECORD_AND_SAVE
+            acts[s] = ProfilerAction.RECORD
+        acts[b] = ProfilerAction.RECORD_AND_SAVE
     for a, _ in ranges:
         for s in range(max(0, a - warmup), a):
             if s not in acts:
-                acts[s] = A.WARMUP
+                acts[s] = ProfilerAction.WARMUP
     return acts
 
 def profiler_schedule(ranges: list[tuple[int, int]], warmup: int = 1) -> Callable:
     "A torch.profiler schedule (step -> ProfilerAction) that records exactly the steps in `ranges`"
-    from torch.profiler import ProfilerAction
     acts = step_actions(ranges, warmup)
     return lambda step: acts.get(step, ProfilerAction.NONE)
 
@@ -116,7 +122,6 @@ _PYTHON = re.compile(r'\.py\(\d+\)|^<built-in|^ProfilerStep#|^torch/')
 
 def op_stats(prof) -> dict[str, OpStat]:
     "{name: OpStat} from a torch.profiler cycle, Python functions and step markers left out"
-    import warnings
     out = {}
     with warnings.catch_warnings():
         # "the profiler clears events at the end of each cycle": gptkit adds the cycles up itself
@@ -155,7 +160,6 @@ class Profiler(Callback):
         self.prof, self.info = None, None
 
     def on_start(self, info):
-        from torch.profiler import ProfilerActivity, profile
         self.info = info
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device == 'cuda' else [])
         self.prof = profile(activities=acts, schedule=profiler_schedule(self.ranges, self.warmup),
@@ -168,7 +172,6 @@ class Profiler(Callback):
 
     def _sync(self):
         if self.info.device == 'cuda':
-            import torch
             torch.cuda.synchronize()
 
     def on_train_step(self, iteration: int):
@@ -295,7 +298,6 @@ def deepspeed_fwd_flops(report: str) -> float | None:
 def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, deepspeed_flops: bool = False,
                 warmup: int = 1, stack: bool = True, callbacks=(), force: bool = False) -> ProfileResult:
     "Train `cfg` to the last step of `ranges` with torch.profiler on those steps; traces and summary.json go to `out`"
-    from gptkit.train import train
     out = check_folder(out, 'out')        # a file there: refused before training
     if not ranges:
         raise ConfigError([('steps', '{key} names no step to profile')])
@@ -330,7 +332,6 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
 def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | None = None,
                     corpus: str = 'builtin:kjv') -> tuple[str, str]:
     "(dataset prefix, tokenizer) made from the built-in `corpus` under `out`, or found there from an earlier call"
-    from gptkit.data.prepare import PrepareConfig, prepare
     out = Path(out)
     tok_dir = tokenizer or str(out / 'tokenizer')
     name = 'kjv' if tokenizer is None else 'kjv_' + re.sub(r'[^A-Za-z0-9]+', '_', Path(tokenizer).name or 'tok')
@@ -339,9 +340,7 @@ def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | No
             or (tokenizer == 'gpt2' and Path(f'{prefix}.idx').exists())):
         return str(prefix), tok_dir
     if tokenizer is None:
-        from gptkit.data.corpus import clean_text, read_documents
-        from gptkit.tokenizer import save, train_bpe
-        save(train_bpe((clean_text(d.text) for d in read_documents([corpus])), vocab_size), out / 'tokenizer')
+        save_tokenizer(train_bpe((clean_text(d.text) for d in read_documents([corpus])), vocab_size), out / 'tokenizer')
     res = prepare(PrepareConfig((corpus,), str(out / name), tok_dir, overwrite=True))   # of the tokenizer just made
     return str(res.prefix), tok_dir
 
