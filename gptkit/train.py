@@ -35,7 +35,7 @@ from .callbacks import MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResu
 from .data.plan import data_name, machine_memory, split_sizes, split_source, warn_repeats
 from .data.samples import split_samples
 from .engine import Schedule, build_engine, check_precision, compile_model, device_type, init_distributed
-from .errors import DataError, GptkitError
+from .errors import ConfigError, DataError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
 from .model import GPT, num_params
@@ -299,6 +299,9 @@ def _plan(run: RunConfig | RunPlan, resume) -> tuple[RunPlan, int]:
     "(the run's plan, this process's rank): `run` itself, or planned here on the processes that are there"
     tok = None if isinstance(run, RunPlan) else read_tokenizer(run)     # checked before torch.distributed starts
     rank, world, _ = init_distributed()
+    if tok is None and run.layout.world != world:
+        raise ConfigError([('parallel.dp', f'{{key}} {run.layout.dp} plans the run for {run.layout.world} processes, '
+                                           f'but {world} run it; plan it for them (plan_run(cfg, world={world}))')])
     return (run if tok is None else plan_run(run, resume, world, tok)), rank
 
 def _build(cfg: RunConfig, ds_override: dict | None) -> tuple:

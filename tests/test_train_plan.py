@@ -68,3 +68,16 @@ def test_a_launched_process_trains_the_plan_it_was_handed(tiny_data, tmp_path, m
     assert r.exit_code == 0, r.output
     assert 'done' in r.output and '2 steps' in ' '.join(r.output.split()), r.output
     assert json.loads((tmp_path / 'run' / 'config.json').read_text())['train']['iters'] == 2
+
+
+def test_a_plan_for_other_processes_is_refused(tiny_data, tmp_path):
+    from gptkit.errors import ConfigError
+    from gptkit.train import train
+    plan = plan_run(config(tiny_data, tmp_path / 'run'), world=2)
+    try:
+        train(plan)
+    except ConfigError as e:
+        assert 'plans the run for 2 processes, but 1 run it' in e.render(lambda k: k)
+    else:
+        raise AssertionError('a plan for 2 processes trained in 1')
+    assert not (tmp_path / 'run').exists()                   # refused before the run folder is written
