@@ -45,10 +45,10 @@ def main():
     ap.add_argument('--dtype', default='fp32', choices=['fp32', 'bf16'])
     a = ap.parse_args()
 
-    from gptkit.config import resolve
     from gptkit.engine import build_engine, init_distributed
     from gptkit.estimate import flops_per_iteration
     from gptkit.model import GPT
+    from gptkit.runconfig import resolve
     from gptkit.train import peak_flops
 
     cfg = resolve(a.preset, sets=[f'model.vocab={a.vocab}', 'model.dropout=0', f'train.micro_batch={a.batch}',
