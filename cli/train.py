@@ -221,14 +221,19 @@ def train(
 
 
 def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list[str]) -> int:
-    "The run planned once here, then its processes started by the launcher with the plan in their environment"
-    from gptkit.plan import PLAN_ENV, plan_run
+    "The run planned once here and saved in its folder, then its processes started by the launcher, told where"
+    from gptkit.plan import PLAN_ENV, hand_over, plan_run
     plan = plan_run(cfg, resume, world)          # checked once here, not in every process the launcher starts
+    # RUN/plan.json, refused while a training runs there; the processes of another node (--node-rank 1, 2, ...)
+    # start without it and plan themselves, as those a hostfile's ssh starts do
+    env = {k: v for k, v in os.environ.items() if k != PLAN_ENV}
+    if launch.node_rank == 0:
+        env[PLAN_ENV] = hand_over(plan)
     port = launch.master_port or int(os.environ.get('MASTER_PORT') or
                                      (DEFAULT_PORT if launch.nnodes > 1 else free_port()))
     cmd = launch.command(argv, port)
     out.print(f'[dim]$ {fmt.text(shlex.join(cmd))}[/]')
-    return run_launcher(cmd, {**os.environ, PLAN_ENV: plan.to_json()})
+    return run_launcher(cmd, env)
 
 
 def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):

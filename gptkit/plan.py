@@ -7,6 +7,7 @@ batch plan, each split's data plan, the checkpoint it resumes from and the token
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,14 +20,15 @@ from .data.prepare import tokenizer_digest
 from .data.samples import SPLITS, BlendPart
 from .engine import machine_defaults
 from .errors import ConfigError, DataError, GptkitError, shown
+from .files import JSON_BYTES, read_text, write_atomic
 from .layout import BatchPlan, Layout
 from .runconfig import RunConfig, from_dict, resolve
 from .tokenizer import load as load_tokenizer
 
 # %% auto #0
-__all__ = ['RESUME_MAY_CHANGE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data', 'check_same_tokenizer',
-           'model_changes', 'check_same_model', 'resume_point', 'RunPlan', 'read_tokenizer', 'plan_run', 'preview_run',
-           'handed_plan']
+__all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
+           'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'RunPlan', 'read_tokenizer',
+           'plan_run', 'preview_run', 'hand_over', 'handed_plan']
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
@@ -148,7 +150,8 @@ def resume_point(cfg: RunConfig, resume: bool | str | Path = False, tok=None) ->
     return resume_from
 
 # %% ../nbs/11a_plan.ipynb #2381c867
-PLAN_ENV = 'GPTKIT_RUN_PLAN'   # the plan `gptkit train` hands the processes its launcher starts, as JSON
+PLAN_FILE = 'plan.json'        # in the run folder: the plan `gptkit train` saved for the processes it launched
+PLAN_ENV = 'GPTKIT_RUN_PLAN'   # where those processes find it, and its digest: 'RUN/plan.json#sha256'
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -207,11 +210,30 @@ def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
         return RunPlan(cfg, {}, data_error=str(e))
 
 # %% ../nbs/11a_plan.ipynb #39386cce
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode('utf-8')).hexdigest()
+
+def hand_over(plan: RunPlan) -> str:
+    "Save `plan` as RUN/plan.json, holding the run's lock; what `PLAN_ENV` carries to the processes: path#digest"
+    path = Path(plan.cfg.out) / PLAN_FILE
+    text = plan.to_json()
+    with store.lock_run(plan.cfg.out):
+        write_atomic(path, text)
+    return f'{path}#{_digest(text)}'
+
 def handed_plan(restarted: bool = False) -> RunPlan | None:
-    "The plan `gptkit train` handed this process (`PLAN_ENV`), or None; `restarted`: resume from the newest checkpoint"
-    text = os.environ.get(PLAN_ENV)
-    if not text:
+    "The plan `gptkit train` saved for this process (`PLAN_ENV`), or None; `restarted`: resume from the newest one"
+    handle = os.environ.get(PLAN_ENV)
+    if not handle:
         return None
+    path, _, digest = handle.rpartition('#')
+    try:
+        text = read_text(path, PLAN_ENV, JSON_BYTES)
+    except ConfigError as e:
+        raise GptkitError(e.render()) from None
+    if _digest(text) != digest:
+        raise GptkitError(f'{path} changed after gptkit train saved it for these processes (another launch into the '
+                          'same --out?); start the run again')
     plan = RunPlan.from_json(text)
     if restarted:
         plan = dataclasses.replace(plan, resume_from=resume_point(plan.cfg, True))

@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from conftest import TINY_SETS
-from gptkit.plan import PLAN_ENV, RunPlan, handed_plan, plan_run, run_config
+from gptkit.plan import PLAN_ENV, RunPlan, hand_over, handed_plan, plan_run, run_config
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -32,7 +32,7 @@ def test_a_restarted_process_resumes_from_the_newest_checkpoint(tiny_data, tmp_p
     plan = plan_run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=6)), resume=True)
     assert plan.resume_from.name == 'iter_0000002'
     stale = dataclasses.replace(plan, resume_from=None)
-    monkeypatch.setenv(PLAN_ENV, stale.to_json())
+    monkeypatch.setenv(PLAN_ENV, hand_over(stale))
     assert handed_plan().resume_from is None                  # as the launch planned it
     assert handed_plan(restarted=True).resume_from.name == 'iter_0000002'
 
@@ -60,7 +60,7 @@ def test_a_launched_process_trains_the_plan_it_was_handed(tiny_data, tmp_path, m
     handed = plan_run(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
     monkeypatch.setattr(gptkit.plan, 'plan_run', lambda *a, **kw: (_ for _ in ()).throw(AssertionError('re-planned')))
     for k, v in {'RANK': '0', 'WORLD_SIZE': '1', 'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1',
-                 'MASTER_PORT': str(free_port()), PLAN_ENV: handed.to_json()}.items():
+                 'MASTER_PORT': str(free_port()), PLAN_ENV: hand_over(handed)}.items():
         monkeypatch.setenv(k, v)
     prefix, tok = tiny_data
     sets = [a for s in [*TINY_SETS, 'train.iters=5'] for a in ('--set', s)]   # what the plan says wins
@@ -81,3 +81,43 @@ def test_a_plan_for_other_processes_is_refused(tiny_data, tmp_path):
     else:
         raise AssertionError('a plan for 2 processes trained in 1')
     assert not (tmp_path / 'run').exists()                   # refused before the run folder is written
+
+
+def test_a_plan_changed_after_its_launch_is_refused_not_trained(tiny_data, tmp_path, monkeypatch):
+    "A launched process checks the saved plan against the digest it was handed: another launch may have rewritten it"
+    from gptkit.engine import free_port
+    handle = hand_over(plan_run(config(tiny_data, tmp_path / 'run', 'train.iters=2')))
+    saved = tmp_path / 'run' / 'plan.json'
+    assert handle.rpartition('#')[0] == str(saved)
+    saved.write_text(saved.read_text().replace('"iters": 2', '"iters": 3'))
+    for k, v in {'RANK': '0', 'WORLD_SIZE': '1', 'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1',
+                 'MASTER_PORT': str(free_port()), PLAN_ENV: handle}.items():
+        monkeypatch.setenv(k, v)
+    prefix, tok = tiny_data
+    sets = [a for s in [*TINY_SETS, 'train.iters=2'] for a in ('--set', s)]
+    r = runner.invoke(app, ['train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *sets])
+    assert r.exit_code == 1, r.output
+    assert 'plan.json changed after gptkit train saved it for these processes' in ' '.join(r.output.split())
+    assert 'Traceback' not in r.output and not (tmp_path / 'run' / 'checkpoints').exists()
+
+
+def test_a_launch_into_a_run_in_use_is_refused_before_its_processes_start(tiny_data, tmp_path):
+    "The plan is saved under the run's lock: a training running there keeps its plan, and nothing is launched"
+    import subprocess
+    import sys
+    run = tmp_path / 'run'
+    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from gptkit.store import lock_run; '
+                               f'lock_run({str(run)!r}); print("held", flush=True); time.sleep(120)'],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        (run / 'plan.json').write_text('{"the running training": "its plan"}')
+        prefix, tok = tiny_data
+        sets = [a for s in [*TINY_SETS, 'train.iters=2'] for a in ('--set', s)]
+        r = runner.invoke(app, ['train', '--nproc', '2', '--data', prefix, '--tokenizer', tok, '--out', str(run), *sets])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.exit_code != 0 and 'is in use by' in ' '.join(r.output.split()), r.output
+    assert (run / 'plan.json').read_text() == '{"the running training": "its plan"}'
+    assert 'torch.distributed.run' not in r.output and 'Traceback' not in r.output   # no launcher started
