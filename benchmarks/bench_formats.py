@@ -119,7 +119,8 @@ def make_dump(folder: Path, target: int, per_stream: int = 100, extra: int = 24_
 
 def run_read(dump: Path, workers: int) -> tuple[float, int]:
     "gptkit's read_documents alone on the dump (decompress, parse, clean), no tokenizing: (seconds, articles)"
-    from gptkit.data.corpus import Tally, read_documents
+    from gptkit.data.corpus import read_documents
+    from gptkit.data.document import Tally
     t = time.perf_counter()
     n = sum(1 for _ in read_documents([dump], Tally(), workers=workers))
     return time.perf_counter() - t, n

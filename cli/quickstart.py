@@ -11,7 +11,8 @@ import typer
 from rich.table import Table
 
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
-from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, Tally, clean_text, read_documents
+from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, clean_text, read_documents
+from gptkit.data.document import Tally
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import GPUS, count_params, estimate, search

@@ -28,7 +28,8 @@ def train(
     overwrite: Annotated[bool, Opt('--overwrite', help='Replace a tokenizer already in --output.')] = False,
 ):
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
-    from gptkit.data.corpus import Tally, clean_text, expand_inputs, read_documents
+    from gptkit.data.corpus import clean_text, expand_inputs, read_documents
+    from gptkit.data.document import Tally
     from gptkit.tokenizer import bytes_per_token, check_new_tokenizer, gpt2, save, train_bpe
     check_new_tokenizer(output, overwrite)           # refused before the corpus is read
     tally, paths = Tally(), expand_inputs(input, format)

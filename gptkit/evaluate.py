@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import load_model
-from .data.corpus import HELD_OUT, Document, builtin_path, clean_text
+from .data.corpus import HELD_OUT, builtin_path, clean_text
+from .data.document import Document
 from .data.indexed import IndexedDataset
 from .data.samples import split_ranges
 from .errors import ConfigError, DataError, shorten

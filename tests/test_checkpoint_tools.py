@@ -18,6 +18,7 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 from gptkit import checkpoint as ck, interop, store
 from gptkit.model import GPT
 from gptkit.tokenizer import EOD, PROBE, load as load_tokenizer
+from gptkit.torch_files import read_torch_file
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -122,7 +123,7 @@ def test_imported_checkpoint_trains_from_the_imported_weights(imported, tiny_dat
 def test_megatron_round_trip_gives_identical_tensors(imported, tmp_path):
     run = imported[2]
     meg = interop.export_megatron(run, tmp_path / 'meg')
-    raw = ck.read_torch_file(megatron_file(meg))
+    raw = read_torch_file(megatron_file(meg))
     assert raw['checkpoint_version'] == 3.0 and raw['iteration'] == ck.inspect(run)['iteration']
     enc = raw['model']['language_model']['encoder']
     assert enc['layers.1.self_attention.query_key_value.weight'].shape == (96, 32) and 'final_layernorm.bias' in enc
@@ -192,7 +193,7 @@ def test_megatron_export_runs_in_megatron_core_with_the_same_logits(imported, tm
     "The exported legacy weights, loaded into megatron-core's own GPTModel, compute gptkit's logits"
     run = imported[2]
     meg = interop.export_megatron(run, tmp_path / 'meg')
-    raw = ck.read_torch_file(megatron_file(meg))
+    raw = read_torch_file(megatron_file(meg))
     ids = ids_for(512)
     with torch.no_grad(): want = ck.load_model(run).model(ids)
     diff = (mcore_logits(raw, ids) - want).abs().max().item()

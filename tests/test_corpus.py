@@ -9,7 +9,8 @@ import pytest
 import zstandard
 from hypothesis import given, settings, strategies as st
 
-from gptkit.data.corpus import BUILTIN, Tally, clean_text, read_documents
+from gptkit.data.corpus import BUILTIN, clean_text, read_documents
+from gptkit.data.document import Tally
 from gptkit.errors import DataError
 
 

@@ -11,13 +11,14 @@ import torch.nn.functional as F
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
+from test_checkpoint_tools import mcore, megatron_file  # noqa: F401  (the megatron-core fixture)
+
 from gptkit import checkpoint as ck, interop, store
 from gptkit.config import ModelConfig
 from gptkit.model import GPT
 from gptkit.store import CheckpointError
 from gptkit.tokenizer import EOD, load as load_tokenizer
-
-from test_checkpoint_tools import megatron_file, mcore  # noqa: F401  (the megatron-core fixture)
+from gptkit.torch_files import read_torch_file
 
 
 def make_llama(tok_dir: str, folder: Path, tie: bool, seed: int = 0):
@@ -109,7 +110,7 @@ def test_llama_megatron_export_runs_in_megatron_core_with_the_same_logits(llama,
     from megatron.core.transformer.transformer_config import TransformerConfig
     run = llama[2]
     meg = interop.export_megatron(run, tmp_path / 'meg')
-    raw = ck.read_torch_file(megatron_file(meg))
+    raw = read_torch_file(megatron_file(meg))
     a = raw['args']
     assert (a.position_embedding_type, a.normalization, a.swiglu, a.num_query_groups) == ('rope', 'RMSNorm', True, 2)
     cfg = TransformerConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,

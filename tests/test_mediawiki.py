@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.data.corpus import Tally, read_documents
+from gptkit.data.corpus import read_documents
+from gptkit.data.document import Tally
 from gptkit.data.mediawiki import (
     _scan_streams,
     bz2_streams,

@@ -20,7 +20,8 @@ from typing import Callable, Iterable
 from ..errors import DataError, check
 from ..files import check_folder, written
 from ..tokenizer import load as load_tokenizer
-from .corpus import FORMATS, Deduper, Document, Tally, clean_text, expand_inputs, read_documents, repair_text
+from .corpus import FORMATS, Deduper, clean_text, expand_inputs, read_documents, repair_text
+from .document import Document, Tally
 from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
 
 # %% auto #0
