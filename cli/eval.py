@@ -15,7 +15,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gptkit.data.corpus import HELD_OUT
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.files import json_text
@@ -61,6 +60,7 @@ def eval_(
     rank = 0
     if tp > 1:
         rank, device = join_tp(device)
+    from gptkit.data.corpus import HELD_OUT  # ftfy and the readers: not on the CLI's start-up path
     from gptkit.evaluate import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
     device = device or device_type()

@@ -11,8 +11,6 @@ import typer
 from rich.table import Table
 
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
-from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, clean_text, read_documents
-from gptkit.data.document import Tally
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import GPUS, count_params, estimate, search
@@ -63,6 +61,8 @@ def quickstart(
 
 
 def _data_stage(out_dir: Path, vocab_size: int):
+    from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, clean_text, read_documents  # ftfy: off the start-up path
+    from gptkit.data.document import Tally
     from gptkit.data.prepare import PrepareConfig, prepare
     from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
     out.rule('[bold]gptkit quickstart[/]: a tokenizer and a dataset from the built-in corpus')
@@ -85,6 +85,7 @@ def _data_stage(out_dir: Path, vocab_size: int):
 
 
 def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
+    from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
     from gptkit.evaluate import text_loss, token_counts, unigram_loss
     from gptkit.plan import plan_run, run_config
     from gptkit.train import train

@@ -11,7 +11,7 @@ from gptkit_cli.app import report
 from gptkit_cli.main import app
 
 runner = CliRunner()
-HEAVY = ('torch', 'deepspeed', 'tokenizers', 'triton')
+HEAVY = ('torch', 'deepspeed', 'tokenizers', 'triton', 'numpy', 'pyarrow', 'ftfy', 'fastapi', 'transformers')
 
 
 def run(*args, env=None):
