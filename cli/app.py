@@ -106,6 +106,18 @@ def handles_errors(fn=None, *, name=flag):
     return wrapper
 
 
+def typed_prompts():
+    "Lines typed at a `> ` prompt, one at a time, until an empty line, Ctrl-D or Ctrl-C"
+    while True:
+        try:
+            text = input('> ')
+        except (EOFError, KeyboardInterrupt):
+            return
+        if not text.strip():
+            return
+        yield text
+
+
 def package_version() -> str:
     try:
         return _pkg_version('gptkit')

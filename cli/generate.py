@@ -12,7 +12,7 @@ import typer
 from gptkit.errors import ConfigError
 from gptkit.files import read_text
 from gptkit_cli import format as fmt
-from gptkit_cli.app import app, err, flag, handles_errors, out, report
+from gptkit_cli.app import app, err, flag, handles_errors, out, report, typed_prompts
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
@@ -156,13 +156,7 @@ def _problems(num_samples: int, batch_size: int) -> list[tuple[str, str]]:
 def _interactive(gen, sampling, num_samples: int, batch_size: int):
     "Prompts typed one at a time, each answered as it comes, until an empty line or Ctrl-D"
     err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
-    while True:
-        try:
-            text = input('> ')
-        except (EOFError, KeyboardInterrupt):
-            break
-        if not text.strip():
-            break
+    for text in typed_prompts():
         try:
             _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
         except ConfigError as e:

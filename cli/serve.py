@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from gptkit.errors import ConfigError, GptkitError
-from gptkit_cli.app import app, err, handles_errors, out
+from gptkit_cli.app import app, err, handles_errors, out, typed_prompts
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
@@ -146,13 +146,7 @@ def client(
         raise GptkitError(f'{url} does not answer as a gptkit server ({type(e).__name__}: {e})') from None
     err.print(f'[dim]{escape(url)}, model {escape(str(model))}. Type a prompt and press Enter; an empty line or Ctrl-D '
               'quits.[/]')
-    while True:
-        try:
-            prompt = input('> ')
-        except (EOFError, KeyboardInterrupt):
-            break
-        if not prompt.strip():
-            break
+    for prompt in typed_prompts():
         body = {'model': model, 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': temperature, 'top_p': top_p,
                 'stream': True, **({'stop': stop} if stop else {})}
         try:
