@@ -1,0 +1,45 @@
+"""The layout of the package holds: short modules and functions, no import cycles, no private name crossing modules,
+and chapters that show their results (issue 30). `python tools/structure.py` prints the same measures."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
+import structure  # noqa: E402
+
+
+def test_no_module_or_function_is_too_long():
+    assert structure.long_modules() == [], f'split these modules by concern (at most {structure.MODULE_LINES} lines)'
+    assert structure.long_functions() == [], f'extract named steps (at most {structure.FUNCTION_LINES} lines)'
+
+
+def test_no_import_cycle_and_no_private_name_across_modules():
+    graph, private = structure.imports()
+    assert structure.cycles(graph) == []
+    assert private == [], 'make the name public in the module that owns it'
+
+
+def test_every_chapter_keeps_outputs_in_a_third_of_its_code_cells():
+    share = structure.OUTPUT_SHARE
+    quiet = [f'{name}: {kept} of {n}' for name, kept, n in structure.chapter_outputs() if kept < n * share]
+    assert quiet == [], 'show results after each exported piece, recorded with nbdev-test --save'
+
+
+def test_the_measures_find_what_they_look_for(tmp_path):
+    "A long module, a long function, a cycle, a private import and a silent chapter, each found in a made-up tree"
+    pkg = tmp_path / 'gptkit'
+    pkg.mkdir()
+    (pkg / '__init__.py').write_text('')
+    (pkg / 'a.py').write_text('from .b import _hidden\n' + 'x = 1\n' * 600)
+    (pkg / 'b.py').write_text('def f():\n    from gptkit.a import x\n' + '    y = 1\n' * 60 + '\n_hidden = 2\n')
+    (tmp_path / 'cli').mkdir()
+    (tmp_path / 'nbs').mkdir()
+    cells = [{'cell_type': 'code', 'source': ['1'], 'outputs': [{'text': '1'}] if out else []}
+             for out in (True, False, False, False)]
+    (tmp_path / 'nbs' / '01_a.ipynb').write_text(json.dumps({'cells': cells}))
+    assert structure.long_modules(tmp_path) == [('gptkit/a.py', 601)]
+    assert structure.long_functions(tmp_path) == [('gptkit/b.py:f', 62)]
+    graph, private = structure.imports(tmp_path)
+    assert structure.cycles(graph) == [('gptkit.a', 'gptkit.b')] and private == ['gptkit.a imports gptkit.b._hidden']
+    assert structure.inner_imports(tmp_path) == {'gptkit/b.py': 1}
+    assert structure.chapter_outputs(tmp_path) == [('01_a.ipynb', 1, 4)]

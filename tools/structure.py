@@ -1,0 +1,133 @@
+"""How the package is laid out, measured: module and function lengths, import cycles, private names crossing modules,
+imports inside functions and the chapters' kept outputs. `python tools/structure.py` prints them;
+`tests/test_structure.py` holds the limits.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE_LINES = 600       # the most lines a module of gptkit/ may have (nbdev's generated _modidx.py aside)
+FUNCTION_LINES = 60      # the most lines a function of gptkit/ or cli/ may have
+OUTPUT_SHARE = 1 / 3     # the least share of a chapter's code cells that keep an output
+
+
+def library_files(root: Path = ROOT) -> list[Path]:
+    "The modules of gptkit/, nbdev's generated index aside"
+    return sorted(p for p in (root / 'gptkit').rglob('*.py') if p.name != '_modidx.py')
+
+
+def cli_files(root: Path = ROOT) -> list[Path]:
+    return sorted((root / 'cli').glob('*.py'))
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    "gptkit/data/corpus.py -> gptkit.data.corpus"
+    parts = path.relative_to(root).with_suffix('').parts
+    return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def long_modules(root: Path = ROOT) -> list[tuple[str, int]]:
+    "(module, lines) of each module of gptkit/ over `MODULE_LINES`"
+    sizes = [(str(p.relative_to(root)), len(p.read_text(encoding='utf-8').splitlines())) for p in library_files(root)]
+    return [(name, n) for name, n in sizes if n > MODULE_LINES]
+
+
+def _functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(encoding='utf-8'))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+def long_functions(root: Path = ROOT) -> list[tuple[str, int]]:
+    "(file:function, lines) of each function of gptkit/ and cli/ over `FUNCTION_LINES`"
+    out = []
+    for p in library_files(root) + cli_files(root):
+        for f in _functions(p):
+            n = f.end_lineno - f.lineno + 1
+            if n > FUNCTION_LINES:
+                out.append((f'{p.relative_to(root)}:{f.name}', n))
+    return out
+
+
+def inner_imports(root: Path = ROOT) -> Counter:
+    "file -> imports written inside its functions"
+    counts = Counter()
+    for p in library_files(root) + cli_files(root):
+        for f in _functions(p):
+            counts[str(p.relative_to(root))] += sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(f))
+    return +counts
+
+
+def _target(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    "The absolute module an ImportFrom in `module` names"
+    if not node.level:
+        return node.module or ''
+    base = module.split('.') if is_package else module.split('.')[:-1]
+    base = base[:len(base) - node.level + 1]
+    return '.'.join(base + ([node.module] if node.module else []))
+
+
+def imports(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
+    "(module -> the gptkit modules it imports, anywhere in it; each private name one module imports from another)"
+    graph, private = defaultdict(set), []
+    modules = {module_name(p, root) for p in library_files(root)}
+    for p in library_files(root):
+        mod = module_name(p, root)
+        for node in ast.walk(ast.parse(p.read_text(encoding='utf-8'))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = _target(node, mod, p.name == '__init__.py')
+            names = [a.name for a in node.names]
+            found = [f'{target}.{n}' for n in names if f'{target}.{n}' in modules] or [target]
+            graph[mod] |= {t for t in found if t in modules and t != mod}
+            if target != mod and target in modules:
+                hidden = [n for n in names if n.startswith('_') and not n.startswith('__')]
+                private += [f'{mod} imports {target}.{n}' for n in hidden]
+    return graph, private
+
+
+def cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    "Each pair of modules that import each other, directly or through others"
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+    reached = {m: reach(m) for m in graph}
+    return sorted({tuple(sorted((a, b))) for a in graph for b in reached[a] if a != b and a in reached.get(b, ())})
+
+
+def chapter_outputs(root: Path = ROOT) -> list[tuple[str, int, int]]:
+    "(notebook, code cells keeping an output, code cells) of each numbered chapter"
+    out = []
+    for nb in sorted((root / 'nbs').glob('[0-9]*.ipynb')):
+        cells = [c for c in json.loads(nb.read_text(encoding='utf-8'))['cells'] if c['cell_type'] == 'code']
+        out.append((nb.name, sum(1 for c in cells if c.get('outputs')), len(cells)))
+    return out
+
+
+def main() -> int:
+    graph, private = imports()
+    quiet = [(name, kept, n) for name, kept, n in chapter_outputs() if kept < n * OUTPUT_SHARE]
+    print(f'modules over {MODULE_LINES} lines: {long_modules() or "none"}')
+    print(f'functions over {FUNCTION_LINES} lines: {long_functions() or "none"}')
+    print(f'import cycles: {cycles(graph) or "none"}')
+    print(f'private names imported across modules: {private or "none"}')
+    inner = inner_imports()
+    print(f'imports inside functions: {sum(inner.values())} (most: {inner.most_common(5)})')
+    print(f'chapters with fewer than a third of their code cells keeping an output: {quiet or "none"}')
+    kept = sum(k for _, k, _ in chapter_outputs())
+    print(f'code cells keeping an output: {kept} of {sum(n for _, _, n in chapter_outputs())}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
