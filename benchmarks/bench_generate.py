@@ -25,7 +25,8 @@ import torch
 
 def models(preset: str, vocab: int | None):
     from transformers import GPT2Config, GPT2LMHeadModel
-    from gptkit.interop import config_to_hf, to_hf
+    from gptkit.hf_config import config_to_hf
+    from gptkit.interop import to_hf
     from gptkit.config import PRESETS
     from gptkit.model import GPT
     from gptkit.tokenizer import gpt2

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from .errors import ConfigError, check, shown
 
 # %% auto #0
-__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'LLAMA', 'PRESETS', 'GPT3_PRESETS',
-           'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig',
-           'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
+__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'LLAMA3_ROPE',
+           'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size',
+           'positive_problems', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig',
+           'parse_blend', 'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -62,6 +63,7 @@ ACTIVATIONS = ('gelu', 'gelu_tanh', 'swiglu')
 KERNELS = ('auto', 'triton', 'torch')
 POSITIONS = ('learned', 'rotary')
 NORMS = ('layernorm', 'rmsnorm')
+ROPE_SCALINGS = ('none', 'linear', 'llama3')
 
 def _swiglu_ffn(hidden: int) -> int:
     "Llama's SwiGLU width: 2/3 of 4h (the same MLP parameters as a 4h GELU MLP), rounded up to a multiple of 64"
@@ -85,6 +87,13 @@ class ModelConfig:
     kernels: str = 'auto'
     position: str = 'learned'    # 'learned' position embeddings (GPT) or 'rotary' (RoPE, applied to queries and keys)
     rope_theta: float = 10000.0  # rotary base: the angle of pair i turns by position / theta^(2i / head_dim)
+    # rotary angles rescaled for a context longer than the first pre-training's: 'none', 'linear' (every angle / factor)
+    # or 'llama3' (Llama 3.1+: long wavelengths / factor, short ones kept, those between blended)
+    rope_scaling: str = 'none'
+    rope_factor: float = 1.0            # how many times the first pre-training's context the angles stretch to
+    rope_low_freq_factor: float = 1.0   # llama3: wavelengths over original_context / this are divided by the factor
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths under original_context / this are kept
+    rope_original_context: int = 8192   # llama3: the context of the first pre-training
     norm: str = 'layernorm'      # 'layernorm' (weight and bias) or 'rmsnorm' (weight only, no mean)
     norm_eps: float = 1e-5       # added to the variance in every norm
     kv_heads: int | None = None  # key/value heads: None (= heads) multi-head, fewer grouped-query, 1 multi-query
@@ -97,7 +106,7 @@ class ModelConfig:
     def problems(self) -> list[tuple[str, str]]:
         "Everything wrong with these values"
         counts = ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden', 'make_vocab_size_divisible_by',
-                  'kv_heads')
+                  'kv_heads', 'rope_original_context')
         out = positive_problems({n: getattr(self, n) for n in counts})
         bad = {k for k, _ in out}
         if not bad & {'hidden', 'heads'} and self.hidden % self.heads:
@@ -106,16 +115,22 @@ class ModelConfig:
             out.append(('kv_heads', f'{{key}} = {self.kv_heads} must divide the {self.heads} attention heads'))
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
             out.append(('dropout', f'{{key}} must be a probability in [0, 1), not {shown(self.dropout)}'))
-        for k in ('init_std', 'rope_theta', 'norm_eps'):
+        for k in ('init_std', 'rope_theta', 'norm_eps', 'rope_factor', 'rope_low_freq_factor', 'rope_high_freq_factor'):
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
                 out.append((k, f'{{key}} must be a positive number, not {shown(v)}'))
-        for k, choices in (('activation', ACTIVATIONS), ('kernels', KERNELS), ('position', POSITIONS), ('norm', NORMS)):
+        choices_of = (('activation', ACTIVATIONS), ('kernels', KERNELS), ('position', POSITIONS), ('norm', NORMS),
+                      ('rope_scaling', ROPE_SCALINGS))
+        for k, choices in choices_of:
             if getattr(self, k) not in choices:
                 out.append((k, f"{{key}} must be one of {', '.join(choices)}, not {shown(getattr(self, k))}"))
         for k in ('bias', 'tie_embeddings'):
             if not isinstance(getattr(self, k), bool):
                 out.append((k, f'{{key}} must be true or false, not {shown(getattr(self, k))}'))
+        low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+        if self.rope_scaling == 'llama3' and numbers and not low < high:
+            out.append(('rope_high_freq_factor', f'{{key}} {high} must be more than rope_low_freq_factor {low}'))
         if self.position == 'rotary' and not bad & {'hidden', 'heads'} and self.head_dim % 2:
             out.append(('position', f'{{key}} rotary needs an even head size, not {self.hidden} / {self.heads}'))
         return out
@@ -161,9 +176,13 @@ def _gpt3(layers, hidden, heads, lr, batch):
 
 LLAMA = dict(position='rotary', norm='rmsnorm', activation='swiglu', bias=False, dropout=0.0)   # the family's choices
 
-def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr, batch):
+def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr, batch, **rope):
     return Preset(ModelConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-                              seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA), lr, batch)
+                              seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA, **rope),
+                  lr, batch)
+
+LLAMA3_ROPE = dict(rope_scaling='llama3', rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                   rope_original_context=8192)   # Llama 3.2's published rotary scaling
 
 PRESETS: dict[str, Preset] = {
     'tiny':  Preset(ModelConfig(layers=2, hidden=128, heads=4, seq_len=256, dropout=0.0), 2e-3, 16),
@@ -179,7 +198,7 @@ PRESETS: dict[str, Preset] = {
     'llama-tiny': Preset(ModelConfig(layers=2, hidden=128, heads=4, kv_heads=2, seq_len=256, tie_embeddings=False,
                                      **LLAMA), 2e-3, 16),
     #                        layers hidden heads kv  ffn   context vocab  theta    tied   lr     batch
-    'llama-3.2-1b':   _llama(16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512),
+    'llama-3.2-1b':   _llama(16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512, **LLAMA3_ROPE),
     'tinyllama-1.1b': _llama(22,    2048,  32,   4,  5632, 2048,  32000,  10000., False, 4e-4, 1024),
 }
 GPT3_PRESETS = ('125m', '350m', '760m', '1.3b', '2.7b', '6.7b', '13b', '175b')

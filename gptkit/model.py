@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import RECOMPUTE, ModelConfig
 from .errors import ConfigError
-from .ops import apply_rotary, rms_norm, rotary_tables, swiglu
+from .ops import apply_rotary, rms_norm, rotary_frequencies, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
@@ -236,7 +236,10 @@ class GPT(nn.Module):
 
     def _rope(self, positions, dtype):
         "The rotary cos and sin at `positions` [t] (or [batch, t]: then [batch, 1, t, d], one per row), in `dtype`"
-        cos, sin = rotary_tables(self.cfg.head_dim, positions, self.cfg.rope_theta)
+        m = self.cfg
+        inv = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, m.rope_factor, m.rope_low_freq_factor,
+                                 m.rope_high_freq_factor, m.rope_original_context)
+        cos, sin = rotary_tables(m.head_dim, positions, frequencies=inv)
         if positions.dim() > 1:
             cos, sin = cos[:, None], sin[:, None]
         return cos.to(dtype), sin.to(dtype)

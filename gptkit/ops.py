@@ -6,11 +6,13 @@ rotary position embeddings."""
 # %% ../nbs/07_ops.ipynb #e3ed6c59
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['rms_norm', 'swiglu', 'rotary_tables', 'apply_rotary']
+__all__ = ['rms_norm', 'swiglu', 'rotary_frequencies', 'rotary_tables', 'apply_rotary']
 
 # %% ../nbs/07_ops.ipynb #2395d07a
 def rms_norm(x, weight, eps: float):
@@ -25,10 +27,23 @@ def swiglu(y):
     return F.silu(gate) * up
 
 # %% ../nbs/07_ops.ipynb #fcbacf0c
-def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32):
-    "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout)"
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
-    angles = positions.float()[..., None] * inv
+def rotary_frequencies(head_dim: int, theta: float = 10000.0, scaling: str = 'none', factor: float = 1.0,
+                       low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_context: int = 8192):
+    "The angle each pair (i, i + d/2) turns per position: 1 / theta^(2i/d), rescaled as `scaling` says"
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if scaling == 'linear':
+        inv = inv / factor
+    elif scaling == 'llama3':
+        wavelength = 2 * math.pi / inv
+        # 0 for wavelengths over original / low (stretched by the factor), 1 under original / high (kept)
+        kept = ((original_context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+        inv = inv / factor * (1 - kept) + inv * kept
+    return inv
+
+def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32, frequencies=None):
+    "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout); `frequencies`: rescaled"
+    inv = rotary_frequencies(head_dim, theta) if frequencies is None else frequencies
+    angles = positions.float()[..., None] * inv.to(positions.device)
     angles = torch.cat([angles, angles], -1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

@@ -13,7 +13,7 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from test_checkpoint_tools import mcore, megatron_file  # noqa: F401  (the megatron-core fixture)
 
-from gptkit import checkpoint as ck, interop, store
+from gptkit import checkpoint as ck, hf_config, interop, store
 from gptkit.config import ModelConfig
 from gptkit.model import GPT
 from gptkit.store import CheckpointError
@@ -21,15 +21,16 @@ from gptkit.tokenizer import EOD, load as load_tokenizer
 from gptkit.torch_files import read_torch_file
 
 
-def make_llama(tok_dir: str, folder: Path, tie: bool, seed: int = 0):
+def make_llama(tok_dir: str, folder: Path, tie: bool, seed: int = 0, rope: dict | None = None):
     "A random LlamaForCausalLM (4 query heads, 2 KV heads, base 500000) with non-trivial norms, saved with its tokenizer"
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     tok = load_tokenizer(tok_dir)
     torch.manual_seed(seed)
+    rope = {'rope_parameters': {'rope_theta': 500000.0, **rope}} if rope else {'rope_theta': 500000.0}
     cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5,
-                      rope_theta=500000.0, tie_word_embeddings=tie, initializer_range=0.2, bos_token_id=tok.eod,
-                      eos_token_id=tok.eod)
+                      tie_word_embeddings=tie, initializer_range=0.2, bos_token_id=tok.eod,
+                      eos_token_id=tok.eod, **rope)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():            # unit norms would hide a wrong mapping of them
         for name, p in model.named_parameters():
@@ -150,10 +151,52 @@ def test_llama_megatron_export_runs_in_megatron_core_with_the_same_logits(llama,
 def test_what_no_hugging_face_architecture_computes_is_refused(llama, tmp_path):
     hf, hf_dir, run = llama
     config = json.loads((hf_dir / 'config.json').read_text())
-    scaled = {**config, 'rope_parameters': {'rope_type': 'llama3', 'rope_theta': 5e5, 'factor': 32.0}}
-    with pytest.raises(CheckpointError, match="rope_type 'llama3' .* is not supported"): interop.config_from_hf(scaled)
+    scaled = {**config, 'rope_parameters': {'rope_type': 'yarn', 'rope_theta': 5e5, 'factor': 32.0}}
+    with pytest.raises(CheckpointError, match="rope_type 'yarn' .* is not supported"):
+        hf_config.config_from_hf(scaled)
+    half = {**config, 'rope_parameters': {'rope_type': 'llama3', 'rope_theta': 5e5, 'factor': 32.0}}
+    with pytest.raises(CheckpointError, match="rope_type 'llama3' needs low_freq_factor"):
+        hf_config.config_from_hf(half)
     with pytest.raises(CheckpointError, match="hidden_act = 'gelu' is not supported"):
-        interop.config_from_hf({**config, 'hidden_act': 'gelu'})
+        hf_config.config_from_hf({**config, 'hidden_act': 'gelu'})
     mixed = ModelConfig(layers=1, hidden=32, heads=4, seq_len=16, vocab=512, position='rotary')   # rotary + LayerNorm
     with pytest.raises(CheckpointError, match='mixes the GPT-2 and Llama families'):
         interop.to_hf(GPT(mixed).state_dict(), mixed)
+
+
+# Llama 3.1+ and linear rescaling, as transformers itself builds them; a short original context puts the blend of the
+# llama3 formula inside the 4-dimension head's frequencies (Llama 3's 8,192 would leave them all in one regime)
+SCALED = {'llama3': {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
+                     'original_max_position_embeddings': 16},
+          'linear': {'rope_type': 'linear', 'factor': 4.0}}
+
+
+@pytest.mark.parametrize('kind', list(SCALED))
+def test_rescaled_rotary_imports_and_exports_with_transformers_logits(kind, tiny_data, tmp_path):
+    "Llama 3's rescaled rotary angles (and linear): imported, the logits transformers gives; exported, loaded back alike"
+    from transformers import LlamaForCausalLM
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from gptkit.ops import rotary_frequencies
+    hf = make_llama(tiny_data[1], tmp_path / 'hf', tie=False, rope=SCALED[kind])
+    run = interop.import_hf(tmp_path / 'hf', tmp_path / 'run')
+    got = ck.load_model(run)
+    m = got.config.model
+    assert m.rope_scaling == kind and m.rope_factor == SCALED[kind]['factor']
+    theirs = ROPE_INIT_FUNCTIONS[kind](hf.config, 'cpu')[0]
+    mine = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, m.rope_factor, m.rope_low_freq_factor,
+                              m.rope_high_freq_factor, m.rope_original_context)
+    assert torch.allclose(mine, theirs, rtol=1e-6, atol=0), (mine, theirs)
+    ids = ids_for(512)
+    with torch.no_grad():
+        want = hf(ids).logits
+        assert (got.model(ids) - want).abs().max().item() <= 1e-4
+        plain = GPT(dataclasses.replace(m, rope_scaling='none')).eval()       # the control: unscaled angles differ
+        plain.load_state_dict(got.model.state_dict())
+        assert (plain(ids) - want).abs().max().item() > 1e-3
+    out = interop.export_hf(run, tmp_path / 'export')
+    back = LlamaForCausalLM.from_pretrained(out).eval()
+    assert back.config.rope_parameters['rope_type'] == kind
+    with torch.no_grad():
+        assert (back(ids).logits - want).abs().max().item() <= 1e-4
+    with pytest.raises(CheckpointError, match=f"model.rope_scaling '{kind}' has no Megatron export yet"):
+        interop.export_megatron(run, tmp_path / 'meg')
