@@ -200,3 +200,21 @@ def test_rescaled_rotary_imports_and_exports_with_transformers_logits(kind, tiny
         assert (back(ids).logits - want).abs().max().item() <= 1e-4
     with pytest.raises(CheckpointError, match=f"model.rope_scaling '{kind}' has no Megatron export yet"):
         interop.export_megatron(run, tmp_path / 'meg')
+
+
+@pytest.mark.parametrize('rope,said', [
+    ({'rope_type': 'llama3', 'factor': 'x', 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
+      'original_max_position_embeddings': 8192}, "rope_factor must be a positive number, not 'x'"),
+    ({'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 4.0, 'high_freq_factor': 1.0,
+      'original_max_position_embeddings': 8192}, 'rope_high_freq_factor 1.0 must be more than rope_low_freq_factor 4.0'),
+    ({'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
+      'original_max_position_embeddings': 1e30}, 'rope_original_context must be a positive whole number, not 1e+30'),
+    ({'rope_type': 'linear', 'factor': float('inf')}, 'rope_factor must be a positive number, not inf'),
+    ({'rope_type': 'dynamic', 'factor': 2.0}, "rope_type 'dynamic' (rescaled rotary angles) is not supported"),
+])
+def test_a_hostile_rope_config_is_refused_in_one_sentence(rope, said):
+    config = hf_config.config_to_hf(ModelConfig(layers=1, hidden=32, heads=4, seq_len=16, vocab=64, position='rotary',
+                                                norm='rmsnorm', activation='swiglu', bias=False), 0)
+    with pytest.raises(CheckpointError, match='^config.json') as e:
+        hf_config.config_from_hf({**config, 'rope_parameters': {'rope_theta': 5e5, **rope}})
+    assert said in str(e.value) and '\n' not in str(e.value)
