@@ -98,7 +98,8 @@ def _data_summary(plan):
 
 # The options of `gptkit train`, in the order its --help lists them
 PresetOption = Annotated[Optional[str], typer.Option(
-    help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, tinyllama-1.1b '
+    help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, llama-3.1-8b, smollm2-135m, '
+         'tinyllama-1.1b '
          '(default tiny when no --config).')]
 ConfigOption = Annotated[Optional[Path], typer.Option(
     help='A JSON or YAML run config (sections model, data, parallel, train, optim).')]

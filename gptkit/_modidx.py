@@ -135,6 +135,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'gptkit.config.TrainConfig.problems': ('config.html#trainconfig.problems', 'gptkit/config.py'),
                                'gptkit.config._gpt3': ('config.html#_gpt3', 'gptkit/config.py'),
                                'gptkit.config._llama': ('config.html#_llama', 'gptkit/config.py'),
+                               'gptkit.config._rope3': ('config.html#_rope3', 'gptkit/config.py'),
                                'gptkit.config._swiglu_ffn': ('config.html#_swiglu_ffn', 'gptkit/config.py'),
                                'gptkit.config.get_preset': ('config.html#get_preset', 'gptkit/config.py'),
                                'gptkit.config.parse_blend': ('config.html#parse_blend', 'gptkit/config.py'),

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from .errors import ConfigError, check, shown
 
 # %% auto #0
-__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'LLAMA3_ROPE',
-           'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size',
-           'positive_problems', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig',
-           'parse_blend', 'DataConfig']
+__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'PRESETS',
+           'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size', 'positive_problems',
+           'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend',
+           'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -181,8 +181,10 @@ def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr,
                               seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA, **rope),
                   lr, batch)
 
-LLAMA3_ROPE = dict(rope_scaling='llama3', rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-                   rope_original_context=8192)   # Llama 3.2's published rotary scaling
+def _rope3(factor: float) -> dict:
+    "Llama 3.1 and 3.2's published rotary scaling: `factor`, frequency factors 1 and 4, an original context of 8,192"
+    return dict(rope_scaling='llama3', rope_factor=factor, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                rope_original_context=8192)
 
 PRESETS: dict[str, Preset] = {
     'tiny':  Preset(ModelConfig(layers=2, hidden=128, heads=4, seq_len=256, dropout=0.0), 2e-3, 16),
@@ -198,11 +200,13 @@ PRESETS: dict[str, Preset] = {
     'llama-tiny': Preset(ModelConfig(layers=2, hidden=128, heads=4, kv_heads=2, seq_len=256, tie_embeddings=False,
                                      **LLAMA), 2e-3, 16),
     #                        layers hidden heads kv  ffn   context vocab  theta    tied   lr     batch
-    'llama-3.2-1b':   _llama(16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512, **LLAMA3_ROPE),
+    'llama-3.2-1b':   _llama(16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512, **_rope3(32.)),
+    'llama-3.1-8b':   _llama(32,    4096,  32,   8, 14336, 8192, 128256, 500000., False, 3e-4,  512, **_rope3(8.)),
+    'smollm2-135m':   _llama(30,     576,   9,   3,  1536, 8192,  49152, 100000., True,  6e-4,  256),
     'tinyllama-1.1b': _llama(22,    2048,  32,   4,  5632, 2048,  32000,  10000., False, 4e-4, 1024),
 }
 GPT3_PRESETS = ('125m', '350m', '760m', '1.3b', '2.7b', '6.7b', '13b', '175b')
-LLAMA_PRESETS = ('llama-3.2-1b', 'tinyllama-1.1b')
+LLAMA_PRESETS = ('llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b')
 
 # %% ../nbs/00_config.ipynb #18621086
 def get_preset(name: str, key: str = 'preset') -> Preset:

@@ -218,3 +218,17 @@ def test_a_hostile_rope_config_is_refused_in_one_sentence(rope, said):
     with pytest.raises(CheckpointError, match='^config.json') as e:
         hf_config.config_from_hf({**config, 'rope_parameters': {'rope_theta': 5e5, **rope}})
     assert said in str(e.value) and '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('name', ['llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b'])
+def test_llama_presets_count_what_transformers_builds_for_them(name):
+    "Each Llama-family preset's parameter count is the numel of transformers' model in its exported configuration"
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from gptkit.config import PRESETS
+    from gptkit.estimate import count_params
+    m = PRESETS[name].model
+    with torch.device('meta'):
+        hf = LlamaForCausalLM(LlamaConfig.from_dict(hf_config.config_to_hf(m, 0)))
+    assert count_params(m).total == sum(p.numel() for p in hf.parameters())
+    back = hf_config.config_from_hf(hf.config.to_dict())      # an MLP width that is the default comes back as None
+    assert back.ffn == m.ffn and dataclasses.replace(back, ffn_hidden=m.ffn_hidden) == m
