@@ -145,7 +145,8 @@ def _estimate_stage():
         c = count_params(m)
         t.add_row(name, str(m.layers), str(m.hidden), str(m.heads), f'{c.total:,}', str(c.vocab_padded))
     out.print(t)
-    t = Table(title='   and two Llama-style models (rotary, RMSNorm, SwiGLU, grouped-query attention)',
+    t = Table(title='   and the Llama family: Llama 3, SmolLM2, TinyLlama, Qwen2.5, Qwen3, Mistral '
+                    '(rotary, RMSNorm, SwiGLU, grouped-query attention)',
               title_justify='left')
     for col in ('preset', 'layers', 'hidden', 'heads / KV', 'SwiGLU', 'parameters'):
         t.add_column(col, justify='right')

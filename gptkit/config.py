@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from .errors import ConfigError, check, shown
 
 # %% auto #0
-__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'PRESETS',
-           'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size', 'positive_problems',
-           'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend',
-           'DataConfig']
+__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'QWEN2', 'QWEN3',
+           'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size',
+           'positive_problems', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig',
+           'parse_blend', 'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -63,7 +63,7 @@ ACTIVATIONS = ('gelu', 'gelu_tanh', 'swiglu')
 KERNELS = ('auto', 'triton', 'torch')
 POSITIONS = ('learned', 'rotary')
 NORMS = ('layernorm', 'rmsnorm')
-ROPE_SCALINGS = ('none', 'linear', 'llama3')
+ROPE_SCALINGS = ('none', 'linear', 'llama3', 'yarn')
 
 def _swiglu_ffn(hidden: int) -> int:
     "Llama's SwiGLU width: 2/3 of 4h (the same MLP parameters as a 4h GELU MLP), rounded up to a multiple of 64"
@@ -74,7 +74,8 @@ class ModelConfig:
     "A decoder: GPT-2/3 by default (learned positions, LayerNorm, GELU, biases, tied embeddings), Llama by its choices"
     layers: int = 12        # transformer blocks (l)
     hidden: int = 768       # model width (h)
-    heads: int = 12         # attention heads (a); must divide `hidden`
+    heads: int = 12         # attention heads (a); must divide `hidden` unless `head_size` is given
+    head_size: int | None = None  # each head's width; None: hidden / heads (Qwen3: 128 with hidden 1,024 over 16)
     seq_len: int = 2048     # context length (s), also the number of learned positions
     vocab: int = 50257      # tokenizer vocabulary (V) before Megatron's padding
     ffn_hidden: int | None = None  # MLP width; None: 4h for GELU, Llama's 8h/3 (rounded up to 64) for SwiGLU
@@ -88,16 +89,23 @@ class ModelConfig:
     position: str = 'learned'    # 'learned' position embeddings (GPT) or 'rotary' (RoPE, applied to queries and keys)
     rope_theta: float = 10000.0  # rotary base: the angle of pair i turns by position / theta^(2i / head_dim)
     # rotary angles rescaled for a context longer than the first pre-training's: 'none', 'linear' (every angle / factor)
-    # or 'llama3' (Llama 3.1+: long wavelengths / factor, short ones kept, those between blended)
+    # 'llama3' (Llama 3.1+: long wavelengths / factor, short ones kept, those between blended) or 'yarn' (Qwen's long
+    # context: the same blend by rotations per original context, and cos and sin times an attention factor)
     rope_scaling: str = 'none'
     rope_factor: float = 1.0            # how many times the first pre-training's context the angles stretch to
     rope_low_freq_factor: float = 1.0   # llama3: wavelengths over original_context / this are divided by the factor
     rope_high_freq_factor: float = 4.0  # llama3: wavelengths under original_context / this are kept
-    rope_original_context: int = 8192   # llama3: the context of the first pre-training
+    rope_original_context: int = 8192   # llama3, yarn: the context of the first pre-training
+    rope_beta_fast: float = 32.0        # yarn: pairs turning more than this many times in that context are kept
+    rope_beta_slow: float = 1.0         # yarn: pairs turning fewer times than this are divided by the factor
+    rope_attention_factor: float | None = None  # yarn: cos and sin times this; None: 0.1 ln(factor) + 1
     norm: str = 'layernorm'      # 'layernorm' (weight and bias) or 'rmsnorm' (weight only, no mean)
     norm_eps: float = 1e-5       # added to the variance in every norm
     kv_heads: int | None = None  # key/value heads: None (= heads) multi-head, fewer grouped-query, 1 multi-query
     bias: bool = True            # biases on the linear layers (the norms keep theirs)
+    qkv_bias: bool | None = None # a bias on the QKV projection; None: as `bias` (Qwen2 and 2.5: on it alone)
+    qk_norm: bool = False        # RMSNorm of each query and key head before rotary, weights head-wide (Qwen3)
+    sliding_window: int | None = None  # each token attends to this many latest tokens, itself included (Mistral)
     tie_embeddings: bool = True  # the output layer reuses the word embedding matrix
 
     def __post_init__(self):
@@ -106,16 +114,19 @@ class ModelConfig:
     def problems(self) -> list[tuple[str, str]]:
         "Everything wrong with these values"
         counts = ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden', 'make_vocab_size_divisible_by',
-                  'kv_heads', 'rope_original_context')
+                  'kv_heads', 'rope_original_context', 'head_size', 'sliding_window')
         out = positive_problems({n: getattr(self, n) for n in counts})
         bad = {k for k, _ in out}
-        if not bad & {'hidden', 'heads'} and self.hidden % self.heads:
+        if not bad & {'hidden', 'heads'} and self.head_size is None and self.hidden % self.heads:
             out.append(('heads', f'{{key}} = {self.heads} must divide the hidden size {self.hidden}'))
         if not bad & {'heads', 'kv_heads'} and self.kv_heads and self.heads % self.kv_heads:
             out.append(('kv_heads', f'{{key}} = {self.kv_heads} must divide the {self.heads} attention heads'))
         if not isinstance(self.dropout, (int, float)) or isinstance(self.dropout, bool) or not 0 <= self.dropout < 1:
             out.append(('dropout', f'{{key}} must be a probability in [0, 1), not {shown(self.dropout)}'))
-        for k in ('init_std', 'rope_theta', 'norm_eps', 'rope_factor', 'rope_low_freq_factor', 'rope_high_freq_factor'):
+        optional = ('rope_attention_factor',) if self.rope_attention_factor is not None else ()
+        positive = ('init_std', 'rope_theta', 'norm_eps', 'rope_factor', 'rope_low_freq_factor',
+                    'rope_high_freq_factor', 'rope_beta_fast', 'rope_beta_slow', *optional)
+        for k in positive:
             v = getattr(self, k)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
                 out.append((k, f'{{key}} must be a positive number, not {shown(v)}'))
@@ -124,15 +135,19 @@ class ModelConfig:
         for k, choices in choices_of:
             if getattr(self, k) not in choices:
                 out.append((k, f"{{key}} must be one of {', '.join(choices)}, not {shown(getattr(self, k))}"))
-        for k in ('bias', 'tie_embeddings'):
+        for k in ('bias', 'tie_embeddings', 'qk_norm', *(('qkv_bias',) if self.qkv_bias is not None else ())):
             if not isinstance(getattr(self, k), bool):
                 out.append((k, f'{{key}} must be true or false, not {shown(getattr(self, k))}'))
         low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
         if self.rope_scaling == 'llama3' and numbers and not low < high:
             out.append(('rope_high_freq_factor', f'{{key}} {high} must be more than rope_low_freq_factor {low}'))
-        if self.position == 'rotary' and not bad & {'hidden', 'heads'} and self.head_dim % 2:
-            out.append(('position', f'{{key}} rotary needs an even head size, not {self.hidden} / {self.heads}'))
+        slow, fast = self.rope_beta_slow, self.rope_beta_fast
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (slow, fast))
+        if self.rope_scaling == 'yarn' and numbers and not slow < fast:
+            out.append(('rope_beta_fast', f'{{key}} {fast} must be more than rope_beta_slow {slow}'))
+        if self.position == 'rotary' and not bad & {'hidden', 'heads', 'head_size'} and self.head_dim % 2:
+            out.append(('position', f'{{key}} rotary needs an even head size, not {self.head_dim}'))
         return out
 
     @property
@@ -143,7 +158,13 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        "Each attention head's width"
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def attn_bias(self) -> bool:
+        "Whether the QKV projection has a bias"
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     @property
     def kv(self) -> int:
@@ -176,10 +197,13 @@ def _gpt3(layers, hidden, heads, lr, batch):
 
 LLAMA = dict(position='rotary', norm='rmsnorm', activation='swiglu', bias=False, dropout=0.0)   # the family's choices
 
-def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr, batch, **rope):
+def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr, batch, **choices):
     return Preset(ModelConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-                              seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA, **rope),
+                              seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA, **choices),
                   lr, batch)
+
+QWEN2 = dict(qkv_bias=True, norm_eps=1e-6)                  # Qwen2 and 2.5: a bias on the QKV projection alone
+QWEN3 = dict(qk_norm=True, head_size=128, norm_eps=1e-6)    # Qwen3: per-head RMSNorm of q and k, 128-wide heads
 
 def _rope3(factor: float) -> dict:
     "Llama 3.1 and 3.2's published rotary scaling: `factor`, frequency factors 1 and 4, an original context of 8,192"
@@ -204,9 +228,13 @@ PRESETS: dict[str, Preset] = {
     'llama-3.1-8b':   _llama(32,    4096,  32,   8, 14336, 8192, 128256, 500000., False, 3e-4,  512, **_rope3(8.)),
     'smollm2-135m':   _llama(30,     576,   9,   3,  1536, 8192,  49152, 100000., True,  6e-4,  256),
     'tinyllama-1.1b': _llama(22,    2048,  32,   4,  5632, 2048,  32000,  10000., False, 4e-4, 1024),
+    'qwen2.5-0.5b':   _llama(24,     896,  14,   2,  4864, 32768, 151936, 1e6,    True,  3e-4,  512, **QWEN2),
+    'qwen3-0.6b':     _llama(28,    1024,  16,   8,  3072, 40960, 151936, 1e6,    True,  3e-4,  512, **QWEN3),
+    'mistral-7b':     _llama(32,    4096,  32,   8, 14336, 32768,  32768, 1e6,    False, 3e-4,  512),
 }
 GPT3_PRESETS = ('125m', '350m', '760m', '1.3b', '2.7b', '6.7b', '13b', '175b')
-LLAMA_PRESETS = ('llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b')
+LLAMA_PRESETS = ('llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b', 'qwen2.5-0.5b', 'qwen3-0.6b',
+                 'mistral-7b')
 
 # %% ../nbs/00_config.ipynb #18621086
 def get_preset(name: str, key: str = 'preset') -> Preset:

@@ -133,11 +133,13 @@ def narayanan_params(model: ModelConfig, tp: int = 1) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 def closed_form_params(model: ModelConfig, tp: int = 1) -> int:
-    "Parameters by formula, either family: per layer QKV h(h + 2 kv d), h^2, MLP 2hf or 3hf, biases, norms; embeddings"
-    l, h, V, f, kvd = model.layers, model.hidden, model.padded_vocab(tp), model.ffn, model.kv * model.head_dim
-    mats = h * (h + 2 * kvd) + h * h + (3 if model.gated else 2) * h * f
-    biases = (h + 2 * kvd) + h + (2 if model.gated else 1) * f + h if model.bias else 0
+    "Parameters by formula, any family: per layer QKV h(a d + 2 kv d), a d h, MLP 2hf or 3hf, biases, norms; embeddings"
+    l, h, V, f, d = model.layers, model.hidden, model.padded_vocab(tp), model.ffn, model.head_dim
+    qd, kvd = model.heads * d, model.kv * d
+    mats = h * (qd + 2 * kvd) + qd * h + (3 if model.gated else 2) * h * f
+    biases = (qd + 2 * kvd if model.attn_bias else 0) + (h + (2 if model.gated else 1) * f + h if model.bias else 0)
     norm = h if model.norm == 'rmsnorm' else 2 * h
+    biases += 2 * d if model.qk_norm else 0       # Qwen3's per-head query and key norms: head-wide weights
     embeddings = V * h * (1 if model.tie_embeddings else 2) + (model.seq_len * h if model.position == 'learned' else 0)
     return l * (mats + biases + 2 * norm) + norm + embeddings
 

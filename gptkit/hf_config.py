@@ -12,10 +12,11 @@ from .params import hf_family
 from .store import CheckpointError
 
 # %% auto #0
-__all__ = ['HF_ACTIVATIONS', 'stored_ffn', 'config_from_hf', 'config_to_hf']
+__all__ = ['HF_ACTIVATIONS', 'LLAMA_LIKE', 'stored_ffn', 'config_from_hf', 'config_to_hf', 'hf_model_type']
 
 # %% ../nbs/12c_hf_config.ipynb #4342a675
 HF_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu'}
+LLAMA_LIKE = ('llama', 'mistral', 'qwen2', 'qwen3')   # Llama's tensors, with each family's extras
 _HF_FIXED = {'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False, 'reorder_and_upcast_attn': False,
              'tie_word_embeddings': True, 'add_cross_attention': False, 'layer_norm_epsilon': 1e-5}
 
@@ -32,14 +33,15 @@ def _whole_numbers(c: dict, keys: tuple[str, ...], where: str):
             raise CheckpointError(f'{where}: {key} must be a whole number, not {shown(c[key])}')
 
 def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
-    "The `ModelConfig` for a GPT-2 config dict, or a `CheckpointError` naming the key gptkit cannot represent"
+    "The `ModelConfig` for a config dict of a family gptkit computes, or a `CheckpointError` naming the key it cannot"
     if not isinstance(c, dict):
         raise CheckpointError(f'{where} must hold a JSON object of settings, not {shown(c)}')
-    if c.get('model_type', 'gpt2') == 'llama':
+    kind = c.get('model_type', 'gpt2')
+    if kind in LLAMA_LIKE:
         return _llama_config(c, where)
-    if c.get('model_type', 'gpt2') != 'gpt2':
-        raise CheckpointError(f"{where}: model_type {c.get('model_type')!r} is not supported; "
-                              "only GPT-2 (model_type 'gpt2') and Llama ('llama') can be imported")
+    if kind != 'gpt2':
+        raise CheckpointError(f"{where}: model_type {shown(kind)} is not supported; gptkit imports "
+                              f"{', '.join(('gpt2',) + LLAMA_LIKE)}")
     act = c.get('activation_function', 'gelu_new')
     if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function {act!r} is not supported; "
@@ -57,7 +59,7 @@ def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
         raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 def config_to_hf(m: ModelConfig, eod: int | None, dtype: str = 'float32') -> dict:
-    "The GPT-2 or Llama config.json for a gptkit model"
+    "The config.json of the Hugging Face family that computes gptkit model `m`"
     if hf_family(m) == 'llama':
         return _llama_config_to_hf(m, eod, dtype)
     return {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2', 'vocab_size': m.vocab, 'n_positions': m.seq_len,
@@ -67,38 +69,97 @@ def config_to_hf(m: ModelConfig, eod: int | None, dtype: str = 'float32') -> dic
             **_HF_FIXED, 'bos_token_id': eod, 'eos_token_id': eod, 'use_cache': True, 'dtype': dtype}
 
 
+
+# %% ../nbs/12c_hf_config.ipynb #ec5b2c48
 # Hugging Face's rope parameters for each rescaling gptkit computes -> the ModelConfig field each one sets
 _ROPE_KEYS = {'linear': {'factor': 'rope_factor'},
               'llama3': {'factor': 'rope_factor', 'low_freq_factor': 'rope_low_freq_factor',
                          'high_freq_factor': 'rope_high_freq_factor',
-                         'original_max_position_embeddings': 'rope_original_context'}}
+                         'original_max_position_embeddings': 'rope_original_context'},
+              'yarn': {'factor': 'rope_factor', 'original_max_position_embeddings': 'rope_original_context'}}
+_YARN_OPTIONS = {'beta_fast': 'rope_beta_fast', 'beta_slow': 'rope_beta_slow',
+                 'attention_factor': 'rope_attention_factor'}
+_ROPE_REFUSED = {'mscale': None, 'mscale_all_dim': None, 'truncate': True, 'partial_rotary_factor': 1.0}
 
 def _rope_scaling(rope: dict, kind: str, where: str) -> dict:
     "The ModelConfig fields of a Hugging Face rope dict of `kind`; a CheckpointError for a kind or a missing key"
+    for key, want in _ROPE_REFUSED.items():
+        if rope.get(key, want) not in (want, None):
+            raise CheckpointError(f'{where}: {key} = {shown(rope[key])} in rope_parameters is not supported; '
+                                  f'gptkit computes {want!r}')
     if kind == 'default':
         return {}
     if kind not in _ROPE_KEYS:
-        raise CheckpointError(f'{where}: rope_type {kind!r} (rescaled rotary angles) is not supported; '
-                              "gptkit computes 'default', 'linear' and 'llama3'")
+        raise CheckpointError(f'{where}: rope_type {shown(kind)} (rescaled rotary angles) is not supported; '
+                              "gptkit computes 'default', 'linear', 'llama3' and 'yarn'")
     missing = [k for k in _ROPE_KEYS[kind] if k not in rope]
     if missing:
         raise CheckpointError(f'{where}: rope_type {kind!r} needs {missing[0]} in rope_parameters (or rope_scaling)')
-    return {'rope_scaling': kind, **{field: rope[key] for key, field in _ROPE_KEYS[kind].items()}}
+    fields = {field: rope[key] for key, field in _ROPE_KEYS[kind].items()}
+    if kind == 'yarn':      # transformers' defaults (beta 32 and 1, the factor's attention factor) for the others
+        fields.update({field: rope[key] for key, field in _YARN_OPTIONS.items() if rope.get(key) is not None})
+    return {'rope_scaling': kind, **fields}
 
 def _rope_to_hf(m: ModelConfig) -> dict:
     "Hugging Face's rope_parameters for `m`"
     if m.rope_scaling == 'none':
         return {'rope_type': 'default', 'rope_theta': m.rope_theta}
-    return {'rope_type': m.rope_scaling, 'rope_theta': m.rope_theta,
-            **{key: getattr(m, field) for key, field in _ROPE_KEYS[m.rope_scaling].items()}}
+    out = {'rope_type': m.rope_scaling, 'rope_theta': m.rope_theta,
+           **{key: getattr(m, field) for key, field in _ROPE_KEYS[m.rope_scaling].items()}}
+    if m.rope_scaling == 'yarn':
+        out.update({key: getattr(m, field) for key, field in _YARN_OPTIONS.items() if getattr(m, field) is not None})
+    return out
 
+# %% ../nbs/12c_hf_config.ipynb #e8a69cbd
+def _window(c: dict, kind: str, where: str) -> int | None:
+    "The sliding window every layer uses (None: full attention); a CheckpointError when only some layers slide"
+    if kind == 'mistral':
+        return c.get('sliding_window')
+    if kind not in ('qwen2', 'qwen3') or not c.get('use_sliding_window'):
+        return None                 # transformers ignores sliding_window while use_sliding_window is false
+    layers = c.get('layer_types') or ['sliding_attention' if i >= c.get('max_window_layers', 0) else 'full_attention'
+                                      for i in range(c['num_hidden_layers'])]
+    if set(layers) == {'full_attention'}:
+        return None
+    if set(layers) != {'sliding_attention'}:
+        raise CheckpointError(f'{where}: layer_types mixes sliding and full attention layers; gptkit gives every '
+                              'layer the same attention')
+    return c.get('sliding_window')
+
+def _family_choices(c: dict, kind: str, where: str) -> dict:
+    "The ModelConfig fields that set a Llama-like family apart: biases, per-head QK norm, head size, window"
+    h, heads, attention_bias = c['hidden_size'], c['num_attention_heads'], c.get('attention_bias', False)
+    if kind == 'llama' and c.get('mlp_bias', attention_bias) != attention_bias:
+        raise CheckpointError(f"{where}: mlp_bias = {c['mlp_bias']!r} is not supported; gptkit needs "
+                              f'{attention_bias!r} (biases on every linear layer, or on none)')
+    if kind == 'qwen3' and attention_bias:
+        raise CheckpointError(f'{where}: attention_bias = True is not supported for qwen3 (its MLP has none); '
+                              'gptkit needs false')
+    bias = {'llama': bool(attention_bias), 'qwen3': False, 'qwen2': False, 'mistral': False}[kind]
+    head = c.get('head_dim')
+    return dict(bias=bias, qkv_bias=True if kind == 'qwen2' else None, qk_norm=kind == 'qwen3',
+                head_size=None if head in (None, h // heads if heads else None) else head,
+                sliding_window=_window(c, kind, where))
+
+def hf_model_type(m: ModelConfig) -> str:
+    "The Hugging Face family that computes Llama-like `m`, or a ConfigError naming the choice none computes"
+    kind = ('qwen3' if m.qk_norm else 'qwen2' if m.attn_bias and not m.bias else
+            'mistral' if m.sliding_window else 'llama')
+    clash = (('bias', m.bias) if kind == 'qwen3' and m.bias else
+             ('sliding_window', m.sliding_window) if kind == 'llama' and m.sliding_window else
+             ('bias', m.bias) if kind == 'mistral' and m.bias else None)
+    if clash:
+        raise ConfigError([(f'model.{clash[0]}', f'{{key}} = {clash[1]!r} with the other choices of this model '
+                            'matches no Hugging Face family (Llama, Qwen2, Qwen3, Mistral)')])
+    return kind
+
+# %% ../nbs/12c_hf_config.ipynb #b00ae96f
 def _llama_config(c: dict, where: str) -> ModelConfig:
     "The `ModelConfig` for a Llama config dict, or a `CheckpointError` naming the key gptkit cannot represent"
     sizes = ('num_hidden_layers', 'hidden_size', 'num_attention_heads', 'intermediate_size', 'vocab_size')
     _whole_numbers(c, sizes, where)
     h, heads = c['hidden_size'], c['num_attention_heads']
-    fixed = {'hidden_act': 'silu', 'pretraining_tp': 1, 'head_dim': h // heads if heads else None,
-             'mlp_bias': c.get('attention_bias', False)}
+    fixed = {'hidden_act': 'silu', 'pretraining_tp': 1}
     for key, want in fixed.items():
         if c.get(key) not in (None, want):
             raise CheckpointError(f'{where}: {key} = {c[key]!r} is not supported; gptkit needs {want!r}')
@@ -108,25 +169,37 @@ def _llama_config(c: dict, where: str) -> ModelConfig:
     rope = c.get('rope_parameters') or {'rope_theta': c.get('rope_theta', 10000.0), **(c.get('rope_scaling') or {})}
     scaling = _rope_scaling(rope, rope.get('rope_type', rope.get('type', 'default')), where)
     kv = c.get('num_key_value_heads') or heads
+    choices = _family_choices(c, c['model_type'], where)
     try:
         return ModelConfig(layers=c['num_hidden_layers'], hidden=h, heads=heads, kv_heads=None if kv == heads else kv,
                            seq_len=c.get('max_position_embeddings') or 2048, vocab=c['vocab_size'],
                            ffn_hidden=stored_ffn(c['intermediate_size'], h, 'swiglu'),
                            dropout=c.get('attention_dropout', 0.0),
                            init_std=c.get('initializer_range', 0.02), norm_eps=c.get('rms_norm_eps', 1e-6),
-                           rope_theta=float(rope.get('rope_theta', 10000.0)), bias=bool(c.get('attention_bias', False)),
+                           rope_theta=float(rope.get('rope_theta', 10000.0)), **choices,
                            tie_embeddings=bool(c.get('tie_word_embeddings', False)), position='rotary', norm='rmsnorm',
                            activation='swiglu', **scaling)
     except (ConfigError, TypeError, ValueError) as e:      # a rope_theta that is no number, too
         raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
-    "The Llama config.json for a gptkit model of the Llama family"
-    return {'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'vocab_size': m.vocab,
+    "The config.json of Llama, Qwen2, Qwen3 or Mistral for a gptkit model of the Llama family"
+    kind = hf_model_type(m)
+    out = {'architectures': [_ARCHITECTURES[kind]], 'model_type': kind, 'vocab_size': m.vocab,
             'hidden_size': m.hidden, 'intermediate_size': m.ffn, 'num_hidden_layers': m.layers,
             'num_attention_heads': m.heads, 'num_key_value_heads': m.kv, 'head_dim': m.head_dim, 'hidden_act': 'silu',
             'max_position_embeddings': m.seq_len, 'initializer_range': m.init_std, 'rms_norm_eps': m.norm_eps,
             'rope_parameters': _rope_to_hf(m), 'rope_theta': m.rope_theta,
-            'attention_bias': m.bias, 'mlp_bias': m.bias, 'attention_dropout': m.dropout,
-            'tie_word_embeddings': m.tie_embeddings, 'pretraining_tp': 1, 'bos_token_id': eod, 'eos_token_id': eod,
-            'use_cache': True, 'dtype': dtype}
+            'attention_dropout': m.dropout, 'tie_word_embeddings': m.tie_embeddings, 'bos_token_id': eod,
+            'eos_token_id': eod, 'use_cache': True, 'dtype': dtype}
+    if kind == 'llama':
+        return {**out, 'attention_bias': m.bias, 'mlp_bias': m.bias, 'pretraining_tp': 1}
+    if kind == 'mistral':
+        return {**out, 'sliding_window': m.sliding_window}
+    w = m.sliding_window
+    return {**out, 'attention_bias': False, 'use_sliding_window': bool(w), 'sliding_window': w,
+            'max_window_layers': 0 if w else m.layers,
+            'layer_types': [('sliding' if w else 'full') + '_attention'] * m.layers}
+
+_ARCHITECTURES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'qwen2': 'Qwen2ForCausalLM',
+                  'qwen3': 'Qwen3ForCausalLM'}

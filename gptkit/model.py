@@ -17,12 +17,12 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import RECOMPUTE, ModelConfig
 from .errors import ConfigError
-from .ops import apply_rotary, rms_norm, rotary_frequencies, rotary_tables, swiglu
+from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
-__all__ = ['RMSNorm', 'repeat_kv', 'core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'make_norm',
-           'Dropout', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
+__all__ = ['RMSNorm', 'repeat_kv', 'window_mask', 'core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm',
+           'make_norm', 'Dropout', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -47,17 +47,28 @@ def repeat_kv(x, groups: int):
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 # %% ../nbs/07b_model.ipynb #5a720c6f
-def core_attention(q, k, v, dropout: float = 0.0):
+def window_mask(seq: int, window: int, device=None):
+    "[seq, seq]: query i sees key j when j <= i and i - j < `window` (Mistral's sliding window)"
+    i = torch.arange(seq, device=device)
+    gap = i[:, None] - i[None, :]
+    return (gap >= 0) & (gap < window)
+
+def core_attention(q, k, v, dropout: float = 0.0, window: int | None = None):
     "Causal attention of q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, ...] (flash kernels if available)"
     gqa = k.shape[1] != q.shape[1]
+    if window and window < q.shape[-2]:     # the causal kernel alone when the window holds the whole sequence
+        mask = window_mask(q.shape[-2], window, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
 
-def reference_attention(q, k, v):
+def reference_attention(q, k, v, window: int | None = None):
     "The plain formula, for tests: softmax(q k^T / sqrt(d) + causal mask) v, each K/V head repeated for its query heads"
     k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
     s = q.shape[-2]
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    if window:
+        mask = mask & ~torch.ones_like(mask).tril(-window)      # keys `window` or more behind are out of reach
     return scores.masked_fill(~mask, float('-inf')).softmax(-1) @ v
 
 # %% ../nbs/07b_model.ipynb #034b8ffc
@@ -67,8 +78,11 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.kv_heads, self.dropout, self.recompute = cfg.heads, cfg.kv, cfg.dropout, False
         self.layer = layer                  # its number in the model: which of a KV cache's layers it uses
-        self.qkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * cfg.head_dim, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=cfg.bias)
+        self.qkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * cfg.head_dim, bias=cfg.attn_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.kernels) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.kernels) if cfg.qk_norm else None
+        self.proj = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=cfg.bias)
+        self.window = cfg.sliding_window
         self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
         self.kernels = cfg.kernels
 
@@ -76,8 +90,10 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]
         d, groups = qkv.shape[-1] // (self.heads + 2 * self.kv_heads), self.heads // self.kv_heads
-        q, k, v = (t.view(b, s, -1, d).transpose(1, 2)                      # [b, heads, s, d], 2 x [b, kv_heads, s, d]
-                   for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
+        q, k, v = (t.view(b, s, -1, d) for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
+        if self.q_norm is not None:                                          # each head's vector normalized
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))                     # [b, heads, s, d], 2 x [b, kv_heads, s, d]
         if rope is not None:       # q and k become new tensors: v too, so that the fused QKV output is not kept
             kern = _kernels(self.kernels, x)
             rotate = apply_rotary if kern is None else kern.apply_rotary
@@ -86,12 +102,14 @@ class Attention(nn.Module):
         with self.rng():           # grouped K/V heads go in as they are (enable_gqa), never repeated in memory
             if cache is not None:                                             # these s positions after the cached ones
                 k, v = cache.update(self.layer, k, v)                         # 2 x [b, kv_heads, cache.len, d]
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=cache.mask, dropout_p=p, is_causal=cache.causal,
+                windowed = self.window and cache.len > self.window
+                mask, causal = (cache.window_mask(self.window), False) if windowed else (cache.mask, cache.causal)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
                                                    enable_gqa=groups > 1)
             elif self.recompute:
-                y = checkpoint(core_attention, q, k, v, p, use_reentrant=False)
+                y = checkpoint(core_attention, q, k, v, p, self.window, use_reentrant=False)
             else:
-                y = core_attention(q, k, v, p)
+                y = core_attention(q, k, v, p, self.window)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 # %% ../nbs/07b_model.ipynb #d54813e5
@@ -236,10 +254,10 @@ class GPT(nn.Module):
 
     def _rope(self, positions, dtype):
         "The rotary cos and sin at `positions` [t] (or [batch, t]: then [batch, 1, t, d], one per row), in `dtype`"
-        m = self.cfg
-        inv = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, m.rope_factor, m.rope_low_freq_factor,
-                                 m.rope_high_freq_factor, m.rope_original_context)
-        cos, sin = rotary_tables(m.head_dim, positions, frequencies=inv)
+        inv, scale = model_rotary(self.cfg)
+        cos, sin = rotary_tables(self.cfg.head_dim, positions, frequencies=inv)
+        if scale != 1.0:                                      # YaRN's attention factor
+            cos, sin = cos * scale, sin * scale
         if positions.dim() > 1:
             cos, sin = cos[:, None], sin[:, None]
         return cos.to(dtype), sin.to(dtype)
@@ -323,6 +341,15 @@ class KVCache:
         rows = cols[start:, None]                                 # [t, 1]: the new tokens' columns
         see = (cols <= rows) & self.valid[:, None, :end]          # [batch, t, end]: earlier or here, and real
         self.mask, self.causal = (see | (cols == rows))[:, None], False   # each sees itself: padding would see nothing
+
+    def window_mask(self, window: int) -> torch.Tensor:
+        "[batch, 1, t, len]: the step's queries see the real keys among their `window` latest tokens, and themselves"
+        tokens = self.valid[:, :self.len].cumsum(-1)              # real tokens up to each column: padding never counts
+        cols = torch.arange(self.len, device=self.valid.device)
+        rows = cols[self.start:, None]
+        near = tokens[:, self.start:, None] - tokens[:, None] < window
+        see = (cols <= rows) & self.valid[:, None, :self.len] & near
+        return (see | (cols == rows))[:, None]
 
     def positions(self) -> torch.Tensor:
         "Position ids [batch, t] of the step's tokens: each row counts its real tokens from 0 (padding takes 0)"

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['rms_norm', 'swiglu', 'rotary_frequencies', 'rotary_tables', 'apply_rotary']
+__all__ = ['rms_norm', 'swiglu', 'rotary_frequencies', 'rotary_scale', 'model_rotary', 'rotary_tables', 'apply_rotary']
 
 # %% ../nbs/07_ops.ipynb #2395d07a
 def rms_norm(x, weight, eps: float):
@@ -28,17 +28,44 @@ def swiglu(y):
 
 # %% ../nbs/07_ops.ipynb #fcbacf0c
 def rotary_frequencies(head_dim: int, theta: float = 10000.0, scaling: str = 'none', factor: float = 1.0,
-                       low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_context: int = 8192):
+                       low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_context: int = 8192,
+                       beta_fast: float = 32.0, beta_slow: float = 1.0):
     "The angle each pair (i, i + d/2) turns per position: 1 / theta^(2i/d), rescaled as `scaling` says"
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     if scaling == 'linear':
-        inv = inv / factor
-    elif scaling == 'llama3':
+        return inv / factor
+    if scaling == 'llama3':
         wavelength = 2 * math.pi / inv
         # 0 for wavelengths over original / low (stretched by the factor), 1 under original / high (kept)
         kept = ((original_context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
-        inv = inv / factor * (1 - kept) + inv * kept
+        return inv / factor * (1 - kept) + inv * kept
+    if scaling == 'yarn':
+        return _yarn(inv, head_dim, theta, factor, original_context, beta_fast, beta_slow)
     return inv
+
+def _yarn(inv, head_dim: int, theta: float, factor: float, original_context: int, beta_fast: float, beta_slow: float):
+    "YaRN's blend: pairs turning over `beta_fast` times in the original context kept, under `beta_slow` stretched"
+    def pair_turning(turns):     # the (fractional) pair index that turns `turns` times over the original context
+        return head_dim * math.log(original_context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+    first = max(math.floor(pair_turning(beta_fast)), 0)
+    last = min(math.ceil(pair_turning(beta_slow)), head_dim - 1)
+    width = (last - first) or 0.001
+    stretched = ((torch.arange(head_dim // 2, dtype=torch.float32) - first) / width).clamp(0, 1)
+    return inv / factor * stretched + inv * (1 - stretched)
+
+def rotary_scale(scaling: str, factor: float, attention_factor: float | None = None) -> float:
+    "What cos and sin are multiplied by: YaRN's attention factor (given, or 0.1 ln(factor) + 1), else 1"
+    if scaling != 'yarn':
+        return 1.0
+    if attention_factor is not None:
+        return float(attention_factor)
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+def model_rotary(m) -> tuple:
+    "The frequencies and the cos/sin scale of ModelConfig `m`'s rotary embedding"
+    inv = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, m.rope_factor, m.rope_low_freq_factor,
+                             m.rope_high_freq_factor, m.rope_original_context, m.rope_beta_fast, m.rope_beta_slow)
+    return inv, rotary_scale(m.rope_scaling, m.rope_factor, m.rope_attention_factor)
 
 def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32, frequencies=None):
     "cos and sin, [..., len, head_dim], of the rotary angles at `positions` (halves layout); `frequencies`: rescaled"

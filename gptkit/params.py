@@ -53,10 +53,12 @@ class Param:
 
 # %% ../nbs/07a_params.ipynb #1d7710b8
 def hf_family(cfg: ModelConfig) -> str | None:
-    "The Hugging Face architecture that computes `cfg` exactly: 'gpt2', 'llama', or None (a mix of the two)"
+    "The Hugging Face naming that holds `cfg`: 'gpt2', 'llama' (also Qwen2, Qwen3 and Mistral's), or None (a mix)"
+    own_heads = cfg.head_dim * cfg.heads != cfg.hidden
+    llama_only = cfg.qk_norm or cfg.sliding_window or cfg.attn_bias != cfg.bias or own_heads
     if (cfg.position, cfg.norm, cfg.activation != 'swiglu', cfg.kv, cfg.bias, cfg.tie_embeddings) == \
-            ('learned', 'layernorm', True, cfg.heads, True, True):
-                return 'gpt2'
+            ('learned', 'layernorm', True, cfg.heads, True, True) and not llama_only:
+        return 'gpt2'
     if (cfg.position, cfg.norm, cfg.activation) == ('rotary', 'rmsnorm', 'swiglu'):
         return 'llama'
     return None
@@ -65,6 +67,8 @@ def hf_family(cfg: ModelConfig) -> str | None:
 _LAYER = (('ln1', 'ln_1', 'input_layernorm', 'input_layernorm', 'replicated', 'replicated', 'ones'),
           ('attn.qkv', 'attn.c_attn', 'self_attn.{q,k,v}_proj', 'self_attention.query_key_value', 'column', 'column',
            'normal'),
+          ('attn.q_norm', '', 'self_attn.q_norm', 'self_attention.q_layernorm', 'replicated', '', 'ones'),
+          ('attn.k_norm', '', 'self_attn.k_norm', 'self_attention.k_layernorm', 'replicated', '', 'ones'),
           ('attn.proj', 'attn.c_proj', 'self_attn.o_proj', 'self_attention.dense', 'row', 'replicated', 'scaled'),
           ('ln2', 'ln_2', 'post_attention_layernorm', 'post_attention_layernorm', 'replicated', 'replicated', 'ones'),
           ('mlp.fc1', 'mlp.c_fc', 'mlp.{gate,up}_proj', 'mlp.dense_h_to_4h', 'column', 'column', 'normal'),
@@ -74,8 +78,16 @@ def _layer_rows(cfg: ModelConfig) -> dict:
     "Output rows (and HF parts' rows) of each module of a block"
     h, f, d = cfg.hidden, cfg.ffn, cfg.head_dim
     qkv = (cfg.heads * d, cfg.kv * d, cfg.kv * d)
-    return {'ln1': (h,), 'attn.qkv': qkv, 'attn.proj': (h,), 'ln2': (h,), 'mlp.fc1': (f, f) if cfg.gated else (f,),
-            'mlp.fc2': (h,)}
+    return {'ln1': (h,), 'attn.qkv': qkv, 'attn.q_norm': (d,), 'attn.k_norm': (d,), 'attn.proj': (h,), 'ln2': (h,),
+            'mlp.fc1': (f, f) if cfg.gated else (f,), 'mlp.fc2': (h,)}
+
+def _has_bias(cfg: ModelConfig, module: str) -> bool:
+    "Whether a block's `module` has a bias: norms by their kind (per-head QK norms never), linear layers by the config"
+    if module.endswith('_norm'):
+        return False
+    if module.startswith('ln'):
+        return cfg.norm != 'rmsnorm'
+    return cfg.attn_bias if module == 'attn.qkv' else cfg.bias
 
 def _hf_names(pattern: str, prefix: str, suffix: str) -> str | tuple[str, ...]:
     "'self_attn.{q,k,v}_proj' -> its three full names; a plain pattern -> its one name"
@@ -88,14 +100,16 @@ def _hf_names(pattern: str, prefix: str, suffix: str) -> str | tuple[str, ...]:
 def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
     "The tensors of transformer layer `i`, in the model's order"
     rows, fam, out = _layer_rows(cfg), hf_family(cfg), []
-    ins = {'ln1': None, 'ln2': None, 'mlp.fc2': cfg.ffn}        # input width: the hidden size unless given
+    ins = {'mlp.fc2': cfg.ffn, 'attn.proj': cfg.heads * cfg.head_dim}   # input width: the hidden size unless given
     for g, gpt2, llama, meg, w_tp, b_tp, w_init in _LAYER:
-        r, norm = rows[g], g.startswith('ln')
+        if g.endswith('_norm') and not cfg.qk_norm:
+            continue
+        r, norm = rows[g], g.startswith('ln') or g.endswith('_norm')
         shape = (sum(r),) if norm else (sum(r), ins.get(g) or cfg.hidden)
         qkv = (cfg.heads, cfg.kv) if g == 'attn.qkv' else ()
         glu = g == 'mlp.fc1' and cfg.gated
         for kind in ('weight', 'bias'):
-            if kind == 'bias' and (cfg.norm == 'rmsnorm' if norm else not cfg.bias):
+            if kind == 'bias' and not _has_bias(cfg, g):
                 continue
             hf = (_hf_names(gpt2, f'transformer.h.{i}', kind) if fam == 'gpt2' else
                   _hf_names(llama, f'model.layers.{i}', kind) if fam == 'llama' else '')

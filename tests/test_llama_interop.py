@@ -14,7 +14,7 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 from test_checkpoint_tools import mcore, megatron_file  # noqa: F401  (the megatron-core fixture)
 
 from gptkit import checkpoint as ck, hf_config, interop, store
-from gptkit.config import ModelConfig
+from gptkit.config import LLAMA_PRESETS, ModelConfig
 from gptkit.model import GPT
 from gptkit.store import CheckpointError
 from gptkit.tokenizer import EOD, load as load_tokenizer
@@ -151,8 +151,8 @@ def test_llama_megatron_export_runs_in_megatron_core_with_the_same_logits(llama,
 def test_what_no_hugging_face_architecture_computes_is_refused(llama, tmp_path):
     hf, hf_dir, run = llama
     config = json.loads((hf_dir / 'config.json').read_text())
-    scaled = {**config, 'rope_parameters': {'rope_type': 'yarn', 'rope_theta': 5e5, 'factor': 32.0}}
-    with pytest.raises(CheckpointError, match="rope_type 'yarn' .* is not supported"):
+    scaled = {**config, 'rope_parameters': {'rope_type': 'longrope', 'rope_theta': 5e5, 'factor': 32.0}}
+    with pytest.raises(CheckpointError, match="rope_type 'longrope' .* is not supported"):
         hf_config.config_from_hf(scaled)
     half = {**config, 'rope_parameters': {'rope_type': 'llama3', 'rope_theta': 5e5, 'factor': 32.0}}
     with pytest.raises(CheckpointError, match="rope_type 'llama3' needs low_freq_factor"):
@@ -168,7 +168,8 @@ def test_what_no_hugging_face_architecture_computes_is_refused(llama, tmp_path):
 # llama3 formula inside the 4-dimension head's frequencies (Llama 3's 8,192 would leave them all in one regime)
 SCALED = {'llama3': {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
                      'original_max_position_embeddings': 16},
-          'linear': {'rope_type': 'linear', 'factor': 4.0}}
+          'linear': {'rope_type': 'linear', 'factor': 4.0},
+          'yarn': {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 16}}
 
 
 @pytest.mark.parametrize('kind', list(SCALED))
@@ -176,16 +177,16 @@ def test_rescaled_rotary_imports_and_exports_with_transformers_logits(kind, tiny
     "Llama 3's rescaled rotary angles (and linear): imported, the logits transformers gives; exported, loaded back alike"
     from transformers import LlamaForCausalLM
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from gptkit.ops import rotary_frequencies
+    from gptkit.ops import model_rotary
     hf = make_llama(tiny_data[1], tmp_path / 'hf', tie=False, rope=SCALED[kind])
     run = interop.import_hf(tmp_path / 'hf', tmp_path / 'run')
     got = ck.load_model(run)
     m = got.config.model
     assert m.rope_scaling == kind and m.rope_factor == SCALED[kind]['factor']
-    theirs = ROPE_INIT_FUNCTIONS[kind](hf.config, 'cpu')[0]
-    mine = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, m.rope_factor, m.rope_low_freq_factor,
-                              m.rope_high_freq_factor, m.rope_original_context)
+    theirs, their_scale = ROPE_INIT_FUNCTIONS[kind](hf.config, 'cpu')
+    mine, my_scale = model_rotary(m)
     assert torch.allclose(mine, theirs, rtol=1e-6, atol=0), (mine, theirs)
+    assert my_scale == pytest.approx(their_scale, rel=1e-9)
     ids = ids_for(512)
     with torch.no_grad():
         want = hf(ids).logits
@@ -220,15 +221,16 @@ def test_a_hostile_rope_config_is_refused_in_one_sentence(rope, said):
     assert said in str(e.value) and '\n' not in str(e.value)
 
 
-@pytest.mark.parametrize('name', ['llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b'])
+@pytest.mark.parametrize('name', LLAMA_PRESETS)
 def test_llama_presets_count_what_transformers_builds_for_them(name):
     "Each Llama-family preset's parameter count is the numel of transformers' model in its exported configuration"
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from gptkit.config import PRESETS
     from gptkit.estimate import count_params
     m = PRESETS[name].model
+    exported = hf_config.config_to_hf(m, 0)
     with torch.device('meta'):
-        hf = LlamaForCausalLM(LlamaConfig.from_dict(hf_config.config_to_hf(m, 0)))
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**exported))
     assert count_params(m).total == sum(p.numel() for p in hf.parameters())
     back = hf_config.config_from_hf(hf.config.to_dict())      # an MLP width that is the default comes back as None
     assert back.ffn == m.ffn and dataclasses.replace(back, ffn_hidden=m.ffn_hidden) == m
