@@ -81,12 +81,20 @@ def inspect(path: CheckpointPath,
 def export(path: CheckpointPath,
            out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
            to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel or LlamaForCausalLM folder) "
-                                                "or megatron (Megatron-LM's legacy layout).")]):
+                                                "or megatron (Megatron-LM's legacy layout).")],
+           max_shard_size: Annotated[Optional[str], Opt(help='hf: the most bytes per weights file (5GB when not '
+                                                             'given; 500MB, 2GiB or a number of bytes); a bigger '
+                                                             'model is written in shards with their index, '
+                                                             'model.safetensors.index.json.')] = None):
     """Write a gptkit checkpoint as a Hugging Face folder (GPT-2 or Llama) or a Megatron-LM legacy checkpoint."""
     fmt = _format(to, 'to')
+    if max_shard_size is not None and fmt != 'hf':
+        raise ConfigError([('max_shard_size', '{key} is only used with --to hf')])
+    from gptkit.hf_files import MAX_SHARD_SIZE
     from gptkit.interop import export_hf, export_megatron
+    most = MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
     with err.status(f'exporting {text(path)} to {FORMATS[fmt]} ...'):
-        done = (export_hf if fmt == 'hf' else export_megatron)(path, out_dir)
+        done = export_hf(path, out_dir, most) if fmt == 'hf' else export_megatron(path, out_dir)
     shown = text(done)
     hint = (f"load it with AutoModelForCausalLM.from_pretrained('{shown}') and AutoTokenizer" if fmt == 'hf'
             else f'load it in Megatron-LM with --load {shown} --no-load-optim --no-load-rng')

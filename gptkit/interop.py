@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from .checkpoint import check_shapes, checkpoint_parts, save
 from .config import DataConfig, ModelConfig, TrainConfig
@@ -23,6 +22,7 @@ from .engine import build_engine, init_distributed
 from .errors import ConfigError, DataError, check, shown
 from .files import read_json, read_text, write_atomic
 from .hf_config import config_from_hf, config_to_hf, stored_ffn
+from .hf_files import MAX_SHARD_SIZE, parse_size, read_weights, write_weights
 from .layout import Layout
 from .model import GPT
 from .parallel import shard_weights
@@ -126,9 +126,10 @@ def write_hf_tokenizer(tok, directory: Path, max_length: int):
     write_atomic(directory / 'tokenizer_config.json', json.dumps(config, indent=2))
     write_atomic(directory / 'special_tokens_map.json', json.dumps(special, indent=2))
 
-def export_hf(path: str | Path, out_dir: str | Path) -> Path:
+def export_hf(path: str | Path, out_dir: str | Path, max_shard_size: int | str = MAX_SHARD_SIZE) -> Path:
     "Write a checkpoint as a Hugging Face folder that `AutoModelForCausalLM` (GPT-2 or Llama) and `AutoTokenizer` load"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
+    most = parse_size(max_shard_size)                   # a bad size refused before anything is read
     folder, cfg, _, weights, tok = checkpoint_parts(path)
     if tok is None:
         log.warning('%s has no tokenizer/; the export holds the model only', folder)
@@ -137,7 +138,7 @@ def export_hf(path: str | Path, out_dir: str | Path) -> Path:
     with _staged(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
         config = config_to_hf(cfg.model, tok.eod if tok else None, dtype)
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))
-        save_file(tensors, tmp / 'model.safetensors', metadata={'format': 'pt'})
+        write_weights(tensors, tmp, most)               # model.safetensors, or shards and their index
         if tok is not None:
             write_hf_tokenizer(tok, tmp, cfg.model.seq_len)
     log.info('exported %s to %s', folder, out_dir)
@@ -166,31 +167,8 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
     return out
 
 def _read_hf_weights(hf: Path, m: ModelConfig) -> dict:
-    "The tensors of a folder (safetensors, sharded or not, or pytorch_model.bin); GPT-2's named transformer.*"
-    if (hf / 'model.safetensors').is_file():
-        files = [hf / 'model.safetensors']
-    elif (hf / 'model.safetensors.index.json').is_file():
-        path = hf / 'model.safetensors.index.json'
-        index = read_json(path, 'safetensors index', error=CheckpointError, expect=dict)
-        names = index.get('weight_map')
-        if not isinstance(names, dict) or not all(isinstance(f, str) for f in names.values()):
-            raise CheckpointError(f'{path}: weight_map must map each weight to the name of its file')
-        files = [hf / f for f in sorted(set(names.values()))]
-    elif (hf / 'pytorch_model.bin').is_file():
-        files = [hf / 'pytorch_model.bin']
-    else:
-        raise CheckpointError(f'{hf} has no model.safetensors or pytorch_model.bin')
-    sd = {}
-    for f in files:
-        try:
-            if f.suffix == '.safetensors':
-                sd.update(load_file(f))
-            else:
-                sd.update(read_torch_file(f))
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(f'{f} cannot be read as weights: {e}') from None
+    "The tensors of a folder (chapter 12e reads them), GPT-2's named transformer.*, a tied output layer dropped"
+    sd = read_weights(hf)
     embedding = 'model.embed_tokens.weight'
     if hf_family(m) == 'gpt2':
         sd = {k if k.startswith(('transformer.', 'lm_head.')) else f'transformer.{k}': v for k, v in sd.items()
