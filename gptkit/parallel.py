@@ -17,6 +17,7 @@ from torch import nn
 
 from gptkit.tensor_parallel import (
     ColumnParallelLinear,
+    HeadParallelNorm,
     ParallelOutputLayer,
     QKVParallelLinear,
     RowParallelLinear,
@@ -213,6 +214,9 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
             setattr(parent, leaf, _tp_linear(p, getattr(parent, leaf), g, tp, sequence_parallel))
         block.attn.heads, block.attn.kv_heads = block.attn.heads // tp, max(block.attn.kv_heads // tp, 1)
         block.attn.rng = tracker.fork
+        if block.attn.q_norm is not None:           # replicated weights over this rank's heads: gradients summed
+            a = block.attn
+            a.q_norm, a.k_norm = HeadParallelNorm(a.q_norm, g), HeadParallelNorm(a.k_norm, g)
         if sequence_parallel:
             block.ln1, block.ln2 = SequenceParallelNorm(block.ln1, g), SequenceParallelNorm(block.ln2, g)
             block.drop = TrackedDropout(cfg.dropout, tracker)

@@ -18,8 +18,8 @@ from .ops import rms_norm
 # %% auto #0
 __all__ = ['copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear', 'RowParallelLinear',
            'scatter_to_sequence', 'gather_from_sequence', 'reduce_scatter_to_sequence', 'VocabParallelEmbedding',
-           'vocab_parallel_cross_entropy', 'SequenceParallelNorm', 'ScatterToSequence', 'ParallelOutputLayer',
-           'regroup_qkv', 'ungroup_qkv', 'regroup_glu', 'ungroup_glu', 'QKVParallelLinear']
+           'vocab_parallel_cross_entropy', 'SequenceParallelNorm', 'HeadParallelNorm', 'ScatterToSequence',
+           'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv', 'regroup_glu', 'ungroup_glu', 'QKVParallelLinear']
 
 # %% ../nbs/07c_tensor_parallel.ipynb #08126f5f
 def _size(group) -> int:
@@ -268,6 +268,9 @@ class SequenceParallelNorm(nn.Module):
         if self.rms:
             return rms_norm(x, w, self.eps)
         return F.layer_norm(x, w.shape, w, copy_to_tp(self.bias, self.group), self.eps)
+
+class HeadParallelNorm(SequenceParallelNorm):
+    "A per-head norm (Qwen3's q_norm, k_norm) over this rank's heads: the weight replicated, its gradients summed"
 
 class ScatterToSequence(nn.Module):
     "The module form of `scatter_to_sequence` (the embedding's output, split along the sequence)"
