@@ -1,11 +1,14 @@
 """Fused kernels: each gptkit Triton kernel (forward + backward) against its eager torch reference and torch.compile of
 that reference, same process, same inputs, on a CUDA GPU.
 
-Kernels: bias + GELU (exact and tanh) at the MLP's shape, LayerNorm at the model width, and the chunked cross entropy
-(output layer + loss, vocabulary 50,304) against F.linear + fp32 F.cross_entropy, whose peak memory is printed too.
+Kernels: bias + GELU (exact and tanh) at the MLP's shape, LayerNorm at the model width, Qwen3's per-head QK-norm fused
+with rotary (gptkit.kernels_qk: queries as the QKV split leaves them, 16 heads of 128) against ops.rms_norm then
+ops.apply_rotary, and the chunked cross entropy (output layer + loss, vocabulary 50,304) against F.linear + fp32
+F.cross_entropy, whose peak memory is printed too.
 Rounds alternate between the contenders so that machine noise hits all of them alike; the median time wins.
 Without a GPU it says so and exits 0 (the kernels are checked on CPU by tests/test_kernels.py, in Triton's interpreter).
-Run: .venv/bin/python benchmarks/kernels.py [--tokens 8192] [--hidden 768] [--vocab 50304] [--dtype bf16] [--rounds 7]
+Run: .venv/bin/python benchmarks/kernels.py [--tokens 8192] [--hidden 768] [--vocab 50304] [--heads 16] [--head-dim 128]
+     [--dtype bf16] [--rounds 7]
 """
 from __future__ import annotations
 
@@ -42,13 +45,16 @@ def main():
     ap.add_argument('--tokens', type=int, default=8192, help='batch x sequence')
     ap.add_argument('--hidden', type=int, default=768)
     ap.add_argument('--vocab', type=int, default=50304)
+    ap.add_argument('--heads', type=int, default=16, help='query heads of the QK-norm + rotary case (Qwen3-0.6B: 16)')
+    ap.add_argument('--head-dim', type=int, default=128, help='head size of the QK-norm + rotary case (Qwen3: 128)')
     ap.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'])
     ap.add_argument('--rounds', type=int, default=7)
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print('benchmarks/kernels.py times the Triton kernels on a GPU; there is no CUDA GPU here, so nothing was timed.')
         return
-    from gptkit import kernels as K
+    from gptkit import kernels as K, kernels_qk as Q
+    from gptkit.ops import rotary_tables
     if K.triton is None:
         print('benchmarks/kernels.py needs Triton: pip install -c constraints.txt triton')
         return
@@ -60,11 +66,16 @@ def main():
     xh, w, b = g(n, h), g(h), g(h)
     xc, W = g(n, h), g(v, h, scale=0.02)
     t = torch.randint(0, v, (n,), device=dev)
+    seq = min(n, 2048)
+    xq, wq = g(n // seq, seq, a.heads, a.head_dim), g(a.head_dim)         # [b, s, heads, d]: as the QKV output holds it
+    cos, sin = (c.to(dt) for c in rotary_tables(a.head_dim, torch.arange(seq, device=dev), 1000000.0))
     ce_ref = lambda x, W: K.cross_entropy_reference(x, W, t)
     cases = {
         'bias+gelu': (lambda x, b: K.bias_gelu(x, b), K.bias_gelu_reference, (x4, b4)),
         'bias+gelu tanh': (lambda x, b: K.bias_gelu(x, b, 'tanh'), lambda x, b: K.bias_gelu_reference(x, b, 'tanh'), (x4, b4)),
         'layernorm': (K.layer_norm, lambda x, w, b: F.layer_norm(x, (h,), w, b), (xh, w, b)),
+        'qk-norm+rotary': (lambda x, w: Q.qk_norm_rotary(x.transpose(1, 2), w, 1e-6, cos, sin),
+                           lambda x, w: Q.qk_norm_rotary_reference(x.transpose(1, 2), w, 1e-6, cos, sin), (xq, wq)),
         'chunked CE': (lambda x, W: K.chunked_cross_entropy(x, W, t, use_triton=True), ce_ref, (xc, W)),
     }
     print(f'{torch.cuda.get_device_name()}, {a.dtype}, {n} tokens, hidden {h}, vocabulary {v:,}; forward + backward, median of {a.rounds} rounds')

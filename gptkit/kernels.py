@@ -28,8 +28,8 @@ def _jit(fn):
 # %% auto #0
 __all__ = ['ELEMENTWISE_BLOCK', 'NORM_MAX_COLUMNS', 'ROTARY_MAX_HALF', 'NORM_BWD_ROWS', 'CE_BLOCK', 'interpreted', 'use_triton',
            'bias_gelu_reference', 'BiasGelu', 'bias_gelu', 'norm_launch', 'rotary_block', 'LayerNormFn', 'layer_norm',
-           'RMSNormFn', 'rms_norm', 'SwiGLUFn', 'swiglu', 'RotaryFn', 'apply_rotary', 'ChunkedCrossEntropy',
-           'chunked_cross_entropy', 'cross_entropy_reference']
+           'RMSNormFn', 'rms_norm', 'SwiGLUFn', 'swiglu', 'rotary_table_rows', 'RotaryFn', 'apply_rotary',
+           'ChunkedCrossEntropy', 'chunked_cross_entropy', 'cross_entropy_reference']
 
 # %% ../nbs/09_kernels.ipynb #6e133414
 def interpreted() -> bool:
@@ -334,11 +334,20 @@ def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, heads, seq, per_batch, half, SIGN:
     tl.store(out_ptr + row * 2 * half + offs, (x1 * c - x2 * s).to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_ptr + row * 2 * half + half + offs, (x2 * c + x1 * s).to(out_ptr.dtype.element_ty), mask=mask)
 
+def rotary_table_rows(cos, sin, x):
+    "(cos, sin) as contiguous [rows, d] tables for x [batch, heads, seq, d], and whether each batch row has its own"
+    b, _, s, d = x.shape if x.dim() == 4 else (0, 0, 0, 0)
+    fits = cos.shape == sin.shape and cos.shape[-2:] == (s, d) and d % 2 == 0 and (
+        cos.dim() == 2 or (cos.dim() == 4 and cos.shape[1] == 1 and cos.shape[0] in (1, b)))
+    if not fits:
+        raise GptkitError(f'rotary tables of shapes {tuple(cos.shape)} and {tuple(sin.shape)} do not fit queries or '
+                          f'keys of shape {tuple(x.shape)}: they must be [seq, d] or [batch or 1, 1, seq, d], d even')
+    return cos.reshape(-1, d).contiguous(), sin.reshape(-1, d).contiguous(), cos.dim() == 4 and cos.shape[0] > 1
+
 def _rotate(x, cos, sin, sign: float):
     b, h, s, d = x.shape
+    cos, sin, per_batch = rotary_table_rows(cos, sin, x)         # [b, 1, s, d]: positions per row; else [s, d]
     x, out = x.contiguous(), torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    per_batch = cos.dim() == 4                                  # [b, 1, s, d]: positions per row; else [s, d]
-    cos, sin = cos.contiguous(), sin.contiguous()
     _rotary[(b * h * s,)](x, cos, sin, out, h, s, per_batch, d // 2, sign, rotary_block(d // 2))
     return out
 

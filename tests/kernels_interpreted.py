@@ -22,7 +22,9 @@ _saved = os.environ.get('TRITON_INTERPRET')
 if DEV == 'cpu': os.environ['TRITON_INTERPRET'] = '1'
 try:
     import gptkit.kernels as K
-    if DEV == 'cpu' and K.triton is not None and not K.interpreted(): K = importlib.reload(K)
+    import gptkit.kernels_qk as Q
+    if DEV == 'cpu' and K.triton is not None and not K.interpreted():
+        K, Q = importlib.reload(K), importlib.reload(Q)              # Q's kernels too, defined after K's
 finally:
     if _saved is None: os.environ.pop('TRITON_INTERPRET', None)
     else: os.environ['TRITON_INTERPRET'] = _saved
@@ -143,6 +145,87 @@ def test_rotary_matches_torch(per_row, dtype):
     cos, sin = rotary_tables(24, pos if per_row else pos[0], 500000.0, dtype)
     if per_row: cos, sin = cos[:, None], sin[:, None]
     compare(lambda x: K.apply_rotary(x, cos, sin), lambda x: apply_rotary(x, cos.float(), sin.float()), [x], TOL[dtype])
+
+
+def _heads(b, h, s, d, dtype, positions, scaling='none', **scale):
+    "Queries as the QKV split leaves them ([b, s, h, d] memory seen as [b, h, s, d]), a norm weight, fp32 tables"
+    from gptkit import ops
+    x = (torch.randn(b, s, h, d, generator=torch.Generator().manual_seed(0)) * 2 + 0.3).to(DEV, dtype).transpose(1, 2)
+    w = (torch.rand(d, generator=torch.Generator().manual_seed(1)) + 0.5).to(DEV, dtype)
+    cos, sin = ops.rotary_tables(d, positions.to(DEV), 1000000.0, frequencies=ops.rotary_frequencies(
+        d, 1000000.0, scaling, **scale))
+    if positions.dim() > 1: cos, sin = cos[:, None], sin[:, None]
+    return x, w, cos, sin
+
+
+QK_CASES = {                                                          # (batch, heads, seq, head_dim, positions)
+    'd128-2heads-t5': (2, 2, 5, 128, torch.arange(5)),                # Qwen3's head size, few heads, odd length
+    'd128-per-row': (2, 2, 5, 128, torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])),   # [batch, 1, t, d] tables
+    'd64-broadcast': (2, 3, 7, 64, torch.arange(7)[None] + 30),       # one [1, 1, t, d] table for the whole batch
+    'd24-t9': (1, 3, 9, 24, torch.arange(9)),                         # half a head (12) masked in its block (16)
+}
+
+
+@needs_triton
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
+@pytest.mark.parametrize('case', list(QK_CASES))
+def test_qk_norm_rotary_matches_torch(case, dtype):
+    "The fused kernel against torch autograd through ops.rms_norm then ops.apply_rotary: output, dx and dweight"
+    b, h, s, d, pos = QK_CASES[case]
+    x, w, cos, sin = _heads(b, h, s, d, dtype, pos)
+    assert not x.is_contiguous()
+    compare(lambda x, w: Q.qk_norm_rotary(x, w, 1e-6, cos.to(dtype), sin.to(dtype)),
+            lambda x, w: Q.qk_norm_rotary_reference(x, w, 1e-6, cos, sin), [x, w], TOL[dtype])
+
+
+def _qk(eps, cos, sin):
+    "The fused kernel and its reference at `eps` with these tables"
+    return (lambda x, w: Q.qk_norm_rotary(x, w, eps, cos, sin),
+            lambda x, w: Q.qk_norm_rotary_reference(x, w, eps, cos, sin))
+
+
+@needs_triton
+def test_qk_norm_rotary_strides_and_dtypes():
+    "A last dimension with stride 2 (copied first), a contiguous input, an fp32 weight on bf16 heads, eps that matters"
+    x, w, cos, sin = _heads(2, 2, 3, 32, torch.float32, torch.arange(3))
+    wide = torch.randn(2, 2, 3, 64).to(DEV)
+    for xs in (wide[..., ::2], x.contiguous()):
+        compare(*_qk(1e-6, cos, sin), [xs, w], TOL[torch.float32])
+    compare(*_qk(1e-5, cos, sin), [x * 1e-3, w], TOL[torch.float32])   # mean square 1e-6: eps 1e-5 changes r 3x
+    y = Q.qk_norm_rotary(x.to(torch.bfloat16), w, 1e-6, cos.to(torch.bfloat16), sin.to(torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and (y.float() - Q.qk_norm_rotary_reference(x, w, 1e-6, cos, sin)).abs().max() < 5e-2
+
+
+@needs_triton
+def test_rotary_tables_that_do_not_fit_are_refused():
+    "Both rotary kernels refuse, in one sentence, tables they would read past (not NaN or another row's angles)"
+    x, w, cos, sin = _heads(2, 2, 5, 16, torch.float32, torch.arange(5))
+    bad = {'short': (cos[:4], sin[:4]), 'narrow': (cos[:, :8], sin[:, :8]),
+           'batch 3 of 2': (cos.expand(3, 1, 5, 16),) * 2, 'no head axis': (cos[None].expand(2, 5, 16),) * 2,
+           'cos and sin differ': (cos, sin[:, :8])}
+    for name, (c, s) in bad.items():
+        for fn in (lambda: Q.qk_norm_rotary(x, w, 1e-6, c, s), lambda: K.apply_rotary(x, c, s)):
+            with pytest.raises(K.GptkitError, match=r'do not fit queries or keys of shape \(2, 2, 5, 16\): they must'):
+                fn()
+    odd = torch.randn(1, 1, 5, 15)
+    with pytest.raises(K.GptkitError, match='d even'): Q.qk_norm_rotary(odd, w[:15], 1e-6, cos[:, :15], sin[:, :15])
+    one = (cos[None, None], sin[None, None])                          # [1, 1, t, d] over a batch of 2: read as shared
+    from gptkit.ops import apply_rotary
+    assert torch.allclose(K.apply_rotary(x, *one), apply_rotary(x, *one), atol=1e-6)
+
+
+@needs_triton
+@pytest.mark.parametrize('scaling', ['linear', 'llama3'])
+def test_scaled_rotary_tables_through_both_kernels(scaling):
+    "Scaled rotary lives in the tables: both rotary kernels match torch with them, past the original context"
+    from gptkit.ops import apply_rotary, rotary_frequencies
+    scale = dict(factor=4.0)
+    if scaling == 'llama3': scale = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=64)
+    ratio = rotary_frequencies(32, 1000000.0, scaling, **scale) / rotary_frequencies(32, 1000000.0)
+    assert (ratio < 0.99).any() and (scaling == 'linear' or ((ratio > 0.13) & (ratio < 0.99)).any())   # scaled, blended
+    x, w, cos, sin = _heads(2, 2, 7, 32, torch.float32, torch.arange(7) + 60, scaling, **scale)
+    compare(lambda x: K.apply_rotary(x, cos, sin), lambda x: apply_rotary(x, cos, sin), [x], TOL[torch.float32])
+    compare(*_qk(1e-6, cos, sin), [x, w], TOL[torch.float32])
 
 
 CFG = dict(layers=2, hidden=32, heads=2, seq_len=8, vocab=100, dropout=0.0)

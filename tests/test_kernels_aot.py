@@ -6,15 +6,17 @@ import textwrap
 
 import pytest
 
-from gptkit import kernels as K, kernels_aot as A
+from gptkit import kernels as K, kernels_aot as A, kernels_qk as Q
 
 
 def test_the_argument_table_describes_every_kernel():
-    "KERNEL_ARGS and the kernels agree: every Triton kernel of the module is listed, with one type per runtime argument"
-    jitted = {name for name, v in vars(K).items() if 'BLOCK' in getattr(v, 'arg_names', ())}   # not the helpers
+    "KERNEL_ARGS and the kernels agree: every Triton kernel of both modules is listed, one type per runtime argument"
+    jitted = {name for m in (K, Q) for name, v in vars(m).items()                  # kernels take pointers; helpers not
+              if any(a.endswith('_ptr') for a in getattr(v, 'arg_names', ()))}
+    assert {'_rotary', '_qk_norm_rotary_fwd', '_qk_norm_rotary_bwd'} <= jitted and '_qk_tile' not in jitted
     assert jitted == set(A.KERNEL_ARGS)
     for config in A.kernel_configs(('bf16',)):
-        names = getattr(K, config.kernel).arg_names
+        names = A.kernel_function(config.kernel).arg_names
         sig, _ = config.signature(names)
         assert list(sig) == names and sum(t == 'constexpr' for t in sig.values()) == len(config.constexprs), config
     assert {c.kernel for c in A.kernel_configs()} == set(A.KERNEL_ARGS)
@@ -25,6 +27,11 @@ def test_the_configurations_are_the_ones_the_launchers_pick():
     assert K.rotary_block(32) == 32 and K.rotary_block(3) == 16
     blocks = {dict(c.constexprs)['BLOCK'] for c in A.kernel_configs() if c.kernel == '_layer_norm_fwd'}
     assert blocks == {K.norm_launch(h)[0] for h in range(1, K.NORM_MAX_COLUMNS + 1, 7)} | {K.NORM_MAX_COLUMNS}
+    # the fused QK-norm + rotary: each head size up to 256 gets one of the compiled (ROWS, BLOCK) tiles
+    tiles = {(dict(c.constexprs)['ROWS'], dict(c.constexprs)['BLOCK']) for c in A.kernel_configs()
+             if c.kernel.startswith('_qk_norm_rotary')}
+    assert tiles == {(Q.qk_rows(d // 2), K.rotary_block(d // 2)) for d in range(2, 2 * K.ROTARY_MAX_HALF + 1, 2)}
+    assert Q.qk_rows(64) == 16 and (Q.qk_rows(64), K.rotary_block(64)) in tiles        # Qwen3's head_dim 128
 
 
 def check(compiled, configs, stack_slot: int = 0):
