@@ -91,11 +91,16 @@ class Attention(nn.Module):
         b, s = qkv.shape[:2]
         d, groups = qkv.shape[-1] // (self.heads + 2 * self.kv_heads), self.heads // self.kv_heads
         q, k, v = (t.view(b, s, -1, d) for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
-        if self.q_norm is not None:                                          # each head's vector normalized
+        kern = _kernels(self.kernels, x)
+        fused = kern is not None and rope is not None and type(self.q_norm) is RMSNorm   # QK norm + rotary: one kernel
+        if self.q_norm is not None and not fused:                            # each head's vector normalized
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                     # [b, heads, s, d], 2 x [b, kv_heads, s, d]
-        if rope is not None:       # q and k become new tensors: v too, so that the fused QKV output is not kept
-            kern = _kernels(self.kernels, x)
+        if fused:                  # gptkit.kernels_qk: each head normalized and rotated in one pass
+            from gptkit.kernels_qk import qk_norm_rotary
+            q = qk_norm_rotary(q, self.q_norm.weight, self.q_norm.eps, *rope)
+            k, v = qk_norm_rotary(k, self.k_norm.weight, self.k_norm.eps, *rope), v.contiguous()
+        elif rope is not None:     # q and k become new tensors: v too, so that the fused QKV output is not kept
             rotate = apply_rotary if kern is None else kern.apply_rotary
             q, k, v = rotate(q, *rope), rotate(k, *rope), v.contiguous()
         p = self.dropout if self.training else 0.0

@@ -154,6 +154,8 @@ def _heads(b, h, s, d, dtype, positions, scaling='none', **scale):
     w = (torch.rand(d, generator=torch.Generator().manual_seed(1)) + 0.5).to(DEV, dtype)
     cos, sin = ops.rotary_tables(d, positions.to(DEV), 1000000.0, frequencies=ops.rotary_frequencies(
         d, 1000000.0, scaling, **scale))
+    factor = ops.rotary_scale(scaling, scale.get('factor', 1.0))      # YaRN's attention factor, in both tables
+    cos, sin = cos * factor, sin * factor
     if positions.dim() > 1: cos, sin = cos[:, None], sin[:, None]
     return x, w, cos, sin
 
@@ -215,15 +217,18 @@ def test_rotary_tables_that_do_not_fit_are_refused():
 
 
 @needs_triton
-@pytest.mark.parametrize('scaling', ['linear', 'llama3'])
+@pytest.mark.parametrize('scaling', ['linear', 'llama3', 'yarn'])
 def test_scaled_rotary_tables_through_both_kernels(scaling):
     "Scaled rotary lives in the tables: both rotary kernels match torch with them, past the original context"
     from gptkit.ops import apply_rotary, rotary_frequencies
     scale = dict(factor=4.0)
     if scaling == 'llama3': scale = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=64)
+    if scaling == 'yarn': scale = dict(factor=4.0, original_context=64, beta_fast=32.0, beta_slow=1.0)
     ratio = rotary_frequencies(32, 1000000.0, scaling, **scale) / rotary_frequencies(32, 1000000.0)
     assert (ratio < 0.99).any() and (scaling == 'linear' or ((ratio > 0.13) & (ratio < 0.99)).any())   # scaled, blended
     x, w, cos, sin = _heads(2, 2, 7, 32, torch.float32, torch.arange(7) + 60, scaling, **scale)
+    length = (cos ** 2 + sin ** 2).sqrt()                                  # YaRN's tables: 0.1 ln 4 + 1 = 1.1386 long
+    assert torch.allclose(length, torch.full_like(length, 1.1386 if scaling == 'yarn' else 1.0), atol=1e-4)
     compare(lambda x: K.apply_rotary(x, cos, sin), lambda x: apply_rotary(x, cos, sin), [x], TOL[torch.float32])
     compare(*_qk(1e-6, cos, sin), [x, w], TOL[torch.float32])
 
@@ -253,6 +258,36 @@ def test_model_with_triton_kernels_matches_torch(activation):
     assert sorted(gt) == sorted(gr)                                    # no new parameters: checkpoints are the same
     assert max((gt[n] - gr[n]).abs().max().item() for n in gr) < 1e-5
     with torch.no_grad(): assert torch.allclose(mt(ids[:, :-1]), mr(ids[:, :-1]), atol=1e-5)   # generation keeps the logits path
+
+
+QWEN3_CFG = dict(LLAMA_CFG, activation='swiglu', head_size=12, qk_norm=True, norm_eps=1e-6, rope_scaling='yarn',
+                 rope_factor=4.0, rope_original_context=4)
+
+
+def _run_qwen3(kernels, ids):
+    torch.manual_seed(1)
+    m = GPT(ModelConfig(**{**CFG, **QWEN3_CFG}, kernels=kernels)).to(DEV)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith(('q_norm.weight', 'k_norm.weight')): p.uniform_(0.5, 1.5)   # not the ones they start as
+    loss = m(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    return m, loss, {n: p.grad for n, p in m.named_parameters()}
+
+
+@needs_triton
+def test_qwen3_attention_runs_the_fused_qk_norm_kernel(monkeypatch):
+    "QK norm, a head size apart from hidden / heads and YaRN under model.kernels='triton': the fused kernel, as torch"
+    calls, fused = [], Q.qk_norm_rotary
+    monkeypatch.setattr(Q, 'qk_norm_rotary', lambda *a: calls.append(tuple(a[0].shape)) or fused(*a))
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0)).to(DEV)
+    mt, lt, gt = _run_qwen3('triton', ids)
+    assert calls == [(2, 4, 7, 12), (2, 2, 7, 12)] * 2                # q then k, in each of the 2 layers
+    mr, lr, gr = _run_qwen3('torch', ids)
+    assert len(calls) == 4 and abs(lt.item() - lr.item()) < 1e-5
+    assert gr['blocks.0.attn.q_norm.weight'].abs().max() > 1e-3 and sorted(gt) == sorted(gr)
+    assert max((gt[n] - gr[n]).abs().max().item() for n in gr) < 1e-5
+    with torch.no_grad(): assert torch.allclose(mt(ids[:, :-1]), mr(ids[:, :-1]), atol=1e-5)
 
 
 def test_switch():
