@@ -383,3 +383,6 @@ def test_kernels_on_cuda_at_training_shapes():
     x, W = torch.randn(2048, 768, device='cuda', dtype=torch.bfloat16), torch.randn(50304, 768, device='cuda', dtype=torch.bfloat16) * 0.02
     t = torch.randint(0, 50257, (2048,), device='cuda')
     compare(lambda x, W: K.chunked_cross_entropy(x, W, t, real=50257, use_triton=True), lambda x, W: _ce_reference(x, W, t, 50257), [x, W], 5e-2)
+    x, w, cos, sin = _heads(4, 16, 2048, 128, torch.bfloat16, torch.arange(2048))   # Qwen3-0.6B's queries
+    compare(lambda x, w: Q.qk_norm_rotary(x, w, 1e-6, cos.to(torch.bfloat16), sin.to(torch.bfloat16)),
+            lambda x, w: Q.qk_norm_rotary_reference(x, w, 1e-6, cos, sin), [x, w], 5e-2)
