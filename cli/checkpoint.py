@@ -91,7 +91,8 @@ def export(path: CheckpointPath,
     if max_shard_size is not None and fmt != 'hf':
         raise ConfigError([('max_shard_size', '{key} is only used with --to hf')])
     from gptkit.hf_files import MAX_SHARD_SIZE
-    from gptkit.interop import export_hf, export_megatron
+    from gptkit.interop import export_hf
+    from gptkit.megatron import export_megatron
     most = MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
     with err.status(f'exporting {text(path)} to {FORMATS[fmt]} ...'):
         done = export_hf(path, out_dir, most) if fmt == 'hf' else export_megatron(path, out_dir)
@@ -114,7 +115,8 @@ def import_(src: Annotated[Path, Arg(metavar='SRC',
     fmt = _format(from_, 'from')
     if tokenizer is not None and fmt != 'megatron':
         raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
-    from gptkit.interop import import_hf, import_megatron
+    from gptkit.interop import import_hf
+    from gptkit.megatron import import_megatron
     with err.status(f'importing {text(src)} from {FORMATS[fmt]} ...'):
         done = import_hf(src, out_dir) if fmt == 'hf' else import_megatron(src, out_dir, tokenizer)
     shown = text(done)

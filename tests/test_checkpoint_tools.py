@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from typer.testing import CliRunner
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
-from gptkit import checkpoint as ck, interop, store
+from gptkit import checkpoint as ck, interop, megatron, store
 from gptkit.model import GPT
 from gptkit.tokenizer import EOD, PROBE, load as load_tokenizer
 from gptkit.torch_files import read_torch_file
@@ -122,13 +123,13 @@ def test_imported_checkpoint_trains_from_the_imported_weights(imported, tiny_dat
 
 def test_megatron_round_trip_gives_identical_tensors(imported, tmp_path):
     run = imported[2]
-    meg = interop.export_megatron(run, tmp_path / 'meg')
+    meg = megatron.export_megatron(run, tmp_path / 'meg')
     raw = read_torch_file(megatron_file(meg))
     assert raw['checkpoint_version'] == 3.0 and raw['iteration'] == ck.inspect(run)['iteration']
     enc = raw['model']['language_model']['encoder']
     assert enc['layers.1.self_attention.query_key_value.weight'].shape == (96, 32) and 'final_layernorm.bias' in enc
     assert raw['args'].padded_vocab_size == 512 and raw['args'].num_attention_heads == 4
-    back = interop.import_megatron(meg, tmp_path / 'back')
+    back = megatron.import_megatron(meg, tmp_path / 'back')
     a, b = ck.load_weights(run), ck.load_weights(back)
     assert set(a) == set(b)
     for k in a: assert torch.equal(a[k], b[k]), k
@@ -161,10 +162,11 @@ def legacy_to_mcore(lm: dict) -> dict:
     "Megatron legacy names -> megatron-core GPTModel names (QKV rows keep their per-head layout)"
     renames = (('self_attention.query_key_value', 'self_attention.linear_qkv'), ('self_attention.dense', 'self_attention.linear_proj'),
                ('post_attention_layernorm', 'pre_mlp_layernorm'), ('mlp.dense_h_to_4h', 'mlp.linear_fc1'), ('mlp.dense_4h_to_h', 'mlp.linear_fc2'))
-    out = {f'embedding.{k}.weight': lm['embedding'][k]['weight'] for k in ('word_embeddings', 'position_embeddings')}
+    out = {f'embedding.{k}.weight': v['weight'] for k, v in lm['embedding'].items()}
     for k, v in lm['encoder'].items():
         for old, new in renames: k = k.replace(old, new)
         out[f'decoder.{k}'] = v
+    if 'output_layer' in lm: out['output_layer.weight'] = lm['output_layer']['weight']
     return out
 
 
@@ -192,15 +194,118 @@ def mcore_logits(raw: dict, ids, qkv_fix=lambda t: t):
 def test_megatron_export_runs_in_megatron_core_with_the_same_logits(imported, tmp_path, mcore):
     "The exported legacy weights, loaded into megatron-core's own GPTModel, compute gptkit's logits"
     run = imported[2]
-    meg = interop.export_megatron(run, tmp_path / 'meg')
+    meg = megatron.export_megatron(run, tmp_path / 'meg')
     raw = read_torch_file(megatron_file(meg))
     ids = ids_for(512)
     with torch.no_grad(): want = ck.load_model(run).model(ids)
     diff = (mcore_logits(raw, ids) - want).abs().max().item()
     assert diff <= 1e-5, diff
     # the control: gptkit's [3, heads, head_dim] rows, left un-interleaved, load without complaint but compute something else
-    wrong = (mcore_logits(raw, ids, lambda t: interop.qkv_from_megatron(t, 4)) - want).abs().max().item()
+    wrong = (mcore_logits(raw, ids, lambda t: megatron.qkv_from_megatron(t, 4)) - want).abs().max().item()
     assert wrong > 1e-3, wrong
+
+
+class _CudaOnCPU(TorchFunctionMode):
+    "Tensors megatron-core makes on 'cuda' (its sliding-window mask) made on the CPU: this machine has no GPU"
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if str(kwargs.get('device')) == 'cuda': kwargs = {**kwargs, 'device': 'cpu'}
+        return func(*args, **kwargs)
+
+
+# Megatron-LM's training copies YaRN's args onto the config under these names (megatron/training/argument_utils.py)
+YARN_ATTRS = {'yarn_rotary_scaling_factor': 'rotary_scaling_factor', 'yarn_mscale': 'mscale', 'yarn_mscale_all_dim': 'mscale_all_dim',
+              'yarn_original_max_position_embeddings': 'yarn_original_max_position_embeddings', 'yarn_beta_fast': 'yarn_beta_fast',
+              'yarn_beta_slow': 'yarn_beta_slow', 'yarn_correction_range_round_to_int': 'yarn_correction_range_round_to_int'}
+
+
+def mcore_llama_logits(raw: dict, ids, plain: bool = False):
+    "megatron-core's GPTModel built from the exported args (Llama family, local spec) on the exported weights; `plain`: no window, no YaRN"
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    a = raw['args']
+    cfg = TransformerConfig(num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+                            num_query_groups=a.num_query_groups, kv_channels=a.kv_channels, ffn_hidden_size=a.ffn_hidden_size,
+                            normalization=a.normalization, layernorm_epsilon=a.norm_epsilon, gated_linear_unit=a.swiglu,
+                            activation_func=F.silu, add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
+                            qk_layernorm=a.qk_layernorm, window_size=None if plain else a.window_size, hidden_dropout=0.0,
+                            attention_dropout=0.0, use_cpu_initialization=True, bias_activation_fusion=False, bias_dropout_fusion=False,
+                            masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+                            apply_rope_fusion=False, apply_query_key_layer_scaling=False, attention_softmax_in_fp32=True)
+    position = 'rope' if plain and a.position_embedding_type == 'yarn' else a.position_embedding_type
+    if position == 'yarn':
+        for attr, arg in YARN_ATTRS.items(): setattr(cfg, attr, getattr(a, arg))
+    model = GPTModel(cfg, get_gpt_layer_local_spec(qk_layernorm=a.qk_layernorm, normalization=a.normalization),
+                     vocab_size=a.padded_vocab_size, max_sequence_length=a.max_position_embeddings, position_embedding_type=position,
+                     rotary_base=int(a.rotary_base), share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights).eval()
+    missing, unexpected = model.load_state_dict(legacy_to_mcore(raw['model']['language_model']), strict=False)
+    assert not unexpected and all(k.endswith('_extra_state') for k in missing), (missing, unexpected)
+    s = ids.shape[1]
+    with torch.no_grad(), _CudaOnCPU():
+        return model(ids, torch.arange(s).expand_as(ids), torch.ones(1, 1, s, s, dtype=torch.bool).triu(1))[..., :a.vocab_size]
+
+
+# every choice of issue 31 in one model: Qwen3's QK norms and 12-wide heads (hidden 32 over 4 heads), Qwen2's QKV bias alone,
+# Mistral's window of 5 and YaRN's angles for 4 x an original context of 8, over 16 positions
+EVERY = dict(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, tie_embeddings=False, position='rotary', norm='rmsnorm',
+             activation='swiglu', bias=False, dropout=0.0, qk_norm=True, head_size=12, qkv_bias=True, sliding_window=5,
+             rope_scaling='yarn', rope_factor=4.0, rope_original_context=8)
+
+
+def test_qwen_and_mistral_choices_export_to_megatron_core_with_the_same_logits(tiny_data, tmp_path, mcore, monkeypatch):
+    "megatron-core's GPTModel (qk_layernorm, kv_channels, add_qkv_bias, window_size, YaRN) computes gptkit's logits from the export"
+    from gptkit.config import ModelConfig
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 'cpu')     # its rotary tables go to the current device
+    tok = load_tokenizer(tiny_data[1])
+    cfg = ModelConfig(vocab=tok.vocab_size, **EVERY)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    with torch.no_grad():       # norms of ones and biases of zeros would hide a weight put in the wrong place
+        for p in model.parameters(): p += 0.1 * torch.randn_like(p)
+    run = interop.write_run(model.state_dict(), cfg, tok, tmp_path / 'run', 'every choice')
+    raw = read_torch_file(megatron_file(megatron.export_megatron(run, tmp_path / 'meg')))
+    ids = ids_for(tok.vocab_size, seq=16)
+    with torch.no_grad(): want = model.eval()(ids)
+    diff = (mcore_llama_logits(raw, ids) - want).abs().max().item()
+    assert diff <= 1e-5, diff
+    off = (mcore_llama_logits(raw, ids, plain=True) - want).abs().max().item()   # the control: without the window and YaRN
+    assert off > 1e-3, off
+    back = megatron.import_megatron(tmp_path / 'meg', tmp_path / 'back')
+    a, b = ck.load_weights(run), ck.load_weights(back)
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert ck.read_config(store.find(back)).model == cfg
+
+
+@pytest.mark.parametrize('change,said', [
+    (dict(bias=True, qkv_bias=False), "model.qkv_bias false with model.bias true has no Megatron export"),
+    (dict(norm='layernorm'), "model.qk_norm with model.norm layernorm has no Megatron export"),
+    (dict(rope_attention_factor=2.0), "model.rope_attention_factor 2.0 has no Megatron export"),
+    (dict(rope_scaling='linear'), "model.rope_scaling 'linear' has no Megatron export yet"),
+])
+def test_what_megatron_args_cannot_say_is_refused_on_export(change, said):
+    from gptkit.config import ModelConfig
+    refusal = megatron.megatron_refusal(ModelConfig(vocab=64, **{**EVERY, **change}))
+    assert refusal.startswith(said) and '\n' not in refusal, refusal
+
+
+@pytest.mark.parametrize('args,said', [
+    (dict(window_size=(4, 4)), 'args.window_size = (4, 4) is not supported'),
+    (dict(window_size='wide'), "args.window_size = 'wide' is not supported"),
+    (dict(window_attn_skip_freq=4), 'args.window_attn_skip_freq = 4 is not supported'),
+    (dict(normalization='LayerNorm', qk_layernorm=True), "args.qk_layernorm = True with normalization 'LayerNorm' is not supported"),
+    (dict(mscale=0.707), 'args.mscale = 0.707 is not supported'),
+    (dict(yarn_correction_range_round_to_int=False), 'args.yarn_correction_range_round_to_int = False is not supported'),
+    (dict(kv_channels=0), 'describes no valid gptkit model'),
+    (dict(rotary_scaling_factor='x'), 'describes no valid gptkit model'),
+])
+def test_megatron_args_of_the_new_choices_gptkit_cannot_read_are_refused(args, said):
+    from gptkit.config import ModelConfig
+    good = vars(megatron.megatron_args(ModelConfig(vocab=64, **EVERY)))
+    assert megatron.config_from_megatron(good, 64, 16) == ModelConfig(vocab=64, **EVERY)
+    with pytest.raises(store.CheckpointError, match='^args') as e:
+        megatron.config_from_megatron({**good, **args}, 64, 16)
+    assert said in str(e.value) and '\n' not in str(e.value), str(e.value)
 
 
 def test_inspect(imported):
