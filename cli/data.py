@@ -9,7 +9,7 @@ from rich.table import Table
 
 from gptkit.errors import DataError
 from gptkit_cli import format as fmt
-from gptkit_cli.app import InputFormat, Inputs, TextKey, TokenizerName, app, handles_errors, out
+from gptkit_cli.app import InputFormat, Inputs, TextKey, app, handles_errors, out
 
 data_app = typer.Typer(help='Prepare and inspect tokenized datasets (Megatron .bin/.idx).', no_args_is_help=True)
 app.add_typer(data_app, name='data')
@@ -28,12 +28,13 @@ def _bar(label: str) -> Progress:
 def prepare(
     input: Inputs,
     output_prefix: Annotated[str, Opt(help='Writes PREFIX_text_document.bin/.idx.')],
-    tokenizer: TokenizerName = 'gpt2',
+    tokenizer: Annotated[str, Opt(help="'gpt2', a tokenizer directory, or a Hugging Face model's folder (its "
+                                       "tokenizer.json; end-of-text: config.json's eos_token_id).")] = 'gpt2',
     text_key: TextKey = 'text',
     txt_split: Annotated[str, Opt(help=".txt files: one document per 'file' or per 'blank-line' block.")] = 'file',
     workers: Annotated[int, Opt(help='Tokenizer threads, and processes that read a multistream .xml.bz2 dump.')] = 2,
     append_eod: Annotated[bool, Opt(
-        '--append-eod/--no-append-eod', help='End each document with <|endoftext|>.')] = True,
+        '--append-eod/--no-append-eod', help="End each document with the tokenizer's end-of-text token.")] = True,
     min_tokens: Annotated[int, Opt(help='Drop documents with fewer tokens.')] = 0,
     dedupe: Annotated[bool, Opt('--dedupe', help='Drop exact duplicate documents.')] = False,
     clean: Annotated[bool, Opt('--clean/--no-clean', help='NFC, \\n line ends, no control characters.')] = True,

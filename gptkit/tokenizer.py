@@ -24,98 +24,35 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-import regex
 import tiktoken
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+
+from gptkit.encoders import (
+    EOD,
+    GPT2_PATTERN,
+    PROBE as PROBE,  # where users of gptkit.tokenizer find it
+    DocumentEncoder,
+    WordCache,
+    fast_encoder,
+    unicode_to_bytes,
+    word_cache,
+)
 
 from .errors import ConfigError, DataError
 from .files import check_folder, read_json, read_text, written
 from .store import check_output_outside_runs
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset',
-           'fast_encoder', 'WordCache', 'word_cache', 'Tokenizer', 'gpt2', 'save', 'from_bpe_files', 'load',
-           'ChatTemplateError', 'ChatTooLong', 'compile_chat', 'render_chat', 'ChatRenderer', 'check_new_tokenizer',
-           'train_bpe', 'bytes_per_token']
+__all__ = ['TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'Tokenizer', 'gpt2', 'save',
+           'from_bpe_files', 'load', 'ChatTemplateError', 'ChatTooLong', 'compile_chat', 'render_chat', 'ChatRenderer',
+           'check_new_tokenizer', 'train_bpe', 'bytes_per_token']
 
 # %% ../nbs/02_tokenizer.ipynb #b9e26ae7
-EOD = '<|endoftext|>'
-
 def asset(*parts: str) -> Path:
     "Path of a file shipped in gptkit/assets"
     return Path(str(files('gptkit').joinpath('assets', *parts)))
-
-# %% ../nbs/02_tokenizer.ipynb #71e6061c
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-def _unicode_to_bytes() -> dict[str, int]:
-    "GPT-2's map from printable stand-in characters back to the 256 byte values"
-    bs = list(range(ord('!'), ord('~') + 1)) + list(range(ord('¡'), ord('¬') + 1)) + list(range(ord('®'), ord('ÿ') + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-PROBE = ("Hello world! It's 3.14159 -- isn't it?\n\n  Indented\tline\r\n naïve café — 日本語 🙂 "
-         "THE TRAGEDY OF HAMLET, PRINCE OF DENMARK\n\nEnter Barnardo and Francisco, two sentinels.   \n\n\n"
-         "a b 1234567 x=y+z; ''quoted'' «guillemets» \u00a0nbsp  trailing   ")
-
-def fast_encoder(hf: HFTokenizer, eod_token: str = EOD) -> 'tiktoken.Encoding | None':
-    "A tiktoken encoding equivalent to the byte-level BPE `hf`, or None if they disagree on the probe text"
-    # each stand-in character becomes its byte (as latin-1); any other character becomes one latin-1 cannot encode
-    table = {ord(ch): b for ch, b in _unicode_to_bytes().items()}
-    table.update({b: 0x10FFFF for b in range(256) if b not in table})
-    ranks, specials = {}, {}
-    try:
-        for token, i in hf.get_vocab().items():
-            if token == eod_token:
-                specials[token] = i
-                continue
-            ranks[token.translate(table).encode('latin-1')] = i
-    except UnicodeEncodeError:
-        return None                       # not a byte-level vocabulary
-    try:
-        enc = tiktoken.Encoding('gptkit-bpe', pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
-    except Exception:
-        return None
-    same = enc.encode_ordinary(PROBE) == hf.encode(PROBE, add_special_tokens=False).ids
-    return enc if same else None
-
-# %% ../nbs/02_tokenizer.ipynb #a06d4e02
-class WordCache:
-    "Exact HF byte-level BPE encoding that tokenizes each distinct pre-token once"
-    def __init__(self, hf: HFTokenizer, limit: int = 2_000_000):
-        self.model, self.limit, self.cache = hf.model, limit, {}
-        b2u = {b: c for c, b in _unicode_to_bytes().items()}
-        self.table = [b2u[i] for i in range(256)]
-        self.split = regex.compile(GPT2_PATTERN).findall
-
-    def encode(self, text: str) -> list[int]:
-        out, cache, table = [], self.cache, self.table
-        for piece in self.split(text):
-            ids = cache.get(piece)
-            if ids is None:
-                if len(cache) >= self.limit:
-                    cache.clear()
-                mapped = ''.join(table[b] for b in piece.encode('utf-8'))
-                ids = cache[piece] = [t.id for t in self.model.tokenize(mapped)]
-            out.extend(ids)
-        return out
-
-def word_cache(hf: HFTokenizer) -> WordCache | None:
-    "A `WordCache` for `hf` if it is a plain byte-level BPE and agrees with it on the probe text, else None"
-    cfg = json.loads(hf.to_str())
-    pre = cfg.get('pre_tokenizer') or {}
-    plain_bpe = cfg['model'].get('type') == 'BPE' and pre.get('type') == 'ByteLevel' and pre.get('use_regex', True)
-    if cfg.get('normalizer') or not plain_bpe:
-        return None
-    wc = WordCache(hf)
-    return wc if wc.encode(PROBE) == hf.encode(PROBE, add_special_tokens=False).ids else None
 
 # %% ../nbs/02_tokenizer.ipynb #fce16f0c
 def _gpt2_style(model: models.Model) -> HFTokenizer:
@@ -127,13 +64,13 @@ def _gpt2_style(model: models.Model) -> HFTokenizer:
 
 class Tokenizer:
     "Byte-level BPE: encode, decode, the end-of-document id, save and load"
-    def __init__(self, hf: HFTokenizer, name: str = 'custom'):
+    def __init__(self, hf: HFTokenizer, name: str = 'custom', eod: int | None = None):
         self.hf, self.name = hf, name
-        eod = hf.token_to_id(EOD)
+        eod = hf.token_to_id(EOD) if eod is None else eod    # a Hugging Face model folder names its own
         if eod is None:
             raise DataError(f'tokenizer {name}: its vocabulary has no {EOD} token for the end of a document')
         self.eod = eod
-        self._fast = self._words = None
+        self._fast = self._words = self._documents = None
         self.chat_template: str | None = None     # a Jinja chat template, from a tokenizer_config.json beside it
         self.chat_template_file: Path | None = None   # that file
 
@@ -141,7 +78,7 @@ class Tokenizer:
     def fast(self) -> 'tiktoken.Encoding | None':
         "The equivalent tiktoken encoding, built on first use (None: encode with HF)"
         if self._fast is None:
-            self._fast = fast_encoder(self.hf) or False
+            self._fast = fast_encoder(self.hf, pattern=GPT2_PATTERN) or False
         return self._fast or None
 
     @property
@@ -150,6 +87,13 @@ class Tokenizer:
         if self._words is None:
             self._words = word_cache(self.hf) or False
         return self._words or None
+
+    @property
+    def documents(self) -> DocumentEncoder:
+        "Documents as the tokenizer's model family reads them, for `prepare` (see `DocumentEncoder`)"
+        if self._documents is None:
+            self._documents = DocumentEncoder(self.hf, self.fast, self.words)
+        return self._documents
 
     @property
     def vocab_size(self) -> int:
@@ -183,7 +127,7 @@ class Tokenizer:
 
     def token_bytes(self, i: int) -> bytes:
         "The bytes token `i` stands for (a special token: its name in UTF-8); part of a character for some tokens"
-        u2b, token = _unicode_to_bytes(), self.hf.id_to_token(i) or ''
+        u2b, token = unicode_to_bytes(), self.hf.id_to_token(i) or ''
         return bytes(u2b[c] for c in token) if all(c in u2b for c in token) else token.encode('utf-8')
 
     def __repr__(self):
@@ -207,7 +151,7 @@ def gpt2() -> Tokenizer:
 
 # %% ../nbs/02_tokenizer.ipynb #f5caa363
 def save(tok: Tokenizer, directory: str | Path) -> Path:
-    "Write vocab.json, merges.txt and tokenizer.json to `directory`"
+    "Write vocab.json, merges.txt, tokenizer.json and tokenizer_config.json (end-of-text token, chat template)"
     d = check_folder(directory, 'output')
     made = not d.exists()
     d.mkdir(parents=True, exist_ok=True)
@@ -216,9 +160,11 @@ def save(tok: Tokenizer, directory: str | Path) -> Path:
     merges = [m if isinstance(m, str) else ' '.join(m) for m in model['merges']]
     files = {'vocab.json': json.dumps(vocab, ensure_ascii=False),
              'merges.txt': '#version: 0.2\n' + '\n'.join(merges) + '\n', 'tokenizer.json': tok.hf.to_str()}
+    config = {'eos_token': tok.hf.id_to_token(tok.eod)}
     if tok.chat_template:
-        files['tokenizer_config.json'] = json.dumps({'chat_template': tok.chat_template})
-    # all three are written beside the old ones first, so a full disk leaves a tokenizer already there whole
+        config['chat_template'] = tok.chat_template
+    files['tokenizer_config.json'] = json.dumps(config)
+    # all four are written beside the old ones first, so a full disk leaves a tokenizer already there whole
     staged = {name: d / f'.{name}.new' for name in files}
     kept = '' if made else 'the files already there are as they were'
     with written(d, sum(len(t.encode('utf-8')) for t in files.values()), kept):
@@ -254,14 +200,32 @@ def from_bpe_files(vocab_file: str | Path, merges_file: str | Path) -> Tokenizer
     model = _read_bpe_files(vocab, merges, str(vocab_file), str(merges_file))
     return Tokenizer(_gpt2_style(model), Path(vocab_file).parent.name)
 
-def _chat_template(path: Path) -> str | None:
+def _chat_template(config: dict) -> str | None:
     "The chat template a HuggingFace tokenizer_config.json holds (a string, or the one named 'default'), if any"
-    if not path.is_file():
-        return None
-    t = read_json(path, 'tokenizer config', expect=dict).get('chat_template')
+    t = config.get('chat_template')
     if isinstance(t, list):
         t = next((x.get('template') for x in t if isinstance(x, dict) and x.get('name') == 'default'), None)
     return t if isinstance(t, str) and t else None
+
+def _folder_eod(d: Path, hf: HFTokenizer, config: dict) -> int | None:
+    """The end-of-text id a Hugging Face folder names: config.json's eos_token_id (the first, if it lists several),
+    else tokenizer_config.json's eos_token; None if it names none"""
+    if (d / 'config.json').is_file():
+        path, key = d / 'config.json', 'eos_token_id'
+        eos = read_json(path, 'Hugging Face config', error=DataError, expect=dict).get(key)
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        eod = eos if type(eos) is int and hf.id_to_token(eos) is not None else None
+    else:
+        path, key = d / 'tokenizer_config.json', 'eos_token'
+        eos = config.get(key)
+        eos = eos.get('content') if isinstance(eos, dict) else eos
+        eod = hf.token_to_id(eos) if isinstance(eos, str) else None
+        if eos is None:
+            return None
+    if eod is None:
+        raise DataError(f'{path}: {key} {eos!r} is no token of {d / "tokenizer.json"}, so the end-of-text id '
+                        'between documents is unknown')
+    return eod
 
 def load(name_or_dir: str | Path) -> Tokenizer:
     "The built-in `gpt2` tokenizer, or one saved in a directory"
@@ -277,8 +241,15 @@ def load(name_or_dir: str | Path) -> Tokenizer:
             hf = HFTokenizer.from_str(text)
         except Exception as e:
             raise DataError(f'{d / "tokenizer.json"}: not a HuggingFace tokenizer file ({e})') from None
-        tok = Tokenizer(hf, d.name)
-        tok.chat_template = _chat_template(d / 'tokenizer_config.json')
+        if type(hf.model).__name__ != 'BPE':
+            raise DataError(f'{d / "tokenizer.json"}: model type {type(hf.model).__name__} is not supported (gptkit '
+                            'reads BPE tokenizers: GPT-2, Llama 3, Qwen, Mistral, SmolLM)')
+        hf.no_truncation()                   # a tokenizer.json may carry a length; a document keeps all its tokens
+        hf.no_padding()
+        path = d / 'tokenizer_config.json'
+        config = read_json(path, 'tokenizer config', expect=dict) if path.is_file() else {}
+        tok = Tokenizer(hf, d.name, _folder_eod(d, hf, config))
+        tok.chat_template = _chat_template(config)
         tok.chat_template_file = d / 'tokenizer_config.json' if tok.chat_template else None
         return tok
     if (d / 'vocab.json').is_file() and (d / 'merges.txt').is_file():

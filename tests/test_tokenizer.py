@@ -152,7 +152,7 @@ def test_word_cache_matches_hf_on_every_builtin_corpus(trained, builtin_by_hf):
 def test_fast_encoder_refuses_a_vocabulary_that_is_not_byte_level():
     from tokenizers import Tokenizer as HFTokenizer, models
 
-    from gptkit.tokenizer import _unicode_to_bytes, fast_encoder
+    from gptkit.encoders import fast_encoder, unicode_to_bytes as _unicode_to_bytes
     for vocab in ({'a': 0, ' b': 1}, {'a': 0, '\x07': 1}, {'a': 0, 'é日': 1}):   # a raw space or control byte, CJK
         assert fast_encoder(HFTokenizer(models.BPE(vocab=vocab, merges=[]))) is None
     u2b, hf = _unicode_to_bytes(), gpt2().hf                 # GPT-2's ranks are its vocabulary's bytes

@@ -33,12 +33,12 @@ class PrepareConfig:
     "What `prepare` reads, how it filters, and where it writes"
     inputs: tuple[str, ...]          # files, directories, globs or builtin:NAME
     output_prefix: str               # writes OUTPUT_PREFIX_{text_key}_document.bin/.idx
-    tokenizer: str = 'gpt2'          # 'gpt2' or a directory saved by gptkit.tokenizer.save
+    tokenizer: str = 'gpt2'          # 'gpt2', a folder saved by gptkit.tokenizer.save, or a Hugging Face model's
     text_key: str = 'text'           # JSON Lines field holding the text
     txt_split: str = 'file'          # .txt: one document per 'file' or per 'blank-line' block
     workers: int = 2                 # tokenizer threads; processes reading a multistream .xml.bz2 dump
-    append_eod: bool = True          # end each document with <|endoftext|>
-    min_tokens: int = 0              # drop documents with fewer tokens (before the end-of-document token)
+    append_eod: bool = True          # end each document with the end-of-text token (GPT-2's <|endoftext|>)
+    min_tokens: int = 0              # drop documents with fewer tokens (not counting BOS and end-of-text)
     dedupe: bool = False             # drop exact duplicates (after cleaning)
     clean: bool = True               # NFC, \n line ends, no control characters
     fix_unicode: bool = False        # also undo mojibake with ftfy (slower)
@@ -233,6 +233,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
         docs = read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers)
         docs = _filtered(docs, cfg, result.dropped)
         writer = IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size))
+        docs_enc, eod = tok.documents, tok.eod if cfg.append_eod else None   # Llama 3, Mistral: BOS before each
+        eod = None if docs_enc.after[-1:] == [tok.eod] else eod   # a post-processor that ends documents itself
         tried = [0]     # tokens handed to the writer, the batch that failed included
         def needed():   # those tokens, scaled to the whole input where its size is known (more if compressed)
             done = min(1, max(tally.input_bytes, tally.bytes) / total) if total else 1
@@ -241,14 +243,15 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
         with written(writer.bin_path, needed, kept), writer:
             for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
                 kept = []
-                for ids in tok.encode_arrays(batch, cfg.workers):
-                    if len(ids) < cfg.min_tokens or not len(ids):
-                        result.dropped['too_short' if len(ids) else 'empty'] += 1
+                for ids in docs_enc.encode(batch, cfg.workers):
+                    n = len(ids) - docs_enc.specials
+                    if n < cfg.min_tokens or not n:
+                        result.dropped['too_short' if n else 'empty'] += 1
                         continue
                     kept.append(ids)
                 tokens = writer.tokens
-                tried[0] = tokens + sum(len(ids) for ids in kept) + len(kept) * cfg.append_eod
-                writer.add_documents(kept, tok.eod if cfg.append_eod else None)
+                tried[0] = tokens + sum(len(ids) for ids in kept) + len(kept) * (eod is not None)
+                writer.add_documents(kept, eod)
                 result.documents += len(kept)
                 result.tokens += writer.tokens - tokens
                 now = time.perf_counter()

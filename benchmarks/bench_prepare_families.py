@@ -1,0 +1,126 @@
+"""`gptkit data prepare` with a model family's tokenizer folder against the GPT-2 path, in the same run (issue 31, item 4).
+
+Input: the built-in Shakespeare, Milton and KJV corpora as one JSON Lines file, repeated --copies times (3 copies:
+33 MB, 3,714 documents), as in bench_prepare.py. The family folders are built here at real size from GPT-2's merges
+(50,257 entries), so only the family's own rules differ from the GPT-2 path:
+- llama-3-style: Llama 3's split rule (digits in threes), <|begin_of_text|> put before each document by the
+  post-processor, <|end_of_text|> as config.json's eos_token_id (tiktoken on the family's rule);
+- qwen-style: Qwen2's split rule (single digits) and NFC normalizer, no BOS, <|endoftext|> (tiktoken, NFC first);
+- smollm2-style: SmolLM2's Digits step before GPT-2's (no single expression: HF tokenizers encodes).
+Each path runs --repeats times, alternating, and its fastest run counts (the machine is shared). Each family's
+documents are also checked against HF tokenizers' own encoding (BOS from the post-processor, special-token names
+read as text) plus the eos id, over the whole corpus.
+
+    .venv/bin/python benchmarks/bench_prepare_families.py
+    .venv/bin/python benchmarks/bench_prepare_families.py --copies 1 --repeats 2 --families llama-3-style
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+QWEN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def make_input(folder: Path, copies: int) -> tuple[Path, int, int]:
+    from gptkit.tokenizer import asset
+    chunks = [gzip.decompress(asset('corpora', f'{n}.jsonl.gz').read_bytes()) for n in ('shakespeare', 'milton', 'kjv')]
+    data = b''.join(chunks) * copies
+    path = folder / 'input.jsonl'
+    path.write_bytes(data)
+    return path, len(data), data.count(b'\n')
+
+
+def family_folder(folder: Path, family: str) -> Path:
+    "A Hugging Face model folder (tokenizer.json, tokenizer_config.json, config.json) of `family` on GPT-2's merges"
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers as pt, processors
+
+    from gptkit.tokenizer import gpt2
+    tok = Tokenizer.from_str(gpt2().hf.to_str())
+    if family == 'llama-3-style':
+        tok.pre_tokenizer = pt.Sequence([pt.Split(Regex(LLAMA3), 'isolated'), pt.ByteLevel(add_prefix_space=False,
+                                                                                             use_regex=False)])
+        tok.add_special_tokens(['<|begin_of_text|>', '<|end_of_text|>'])
+        bos, eos = tok.token_to_id('<|begin_of_text|>'), tok.token_to_id('<|end_of_text|>')
+        tok.post_processor = processors.TemplateProcessing(single='<|begin_of_text|> $A',
+                                                           special_tokens=[('<|begin_of_text|>', bos)])
+        config = {'model_type': 'llama', 'bos_token_id': bos, 'eos_token_id': eos}
+    elif family == 'qwen-style':
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pt.Sequence([pt.Split(Regex(QWEN), 'isolated'), pt.ByteLevel(add_prefix_space=False,
+                                                                                           use_regex=False)])
+        tok.add_special_tokens(['<|endoftext|>', '<|im_start|>', '<|im_end|>'])
+        config = {'model_type': 'qwen2', 'eos_token_id': tok.token_to_id('<|endoftext|>')}
+    elif family == 'smollm2-style':
+        tok.pre_tokenizer = pt.Sequence([pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False)])
+        config = {'model_type': 'llama', 'eos_token_id': tok.token_to_id('<|endoftext|>')}
+    else:
+        raise SystemExit(f'unknown family {family}')
+    d = folder / family
+    d.mkdir()
+    tok.save(str(d / 'tokenizer.json'))
+    (d / 'tokenizer_config.json').write_text(json.dumps({'tokenizer_class': 'PreTrainedTokenizerFast'}))
+    (d / 'config.json').write_text(json.dumps({'vocab_size': tok.get_vocab_size(), **config}))
+    return d
+
+
+def run(path: Path, prefix: Path, tokenizer: str, workers: int) -> tuple[float, int]:
+    "Seconds for one whole prepare (tokenizer load included) and the tokens it wrote"
+    from gptkit.data.prepare import PrepareConfig, prepare
+    t = time.perf_counter()
+    res = prepare(PrepareConfig((str(path),), str(prefix), tokenizer=tokenizer, workers=workers, clean=False,
+                                overwrite=True))
+    return time.perf_counter() - t, res.tokens
+
+
+def same_as_hf(path: Path, prefix: Path, folder: Path) -> bool:
+    "Whether every document of the dataset at `prefix` is HF tokenizers' encoding of its text, then the eos id"
+    from tokenizers import Tokenizer
+
+    from gptkit.data.indexed import IndexedDataset
+    hf = Tokenizer.from_file(str(folder / 'tokenizer.json'))
+    hf.encode_special_tokens = True
+    eos = json.loads((folder / 'config.json').read_text())['eos_token_id']
+    texts = [json.loads(line)['text'] for line in path.read_text(encoding='utf-8').splitlines()]
+    ds = IndexedDataset(f'{prefix}_text_document')
+    want = (e.ids + [eos] for e in hf.encode_batch(texts, add_special_tokens=True))
+    return len(ds) == len(texts) and all(ds[i].tolist() == w for i, w in enumerate(want))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--copies', type=int, default=3)
+    ap.add_argument('--workers', type=int, default=2)
+    ap.add_argument('--repeats', type=int, default=3)
+    ap.add_argument('--families', nargs='+', default=['llama-3-style', 'qwen-style', 'smollm2-style'])
+    ap.add_argument('--no-check', action='store_true', help='skip the comparison with HF tokenizers')
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        d = Path(d)
+        path, size, docs = make_input(d, args.copies)
+        mb = size / 2**20
+        print(f'input: {mb:.1f} MB, {docs:,} documents, {os.cpu_count()} cores, --workers {args.workers}, '
+              f'best of {args.repeats}')
+        paths = {'gpt2': 'gpt2', **{f: str(family_folder(d, f)) for f in args.families}}
+        best = {name: (float('inf'), 0) for name in paths}
+        for _ in range(args.repeats):
+            for name, tokenizer in paths.items():
+                best[name] = min(best[name], run(path, d / name, tokenizer, args.workers))
+        gpt2_rate = best['gpt2'][1] / best['gpt2'][0]
+        for name, (seconds, tokens) in best.items():
+            rate = tokens / seconds
+            check = '' if name == 'gpt2' or args.no_check else \
+                f'  same ids as HF tokenizers: {same_as_hf(path, d / name, Path(paths[name]))}'
+            print(f'{name:14s} {seconds:6.2f} s  {mb / seconds:6.1f} MB/s  {rate / 1e6:5.2f} M tokens/s  '
+                  f'ratio to gpt2 {rate / gpt2_rate:4.2f}{check}')
+
+
+if __name__ == '__main__':
+    main()
