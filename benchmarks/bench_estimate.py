@@ -3,6 +3,7 @@
 Targets (issue 2): `gptkit estimate --params 13B` under 0.5 s wall; `--search` for 175B on 1024 GPUs under 2 s.
 The peer is DeepSpeed's `estimate_zero2_model_states_mem_needs_all_cold` for the same 13B model, run the way a
 user runs it: a fresh Python process that imports DeepSpeed (and so torch). `python -c pass` is the floor.
+Issue 31's families (a Mistral with its sliding window) are searched the same way.
 Run: .venv/bin/python benchmarks/bench_estimate.py [--repeat N]
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main():
     floor = wall([sys.executable, '-c', 'pass'], n)
     ours = wall([GPTKIT, 'estimate', '--params', '13B'], n)
     search = wall([GPTKIT, 'estimate', '--params', '175B', '--search', '--gpus', '1024'], n)
+    family = wall([GPTKIT, 'estimate', '--preset', 'mistral-7b', '--sliding-window', '4096', '--search', '--gpus', '64'], n)
     peer = wall([sys.executable, '-c', DEEPSPEED], max(1, n // 2))
     from gptkit.config import PRESETS
     from gptkit.estimate import GPUS, search as run_search
@@ -48,6 +50,7 @@ def main():
     print(f'gptkit estimate --params 13B                       {ours:7.3f} s   target < 0.5 s: {"ok" if ours < 0.5 else "MISSED"}')
     print(f'gptkit estimate --params 175B --search --gpus 1024 {search:7.3f} s   target < 2 s: {"ok" if search < 2 else "MISSED"}'
           f'   (search itself {inproc * 1000:.0f} ms in process)')
+    print(f'gptkit estimate --preset mistral-7b --sliding-window 4096 --search --gpus 64 {family:7.3f} s')
     print(f'DeepSpeed zero2 estimator, 13B (peer)              {peer:7.3f} s')
     print(f'ratio gptkit estimate / DeepSpeed estimator: {ours / peer:.3f} ({peer / ours:.1f}x faster)')
 

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gptkit.config import ParallelConfig, TrainConfig, parse_size
+from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, ParallelConfig, TrainConfig, parse_size
 from gptkit.estimate import (
     Estimate,
     GiB,
@@ -40,13 +40,16 @@ ModelOpt, LayoutOpt, HardwareOpt = in_panel(MODEL), in_panel(LAYOUT), in_panel(H
 def estimate(
     params: Annotated[Optional[str], ModelOpt('Model size such as 13B; picks the nearest GPT-3 preset.')] = None,
     preset: Annotated[Optional[str], ModelOpt(
-        '125m, 350m, 760m, 1.3b, 2.7b, 6.7b, 13b, 175b (or tiny, small).')] = None,
+        f"{', '.join(GPT3_PRESETS)} (or tiny, small); {', '.join(LLAMA_PRESETS)}.")] = None,
     layers: Annotated[Optional[int], ModelOpt('Transformer layers.')] = None,
     hidden: Annotated[Optional[int], ModelOpt('Hidden size.')] = None,
     heads: Annotated[Optional[int], ModelOpt('Attention heads.')] = None,
     seq_len: Annotated[Optional[int], ModelOpt('Sequence length [default: 2048].')] = None,
     vocab: Annotated[Optional[int], ModelOpt('Vocabulary size before padding [default: 50257].')] = None,
     ffn_hidden: Annotated[Optional[int], ModelOpt('MLP hidden size [default: 4 x hidden].')] = None,
+    head_size: Annotated[Optional[int], ModelOpt('Width of each attention head [default: hidden / heads].')] = None,
+    sliding_window: Annotated[Optional[int], ModelOpt(
+        'Each token attends to this many latest tokens (Mistral) [default: the whole sequence].')] = None,
     make_vocab_size_divisible_by: Annotated[Optional[int], ModelOpt(
         'Pad the vocabulary to a multiple of this x TP [default: 128].')] = None,
     gpus: Annotated[Optional[int], LayoutOpt('Number of GPUs [default: tp x pp x dp; one node with --search].')] = None,
@@ -77,7 +80,8 @@ def estimate(
 ):
     """Parameters, memory per GPU, FLOPs and time to train a GPT, before renting a GPU."""
     model, base, note = resolve_model(params, preset, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
-                                      vocab=vocab, ffn_hidden=ffn_hidden,
+                                      vocab=vocab, ffn_hidden=ffn_hidden, head_size=head_size,
+                                      sliding_window=sliding_window,
                                       make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     device = get_gpu(gpu, None if gpu_memory is None else round(gpu_memory * GiB), gpu_tflops)
     n_tokens = parse_size(tokens, 'tokens')
@@ -111,11 +115,17 @@ def _report_search(results: list[Estimate], note: str, gpus: int, gpu: str, as_j
 
 def family(m) -> str:
     "The model's architecture in a few words: its position embedding, norm, MLP, attention heads and output layer"
-    pos = 'learned positions' if m.position == 'learned' else f'rotary positions (base {m.rope_theta:g})'
+    scaled = f', {m.rope_scaling} x{m.rope_factor:g}' if m.rope_scaling != 'none' else ''
+    pos = 'learned positions' if m.position == 'learned' else f'rotary positions (base {m.rope_theta:g}{scaled})'
     mlp = f'SwiGLU MLP {m.ffn}' if m.gated else f'{m.activation.replace("_", " ").upper()} MLP {m.ffn}'
     att = 'multi-head' if m.kv == m.heads else 'multi-query' if m.kv == 1 else f'grouped-query ({m.kv} KV heads)'
-    return (f"{pos}, {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}, {mlp}, {att} attention, "
-            f"{'biases' if m.bias else 'no biases'}, {'tied' if m.tie_embeddings else 'untied'} embeddings")
+    att += f' attention, heads of {m.head_dim}' if m.head_dim * m.heads != m.hidden else ' attention'
+    att += ', QK-norm' if m.qk_norm else ''
+    att += f', sliding window {m.sliding_window}' if m.sliding_window else ''
+    biases = {(True, True): 'biases', (False, False): 'no biases', (False, True): 'a bias on QKV only',
+              (True, False): 'biases except on QKV'}[(m.bias, m.attn_bias)]
+    return (f"{pos}, {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}, {mlp}, {att}, "
+            f"{biases}, {'tied' if m.tie_embeddings else 'untied'} embeddings")
 
 
 def _table(title: str) -> Table:
@@ -164,12 +174,16 @@ def _print_estimate(e: Estimate, note: str):
     kv = kv_cache_bytes(mo, 1, precision=tr.precision, tp=par.tp)
     g = _table('Generation')
     g.add_row('KV cache per sequence', fmt.gib(kv), f'{mo.seq_len} tokens, {mo.kv} KV heads of {mo.head_dim}, '
-              f'{tr.precision}' + (f', on each of {par.tp} TP ranks' if par.tp > 1 else ''))
+              f'{tr.precision}' + (f', on each of {par.tp} TP ranks' if par.tp > 1 else '')
+              + (' (every position kept: the window does not shrink it)' if mo.sliding_window else ''))
     out.print(g)
     out.print()
     c = _table('Compute and time')
+    window = mo.sliding_window is not None and mo.sliding_window < mo.seq_len
     c.add_row('FLOPs per iteration', fmt.flops(e.flops_per_iteration),
-              f'with recompute {tr.recompute} (model: {fmt.flops(e.model_flops_per_iteration)})')
+              f'with recompute {tr.recompute}' + (', the dense masked attention' if window else '')
+              + f' (model: {fmt.flops(e.model_flops_per_iteration)}'
+              + (f', {mo.sliding_window} keys a query' if window else '') + ')')
     c.add_row('FLOPs per token', fmt.flops(d['flops']['per_token']), '')
     c.add_row('iterations', f'{e.iterations:,}', f'{fmt.count(e.tokens)} tokens / ({e.batch} x {e.model.seq_len})')
     c.add_row('time at MFU', fmt.duration(e.seconds),

@@ -28,11 +28,12 @@ from .params import layer_numel, param_table, stage_extras, stage_layers
 # %% auto #0
 __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
            'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'closed_form_params', 'state_bytes',
-           'model_states', 'activation_element_bytes', 'LayerActivations', 'norm_bytes', 'layer_activations',
-           'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes',
-           'kv_cache_bytes', 'overhead_bytes', 'stage_activation_bytes', 'Memory', 'memory_per_gpu',
-           'flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time', 'train_flags', 'Estimate', 'estimate',
-           'nearest_preset', 'resolve_model', 'data_parallel', 'candidate_layouts', 'search', 'memory_breakdown']
+           'model_states', 'activation_element_bytes', 'LayerActivations', 'norm_bytes', 'qk_norm_bytes',
+           'layer_activations', 'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens',
+           'logits_bytes', 'kv_cache_bytes', 'overhead_bytes', 'stage_activation_bytes', 'Memory', 'memory_per_gpu',
+           'flops_per_iteration', 'model_flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time', 'train_flags',
+           'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel', 'candidate_layouts', 'search',
+           'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -171,7 +172,8 @@ def activation_element_bytes(precision: str) -> int:
 class LayerActivations(NamedTuple):
     "Bytes one transformer layer keeps for its backward pass on one rank"
     base: float      # kept whatever the recomputation: LayerNorm, linear and GELU inputs, q/k/v, dropout masks
-    scores: float    # the attention core's own: s x s matrices (math path) or the fp32 log-sum-exp (fused)
+    scores: float    # the attention core's own: s x s matrices (math path) or the fp32 log-sum-exp (fused, with a
+                     # sliding window also its s x s mask, which the kernel takes in the activations' dtype)
     input: float     # the layer's input, all that full recomputation keeps
     core: float      # what rebuilding the attention core holds during its backward (selective recomputation)
     released: float  # what the layer's backward has freed by the time it rebuilds its attention core
@@ -182,10 +184,22 @@ def norm_bytes(model: ModelConfig, element: int) -> tuple[int, int]:
         return element, 8
     return (element, 4) if model.kernels == 'triton' else (4 + element, 4)     # the Triton kernel keeps x and 1/rms
 
+def qk_norm_bytes(model: ModelConfig, element: int) -> float:
+    "Bytes per token the per-head norms of q and k keep (Qwen3): their fp32 inputs, normalized outputs, 1/rms per head"
+    if not model.qk_norm:
+        return 0
+    d, heads = model.head_dim, model.heads + model.kv            # q's heads and k's
+    if model.kernels == 'triton':     # gptkit.kernels_qk's norm + rotary keeps the QKV output q and k are views of
+        return (model.heads + 2 * model.kv) * d * element if model.position == 'rotary' else heads * (d * element + 4)
+    # in fp32 q and k are views of the QKV output, which the norms keep whole; else they keep fp32 copies of q and k
+    inputs = (model.heads + 2 * model.kv) * d * 4 if element == 4 else heads * d * 4
+    return inputs + heads * (d * element + 4)
+
 def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                       flash: bool = True, element: int = 2, mask: float = 1) -> LayerActivations:
     "Bytes one layer of gptkit's model keeps for backward on one rank (Korthikanti et al. 2022, item by item)"
     s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn, tp
+    ad = a * model.head_dim                                   # the queries' and the attention output's width
     ts = t if sequence_parallel else 1                         # what sequence parallelism splits
     masks = 2 * mask if model.dropout > 0 else 0              # after attention and after the MLP
     sbh = s * b * h
@@ -193,15 +207,19 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     replicated = 2 * norm + masks                             # the two norms' inputs, two dropout masks: split by SP
     # QKV and fc1 inputs (SP keeps its slice, gathers again in backward)
     gathered = 2 * element
-    kv = 2 * model.kv / a                                     # K and V, against the queries: grouped-query keeps fewer
+    # q, k, v and the attention output, against h: grouped-query keeps fewer K/V heads, head_size widens them all
+    attn = 2 * (a + model.kv) * model.head_dim / h
     # GELU and fc2 inputs; SwiGLU's [gate; up], silu(gate) and product (its Triton kernel: [gate; up] and product)
     mlp = ((3 if model.kernels == 'triton' else 4) if model.gated else 2) * f / h
-    split = (2 + kv + mlp) * element                          # q, k, v and attention output; the MLP's
+    split = (attn + mlp) * element                            # q, k, v and attention output; the MLP's
     base = sbh * ((replicated + gathered) / ts + split / t) + 2 * stats * s * b / ts   # + two norms' fp32 statistics
+    base += s * b * qk_norm_bytes(model, element) / t         # QK norms: split with their heads
     per_score = element + (mask + element if model.dropout > 0 else 0)   # softmax output; its dropout mask and output
-    scores = 4 * a * s * b / t if flash else a * s * s * b * per_score / t
-    core = sbh * element / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v copies
-    released = sbh * ((norm + element + masks) / ts + (1 + mlp) * element / t) + stats * s * b / ts  # MLP, LN2, proj in
+    windowed = model.sliding_window is not None and model.sliding_window < s   # a mask, not the causal kernel
+    scores = 4 * a * s * b / t + (s * s * element if windowed else 0) if flash else a * s * s * b * per_score / t
+    core = s * b * ad * element / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v
+    released = sbh * ((norm + element + masks) / ts + mlp * element / t) + s * b * ad * element / t \
+        + stats * s * b / ts                                  # MLP, LN2, the projection's input
     return LayerActivations(base, scores, sbh * element / ts, core, released)
 
 def stage_moments(layer: LayerActivations, layers: int, in_flight: int, recompute: str) -> tuple[float, float]:
@@ -327,14 +345,21 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
     return worst
 
 # %% ../nbs/01_estimate.ipynb #ebb21591
-def flops_per_iteration(model: ModelConfig, batch: int, recompute: str = 'none', tp: int = 1) -> float:
-    "FLOPs of one training step on `batch` sequences, counting the forward passes `recompute` repeats"
+def flops_per_iteration(model: ModelConfig, batch: int, recompute: str = 'none', tp: int = 1,
+                        keys: float | None = None) -> float:
+    """FLOPs of one training step on `batch` sequences, counting the forward passes `recompute` repeats; each query
+    scored against `keys` keys (None: the whole sequence, as the dense attention kernel computes it, window or not)"""
     s, h, f, l, V = model.seq_len, model.hidden, model.ffn, model.layers, model.padded_vocab(tp)
-    qkv = h * (h + 2 * model.kv * model.head_dim)             # grouped-query: narrower K and V projections
-    layer = batch * (2 * s * (qkv + h * h + (3 if model.gated else 2) * h * f) + 4 * s * s * h)
+    qd, kvd = model.heads * model.head_dim, model.kv * model.head_dim   # query and K/V widths (any head_size)
+    attention = 4 * s * (s if keys is None else keys) * qd    # q k^T, then the scores times v
+    layer = batch * (2 * s * (h * (qd + 2 * kvd) + qd * h + (3 if model.gated else 2) * h * f) + attention)
     passes = {'none': 3, 'selective': 3, 'full': 4}[recompute]
-    extra = batch * 4 * s * s * h * l if recompute == 'selective' else 0
+    extra = batch * attention * l if recompute == 'selective' else 0
     return passes * l * layer + extra + 3 * 2 * batch * s * h * V
+
+def model_flops_per_iteration(model: ModelConfig, batch: int, tp: int = 1) -> float:
+    "Model FLOPs of a step, what MFU counts: no recomputation; under a sliding window, each query's `window` keys only"
+    return flops_per_iteration(model, batch, 'none', tp, min(model.sliding_window or model.seq_len, model.seq_len))
 
 # %% ../nbs/01_estimate.ipynb #71c674cc
 @dataclass(frozen=True)
@@ -401,7 +426,7 @@ class Estimate:
     params: ParamCount
     memory: Memory
     flops_per_iteration: float         # hardware FLOPs, with recomputation
-    model_flops_per_iteration: float   # model FLOPs, without recomputation
+    model_flops_per_iteration: float   # model FLOPs, without recomputation (a sliding window's keys only)
     step: StepTime
 
     @property
@@ -465,7 +490,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
     return Estimate(model, par, train, gpu, tokens, mfu, params,
                     memory_per_gpu(model, par, train, gpu.memory, params),
                     flops_per_iteration(model, batch, train.recompute, par.tp),
-                    flops_per_iteration(model, batch, 'none', par.tp),
+                    model_flops_per_iteration(model, batch, par.tp),
                     step_time(model, par, train, gpu, mfu, gpus_per_node or 8, params))
 
 # %% ../nbs/01_estimate.ipynb #da0a2513

@@ -134,9 +134,10 @@ class Generator:
         return g
 
     def kv_cache_bytes(self, batch: int) -> int:
-        "Bytes of the keys and values `batch` sequences of the full context keep while generating"
-        cfg, p = self.model.cfg, next(self.model.parameters())
-        return 2 * cfg.layers * batch * self.context * cfg.hidden * p.element_size()
+        "Bytes of the keys and values `batch` sequences of the full context keep on this rank while generating"
+        attn, p = [b.attn for b in self.model.blocks.values()], next(self.model.parameters())
+        per_token = 2 * len(attn) * attn[0].kv_heads * self.model.cfg.head_dim      # K and V of this rank's heads
+        return per_token * batch * self.context * p.element_size()
 
     def check_batch(self, batch: int, key: str = 'batch_size'):
         "Refuse a batch whose KV cache alone would not fit in the memory this device has free"

@@ -4,13 +4,17 @@ import dataclasses
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from gptkit.config import GPT3_PRESETS, PRESETS, ModelConfig, ParallelConfig, TrainConfig
+from gptkit.config import GPT3_PRESETS, LLAMA, PRESETS, ModelConfig, ParallelConfig, TrainConfig
 from gptkit.estimate import (
     GPUS,
     closed_form_params,
     count_params,
     embedding_activations,
+    estimate,
+    flops_per_iteration,
+    layer_activations,
     memory_per_gpu,
+    model_flops_per_iteration,
     model_states,
     narayanan_params,
     search,
@@ -151,3 +155,79 @@ def test_search_prints_layouts_as_gptkit_train_options():
         lay = row['layout']
         assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.zero, cfg.parallel.sequence_parallel) == (lay['tp'], lay['pp'], lay['zero'], lay['sequence_parallel'])
         assert (cfg.train.micro_batch, cfg.train.global_batch, cfg.train.precision, cfg.train.recompute) == (lay['micro_batch'], lay['global_batch'], lay['precision'], lay['recompute'])
+
+
+# issue 31's model choices: FLOPs against PyTorch's own count of what gptkit's model runs
+TINY = dict(layers=2, hidden=48, heads=6, kv_heads=2, seq_len=32, vocab=128, **LLAMA)   # 128: no vocabulary padding
+CHOICES = {'llama': ModelConfig(**TINY),
+           'qkv_bias_yarn': ModelConfig(**TINY, qkv_bias=True, rope_scaling='yarn', rope_factor=4.0,
+                                        rope_original_context=8),
+           'qk_norm_head_size': ModelConfig(**TINY, qk_norm=True, head_size=16),
+           'window': ModelConfig(**TINY, sliding_window=8)}
+
+
+def counted_flops(cfg, batch, recompute='none'):
+    "FLOPs torch's FlopCounterMode counts in one training step of gptkit's model (math attention: it knows no CPU kernel)"
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from gptkit.layout import Layout
+    from gptkit.model import GPT
+    from gptkit.parallel import ParallelState, parallelize
+    torch.manual_seed(0)
+    gpt = parallelize(GPT(cfg), ParallelState(Layout(), 0), recompute).train()
+    ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        gpt(ids, ids).backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize('name', list(CHOICES))
+def test_flops_equal_pytorchs_count(name):
+    cfg = CHOICES[name]
+    assert counted_flops(cfg, 3) == flops_per_iteration(cfg, 3)    # the window's masked scores are computed all the same
+    # torch's non-reentrant checkpoint stops rebuilding once the backward pass has what it saved: it skips the last
+    # matmul of each rebuilt region, which Megatron's count (the estimator's) includes
+    ad = cfg.heads * cfg.head_dim
+    assert counted_flops(cfg, 3, 'selective') == flops_per_iteration(cfg, 3, 'selective') - 3 * 2 * 2 * 32 * 32 * ad
+    assert counted_flops(cfg, 3, 'full') == flops_per_iteration(cfg, 3, 'full') - 3 * 2 * 2 * 32 * cfg.ffn * 48
+
+
+def test_model_flops_count_the_window_keys_only():
+    w = CHOICES['window']
+    masked = 3 * 4 * w.layers * w.heads * w.head_dim * w.seq_len * (w.seq_len - w.sliding_window)   # pairs out of reach
+    assert flops_per_iteration(w, 1) - model_flops_per_iteration(w, 1) == masked
+    for window in (None, w.seq_len, 10 * w.seq_len):                    # a window holding the sequence masks nothing
+        m = dataclasses.replace(w, sliding_window=window)
+        assert model_flops_per_iteration(m, 1) == flops_per_iteration(m, 1) == flops_per_iteration(CHOICES['llama'], 1)
+    e = estimate(dataclasses.replace(PRESETS['mistral-7b'].model, sliding_window=4096), train=TrainConfig(micro_batch=1))
+    assert e.model_flops_per_iteration == model_flops_per_iteration(e.model, e.batch) < e.flops_per_iteration
+    assert e.seconds == pytest.approx(e.iterations * e.model_flops_per_iteration / (e.gpu.peak('bf16') * e.mfu))
+
+
+@pytest.mark.parametrize('name,words', [('qwen2.5-0.5b', ['a bias on QKV only', 'grouped-query (2 KV heads)']),
+                                        ('qwen3-0.6b', ['heads of 128', 'QK-norm', 'no biases']),
+                                        ('mistral-7b', ['untied embeddings'])])
+def test_cli_estimate_of_the_new_presets(name, words):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gptkit_cli.main import app
+    model = PRESETS[name].model
+    got = json.loads(CliRunner().invoke(app, ['estimate', '--preset', name, '--json']).output)
+    assert got['params']['total'] == count_params(model).total == closed_form_params(model)
+    assert got['flops']['model_per_iteration'] == got['flops']['per_iteration'] == flops_per_iteration(model, 512)
+    layer = layer_activations(model, 1)
+    d = model.head_dim
+    qk = (model.heads + model.kv) * (d * 4 + d * 2 + 4) if model.qk_norm else 0   # bf16: fp32 q, k, normalized, 1/rms
+    plain = dataclasses.replace(model, head_size=None, qk_norm=False, heads=model.hidden // d) if model.qk_norm else None
+    if plain is not None:     # the same model with heads that tile the width: the QK norms and the wider q and output
+        extra = layer.base - layer_activations(plain, 1).base
+        assert extra == model.seq_len * (qk + 2 * 2 * (model.heads - plain.heads) * d)
+    text = ' '.join(CliRunner().invoke(app, ['estimate', '--preset', name]).output.split())
+    assert all(w in text for w in words), text
+    windowed = CliRunner().invoke(app, ['estimate', '--preset', name, '--sliding-window', '1024'])
+    text = ' '.join(windowed.output.split())
+    assert 'sliding window 1024' in text and '1024 keys a query' in text, text

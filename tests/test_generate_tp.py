@@ -50,9 +50,16 @@ def llama_checkpoint(tiny_data, tmp_path_factory):
     from gptkit.tokenizer import load
     tok = load(tiny_data[1])
     torch.manual_seed(0)
+    # with issue 31's choices that shard with the heads: Qwen3's per-head QK norms over heads of 16 (not 32 / 4), and
+    # Mistral's sliding window, shorter than the prompts and answers (each rank masks its own heads' keys)
     cfg = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=64, vocab=tok.vocab_size,
-                      tie_embeddings=False, **LLAMA)
-    return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('llama') / 'run', 'a random tiny Llama')
+                      tie_embeddings=False, head_size=16, qk_norm=True, sliding_window=6, **LLAMA)
+    model = GPT(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith('_norm.weight'):
+                p.add_(0.3 * torch.randn_like(p))      # the QK norms' weights not ones: a rank using another's shows
+    return write_run(model.state_dict(), cfg, tok, tmp_path_factory.mktemp('llama') / 'run', 'a random tiny Llama')
 
 
 @pytest.mark.parametrize('family', ['gpt', 'llama'])   # gpt is slow-flagged: the CLI test covers it

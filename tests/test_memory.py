@@ -1,8 +1,11 @@
 """The estimator's activation memory against what gptkit's model really saves for backward, on every layout."""
+import dataclasses
+
 import pytest
 import torch
+from conftest import torch_threads
 
-from gptkit.config import ModelConfig, ParallelConfig, TrainConfig
+from gptkit.config import LLAMA, ModelConfig, ParallelConfig, TrainConfig
 from gptkit.memory import PARALLEL_CASES, Saved, measure, measure_parallel, parallel_rows, predict, saved_activation_bytes, single_rows
 
 # not the notebook's shapes: more layers, 6 heads, a vocabulary that TP pads (100 -> 256 rows)
@@ -53,3 +56,30 @@ def test_loss_keeps_fp32_softmax(precision):
     r = saved_activation_bytes(lambda: gpt.loss(gpt.logits(h), t), list(gpt.parameters()))
     e = 4 if precision == 'fp32' else 2
     assert r.peak == 2 * CFG.seq_len * (CFG.hidden * e + 8 + 4 * CFG.vocab) + 4   # head input, targets, fp32 log-softmax, weight
+
+
+
+# Qwen3's and Mistral's choices (issue 31): per-head QK norms with heads wider than hidden / heads, and a sliding window
+# shorter than the sequence (its band mask, which the fused kernel keeps in the activations' dtype, once per layer);
+# the notebook measures each alone and on the parallel layouts
+MISTRAL = dataclasses.replace(CFG, heads=6, kv_heads=2, sliding_window=8, **LLAMA)
+QWEN3_WINDOW = dataclasses.replace(MISTRAL, head_size=16, qk_norm=True)
+
+
+def test_qk_norm_head_size_and_window_rows_within_10_percent():
+    with torch_threads(1):
+        rows = single_rows(QWEN3_WINDOW, micro_batch=3)
+    assert len(rows) == 9 and all(abs(r.error) < 0.10 for r in rows), _report(rows)
+    fused = [r for r in rows if (r.recompute, r.attention, r.precision) == ('none', 'fused', 'fp32')][0]
+    assert abs(fused.error) < 0.01, _report([fused])
+
+
+def test_the_window_mask_is_kept_once_per_layer_by_the_fused_kernel():
+    train = TrainConfig(micro_batch=2, precision='fp32', flash=True)
+    plain = dataclasses.replace(MISTRAL, sliding_window=None)
+    with torch_threads(1):
+        got = measure(MISTRAL, train).peak - measure(plain, train).peak
+    assert got == MISTRAL.layers * MISTRAL.seq_len ** 2 * 4                  # an fp32 [s, s] mask a layer
+    assert predict(MISTRAL, ParallelConfig(), train) - predict(plain, ParallelConfig(), train) == got
+    wide = dataclasses.replace(MISTRAL, sliding_window=MISTRAL.seq_len)      # a window that holds it all: the causal kernel
+    assert measure(wide, train).peak == measure(plain, train).peak
