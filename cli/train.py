@@ -35,7 +35,7 @@ FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.val
          'train.tokens': '--tokens', 'train.save_interval_minutes': '--save-interval-minutes',
          'train.watchdog_minutes': '--watchdog-minutes',
          'out': '--out', 'preset': '--preset', 'config': '--config', 'set': '--set', 'parallel.tp': '--tp',
-         'parallel.pp': '--pp'}
+         'parallel.pp': '--pp', 'init': '--init'}
 
 
 def key_name(key: str) -> str:
@@ -45,7 +45,7 @@ def key_name(key: str) -> str:
 
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
                 splits=(None, None, None), save_minutes=None, watchdog_minutes=None, resume=False,
-                vocab=True) -> RunConfig:
+                vocab=True, init=None) -> RunConfig:
     "The RunConfig the command line describes, as `gptkit.plan.run_config` completes it (machine defaults, vocabulary)"
     from gptkit.plan import run_config
     pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
@@ -54,7 +54,7 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, t
                                         ('watchdog_minutes', watchdog_minutes)) if v is not None},
             'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
     top = {'out': str(out_dir)} if out_dir is not None else {}
-    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, vocab, **top)
+    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, vocab, init, **top)
 
 
 def _ds_override(path: Optional[Path]) -> dict | None:
@@ -86,7 +86,9 @@ def _summary(cfg: RunConfig):
 
 
 def _data_summary(plan):
-    "Each split's datasets: weight, samples drawn and epochs (a data plan that could not be made is one line)"
+    "Where the weights come from, and each split's datasets: weight, samples drawn and epochs (or why there are none)"
+    if plan.init_from is not None:
+        out.print(f'weights from {fmt.text(plan.init_from)}: step 0, a fresh optimizer and learning-rate schedule')
     if plan.data_error is not None:
         out.print(f'[yellow]data: {fmt.text(plan.data_error)}[/]')
     for name, parts in plan.data.items():
@@ -135,6 +137,10 @@ MaxRestartsOption = Annotated[int, typer.Option(
 ResumeOption = Annotated[bool, typer.Option(
     '--resume', help="Continue from the newest intact checkpoint in --out (with neither --preset nor --config: "
                      "the run's own config.json, the other flags on top).")]
+InitOption = Annotated[Optional[str], typer.Option(
+    help="Start from this checkpoint's weights (a run folder, its checkpoints/ or an iter_ folder; gptkit checkpoint "
+         'import writes one) at step 0: a fresh optimizer, this run\'s schedule and data; the model and tokenizer are '
+         "the checkpoint's.")]
 DryRunOption = Annotated[bool, typer.Option(
     '--dry-run',
     help='Print the resolved config, the DeepSpeed config and the launch command, then stop.')]
@@ -180,6 +186,7 @@ def train(
     watchdog_minutes: WatchdogMinutesOption = None,
     max_restarts: MaxRestartsOption = 0,
     resume: ResumeOption = False,
+    init: InitOption = None,
     dry_run: DryRunOption = False,
     deepspeed_config: DeepspeedConfigOption = None,
     nproc: NprocOption = None,
@@ -200,7 +207,8 @@ def train(
     checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it. A hang
     exits 124 after --watchdog-minutes; --max-restarts K restarts a run whose process died or hung."""
     cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume, vocab=False)
+                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume, vocab=False,
+                      init=init)
     override = _ds_override(deepspeed_config)
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
     launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)

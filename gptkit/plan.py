@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import checkpoint as ckpt, store
 from .config import ModelConfig
+from .data.indexed import read_metadata
 from .data.plan import check_data, data_plan
 from .data.prepare import tokenizer_digest
 from .data.samples import SPLITS, BlendPart
@@ -27,8 +28,8 @@ from .tokenizer import load as load_tokenizer
 
 # %% auto #0
 __all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
-           'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'RunPlan', 'read_tokenizer',
-           'plan_run', 'preview_run', 'hand_over', 'handed_plan']
+           'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'start_point', 'init_config',
+           'check_start', 'RunPlan', 'read_tokenizer', 'plan_run', 'preview_run', 'hand_over', 'handed_plan']
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
@@ -52,13 +53,24 @@ def _own_config(out: str | None, sets, overrides: dict | None) -> tuple:
     return own, overrides
 
 def run_config(preset: str | None = None, file: str | Path | None = None, sets=(), overrides: dict | None = None,
-               resume: bool = False, vocab: bool = True, **top) -> RunConfig:
+               resume: bool = False, vocab: bool = True, init: str | Path | None = None, **top) -> RunConfig:
     "The run `gptkit train` trains: `resolve` on this machine's defaults (tiny by default), the tokenizer's vocabulary"
+    if init is not None and resume:
+        raise ConfigError([('init', "{key} starts a new run from a checkpoint's weights at step 0, and --resume "
+                                    "continues the run in --out from its own checkpoints; give one of them")])
     if resume and preset is None and file is None:      # a resume continues the run's own settings, flags on top
         file, overrides = _own_config(top.get('out'), sets, overrides)
-    if preset is None and file is None:
+    start = None if init is None else start_point(init)
+    defaults = machine_defaults()
+    if start is not None and preset is None and file is None:   # the model of the checkpoint, not tiny's
+        defaults = {**defaults, 'model': start[1].model.to_dict()}
+    elif preset is None and file is None:
         preset = 'tiny'
-    cfg = resolve(preset, file, sets, overrides, defaults=machine_defaults(), **top)
+    cfg = resolve(preset, file, sets, overrides, defaults=defaults, **top)
+    if start is None and cfg.init and not resume:      # a config file's init
+        start = start_point(cfg.init)
+    if start is not None:
+        cfg = init_config(cfg, *start, (preset, file, sets, overrides))
     return tokenizer_vocab(cfg) if vocab else cfg
 
 # %% ../nbs/11a_plan.ipynb #b09577d9
@@ -149,6 +161,65 @@ def resume_point(cfg: RunConfig, resume: bool | str | Path = False, tok=None) ->
         check_same_model(cfg, resume_from)
     return resume_from
 
+# %% ../nbs/11a_plan.ipynb #c0a1e5d3
+def start_point(init: str | Path) -> tuple[Path, RunConfig]:
+    "(the checkpoint folder `init` names, the RunConfig saved with it), refused naming --init when it names none"
+    try:
+        folder = store.find(init)
+        return folder, ckpt.read_config(folder)
+    except store.CheckpointError as e:
+        hf = Path(init, 'config.json').is_file() and not Path(init, 'state.json').exists()
+        hint = f' (a Hugging Face folder: import it first, gptkit checkpoint import {init} RUN --from hf)' if hf else ''
+        raise ConfigError([('init', f'{{key}} names no checkpoint to start from: {e}{hint}')]) from None
+
+def _set_by(key: str, preset, file, sets, overrides) -> str:
+    "Which setting of this run gave model.`key`: its --set, else the config file or the preset"
+    named = {str(s).partition('=')[0].strip() for s in sets}
+    named |= {f'model.{k}' for k in (overrides or {}).get('model', {})}
+    if f'model.{key}' in named:
+        return f'--set model.{key}'
+    return f'--config {file}' if file is not None else f'--preset {preset}'
+
+def init_config(cfg: RunConfig, folder: Path, old: RunConfig, given=(None, None, (), None)) -> RunConfig:
+    "`cfg` starting from checkpoint `folder` (saved with `old`): its model and tokenizer, what a run may change aside"
+    keys = [k for k in model_changes(old.model, cfg.model) if k != 'vocab']    # the vocabulary is the tokenizer's
+    if keys:
+        diff = '; '.join(f'model.{k} {shown(getattr(old.model, k))} there, {shown(getattr(cfg.model, k))} here from '
+                         f'{_set_by(k, *given)}' for k in keys)
+        may = ', '.join(k for k in RESUME_MAY_CHANGE if k != 'seq_len')
+        raise ConfigError([('init', f'{{key}} {folder} holds another model than this run describes ({diff}): the '
+                                    'model comes from the checkpoint, so leave those settings out (a run may change '
+                                    f'only {may} and, with rotary positions, seq_len)')])
+    model = dataclasses.replace(old.model, **{k: getattr(cfg.model, k) for k in RESUME_MAY_CHANGE})
+    saved = folder / 'tokenizer'
+    data = cfg.data if cfg.data.tokenizer or not saved.is_dir() else dataclasses.replace(cfg.data, tokenizer=str(saved))
+    return dataclasses.replace(cfg, model=model, data=data, init=str(folder))
+
+def check_start(cfg: RunConfig, tok):
+    "Refuse to start from `cfg.init` with another tokenizer than its own, or on data prepared with another one"
+    folder, old = start_point(cfg.init)
+    saved = folder / 'tokenizer'
+    want = load_tokenizer(saved) if saved.is_dir() else None
+    digest = tokenizer_digest(tok)
+    if tok.vocab_size != old.model.vocab or (want is not None and tokenizer_digest(want) != digest):
+        what = (f'{tok.vocab_size:,} entries, the model {old.model.vocab:,}' if tok.vocab_size != old.model.vocab
+                else f'the same {tok.vocab_size:,} entries but other tokens')
+        raise ConfigError([('data.tokenizer', f"{{key}} {cfg.data.tokenizer} is not the tokenizer {folder} was trained "
+                                              f'with ({what}), so its token ids would mean other text to the model; '
+                                              f'leave it out to take the checkpoint\'s own ({saved})')])
+    for name in SPLITS:
+        for prefix in (cfg.data.blend(name) or (None, ()))[1]:
+            meta = read_metadata(prefix) or {}
+            if meta.get('tokenizer_sha256', digest) == digest:     # a dataset of another tool records none
+                continue
+            same = (meta.get('vocab_size'), meta.get('eod')) == (tok.vocab_size, tok.eod)
+            what = (f'the same {tok.vocab_size:,} entries and end of document, other tokens' if same else
+                    f"{meta.get('vocab_size')} entries and end of document {meta.get('eod')}, not {tok.vocab_size} "
+                    f'and {tok.eod}')
+            raise DataError(f"{prefix} was prepared with the tokenizer {meta.get('tokenizer')} ({what}), not the one "
+                            f'{folder} was trained with, so the model would read other text; prepare it again with '
+                            f'gptkit data prepare --tokenizer {saved if want is not None else cfg.data.tokenizer}')
+
 # %% ../nbs/11a_plan.ipynb #2381c867
 PLAN_FILE = 'plan.json'        # in the run folder: the plan `gptkit train` saved for the processes it launched
 PLAN_ENV = 'GPTKIT_RUN_PLAN'   # where those processes find it, and its digest: 'RUN/plan.json#sha256'
@@ -174,6 +245,11 @@ class RunPlan:
     def vocab(self) -> int:
         return self.cfg.model.vocab
 
+    @property
+    def init_from(self) -> Path | None:
+        "The checkpoint whose weights step 0 starts from (`cfg.init`); None when the run resumes its own or has none"
+        return None if self.resume_from is not None or not self.cfg.init else Path(self.cfg.init)
+
     def to_json(self) -> str:
         "The plan as JSON (the tokenizer aside: a rank that needs it reads `cfg.data.tokenizer`)"
         data = {k: [dataclasses.asdict(p) for p in parts] for k, parts in self.data.items()}
@@ -197,7 +273,10 @@ def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | Non
     "The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read"
     tok = read_tokenizer(cfg) if tok is None else tok
     cfg = tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size)
-    return RunPlan(cfg, data_plan(cfg), resume_point(cfg, resume, tok), tokenizer=tok)
+    resume_from = resume_point(cfg, resume, tok)
+    if resume_from is None and cfg.init:
+        check_start(cfg, tok)
+    return RunPlan(cfg, data_plan(cfg), resume_from, tokenizer=tok)
 
 def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
     "What `--dry-run` shows: the plan without checks or a resume point; a data plan that cannot be made is `data_error`"

@@ -35,6 +35,8 @@ class RunConfig:
     optim: OptimConfig = OptimConfig()
     out: str = 'runs/gpt'          # run folder: config, logs, TensorBoard events, checkpoints
     preset: str | None = None      # the preset it started from, for the record
+    init: str | None = None        # the checkpoint whose weights step 0 starts from (a fresh optimizer and
+                                   # schedule; `gptkit train --init`); once the run holds checkpoints, they win
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -106,8 +108,11 @@ def from_dict(d: dict) -> RunConfig:
     "A validated `RunConfig` from a (possibly partial) nested dict; every problem is reported at once"
     if not isinstance(d, dict):
         raise ConfigError([('config', f'{{key}} must be a mapping of sections, not {type(d).__name__}')])
-    problems = [(shorten(str(k)), f"{{key}} is not a section; a run config has {', '.join(SECTIONS)}, out and preset")
-                for k in d if k not in (*SECTIONS, 'out', 'preset')]
+    problems = [(shorten(str(k)), f"{{key}} is not a section; a run config has {', '.join(SECTIONS)}, out, preset "
+                                  'and init') for k in d if k not in (*SECTIONS, 'out', 'preset', 'init')]
+    init = d.get('init')
+    if init is not None and (not isinstance(init, str) or not init):
+        problems.append(('init', f'{{key}} must name a checkpoint folder, not {shown(init)}'))
     parts = {name: _section(cls, name, d.get(name, {}), problems) for name, cls in _CLASSES.items()}
     if not problems:
         try:
@@ -115,7 +120,7 @@ def from_dict(d: dict) -> RunConfig:
         except ConfigError as e:
             problems += e.problems
     check(problems)
-    return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'))
+    return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'), init=init)
 
 # %% ../nbs/00d_runconfig.ipynb #c27c10b8
 CONFIG_BYTES = 2**20    # a run config is a few hundred bytes; a file over a MiB is not one

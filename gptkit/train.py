@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['log', 'TrainingError', 'micro_batch', 'peak_flops', 'memory_gib', 'check_fits', 'evaluate', 'Window', 'Loop',
            'hold_run', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due',
-           'finish', 'train']
+           'finish', 'start_weights', 'train']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -304,12 +304,14 @@ def _plan(run: RunConfig | RunPlan, resume) -> tuple[RunPlan, int]:
                                            f'but {world} run it; plan it for them (plan_run(cfg, world={world}))')])
     return (run if tok is None else plan_run(run, resume, world, tok)), rank
 
-def _build(cfg: RunConfig, ds_override: dict | None) -> tuple:
+def _build(cfg: RunConfig, ds_override: dict | None, init: Path | None = None) -> tuple:
     "(this rank's ParallelState, DeepSpeed engine, its config, the whole model's parameters and shapes), seeded"
     random.seed(cfg.train.seed)
     np.random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model)
+    if init is not None:                                 # before the model is split: any layout starts from them
+        start_weights(model, init)
     params, shapes = num_params(model), ckpt.model_shapes(model)
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
@@ -334,7 +336,7 @@ def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = Fa
         hold.enter_context(lock)
     if rank == 0:                                        # the one process that reads the tokenizer of a handed plan
         _write_run_folder(cfg, plan.tokenizer or load_tokenizer(cfg.data.tokenizer), out)
-    parallel, engine, ds, params, shapes = _build(cfg, ds_override)
+    parallel, engine, ds, params, shapes = _build(cfg, ds_override, plan.init_from)
     if rank == 0:
         (out / 'ds_config.json').write_text(json.dumps(ds, indent=2))
     train_set, valid = _split(cfg, 'train', rank), _split(cfg, 'valid', rank)
@@ -516,6 +518,14 @@ def finish(loop: Loop) -> TrainResult:
         c.on_end(r)
     r.engine = loop.engine
     return r
+
+# %% ../nbs/11_train.ipynb #d4e1f2a1
+def start_weights(model, init: str | Path):
+    "Load the weights of checkpoint `init` (a run, its checkpoints/ or an iter_ folder) into the plain `model`"
+    weights = ckpt.load_weights(init)
+    ckpt.check_shapes({k: list(v.shape) for k, v in weights.items()}, model, f'{init} (init)')
+    model.load_state_dict(weights, strict=True)
+    log.info('weights from %s: step 0, a fresh optimizer and learning-rate schedule', init)
 
 # %% ../nbs/11_train.ipynb #06349327
 def train(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
