@@ -52,6 +52,11 @@ def _own_config(out: str | None, sets, overrides: dict | None) -> tuple:
         overrides = {**(overrides or {}), 'train': train}
     return own, overrides
 
+def _defaults(start: tuple | None, preset: str | None) -> dict:
+    "This machine's defaults, under the model of the checkpoint a run starts from (`start`) unless a preset gives one"
+    d = machine_defaults()
+    return d if start is None or preset is not None else {**d, 'model': start[1].model.to_dict()}
+
 def run_config(preset: str | None = None, file: str | Path | None = None, sets=(), overrides: dict | None = None,
                resume: bool = False, vocab: bool = True, init: str | Path | None = None, **top) -> RunConfig:
     "The run `gptkit train` trains: `resolve` on this machine's defaults (tiny by default), the tokenizer's vocabulary"
@@ -61,14 +66,12 @@ def run_config(preset: str | None = None, file: str | Path | None = None, sets=(
     if resume and preset is None and file is None:      # a resume continues the run's own settings, flags on top
         file, overrides = _own_config(top.get('out'), sets, overrides)
     start = None if init is None else start_point(init)
-    defaults = machine_defaults()
-    if start is not None and preset is None and file is None:   # the model of the checkpoint, not tiny's
-        defaults = {**defaults, 'model': start[1].model.to_dict()}
-    elif preset is None and file is None:
+    if preset is None and file is None and start is None:
         preset = 'tiny'
-    cfg = resolve(preset, file, sets, overrides, defaults=defaults, **top)
-    if start is None and cfg.init and not resume:      # a config file's init
+    cfg = resolve(preset, file, sets, overrides, defaults=_defaults(start, preset), **top)
+    if start is None and cfg.init and not resume:      # a config file's init: its model under the file's settings
         start = start_point(cfg.init)
+        cfg = resolve(preset, file, sets, overrides, defaults=_defaults(start, preset), **top)
     if start is not None:
         cfg = init_config(cfg, *start, (preset, file, sets, overrides))
     return tokenizer_vocab(cfg) if vocab else cfg
@@ -164,6 +167,8 @@ def resume_point(cfg: RunConfig, resume: bool | str | Path = False, tok=None) ->
 # %% ../nbs/11a_plan.ipynb #c0a1e5d3
 def start_point(init: str | Path) -> tuple[Path, RunConfig]:
     "(the checkpoint folder `init` names, the RunConfig saved with it), refused naming --init when it names none"
+    if not str(init).strip():
+        raise ConfigError([('init', '{key} needs a checkpoint folder: a run, its checkpoints/ or an iter_ folder')])
     try:
         folder = store.find(init)
         return folder, ckpt.read_config(folder)

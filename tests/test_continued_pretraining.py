@@ -175,6 +175,10 @@ def test_init_refusals_say_why_in_one_sentence(small, tiny_data, tiny_checkpoint
             'already holds checkpoints', 'resume them with --resume or choose another --out')
     refused(run_here('train', '--init', tiny_checkpoint, '--resume', '--out', small / 'a'),
             "--init starts a new run from a checkpoint's weights at step 0, and --resume continues")
+    refused(run_here('train', '--init', '', *data, '--out', tmp_path / 'x'), '--init needs a checkpoint folder')
+    (tmp_path / 'run.yaml').write_text(f'init: {tiny_checkpoint}\nmodel:\n  layers: 3\n')    # a file's init
+    refused(run_here('train', '--config', tmp_path / 'run.yaml', *data, '--out', tmp_path / 'x'),
+            f"(model.layers 2 there, 3 here from --config {tmp_path / 'run.yaml'}): the model comes from")
     assert not (tmp_path / 'x').exists()
 
 
