@@ -1,4 +1,4 @@
-"""`gptkit data prepare` with a model family's tokenizer folder against the GPT-2 path, in the same run (issue 31, item 4).
+"""`gptkit data prepare` with a model family's tokenizer folder against the GPT-2 path in one run (issue 31, item 4).
 
 Input: the built-in Shakespeare, Milton and KJV corpora as one JSON Lines file, repeated --copies times (3 copies:
 33 MB, 3,714 documents), as in bench_prepare.py. The family folders are built here at real size from GPT-2's merges

@@ -103,11 +103,14 @@ def fast_encoder(hf: HFTokenizer, eod_token: str = EOD, pattern: str | None = No
 # %% ../nbs/02a_encoders.ipynb #ed6e50af
 class WordCache:
     "Exact HF byte-level BPE encoding that tokenizes each distinct pre-token once"
-    def __init__(self, hf: HFTokenizer, limit: int = 2_000_000):
+    def __init__(self, hf: HFTokenizer, limit: int = 2_000_000, digits: bool = False):
         self.model, self.limit, self.cache = hf.model, limit, {}
         b2u = {b: c for c, b in unicode_to_bytes().items()}
         self.table = [b2u[i] for i in range(256)]
-        self.split = regex.compile(GPT2_PATTERN).findall
+        split = self.split = regex.compile(GPT2_PATTERN).findall
+        if digits:                 # SmolLM2: each digit a piece of its own, then GPT-2's expression on the rest
+            cut = regex.compile(r'(\p{N})').split
+            self.split = lambda text: [p for part in cut(text) if part for p in split(part)]
 
     def encode(self, text: str) -> list[int]:
         out, cache, table = [], self.cache, self.table
@@ -121,15 +124,23 @@ class WordCache:
             out.extend(ids)
         return out
 
-def word_cache(hf: HFTokenizer) -> WordCache | None:
-    "A `WordCache` for `hf` if it is a plain byte-level BPE and agrees with it on the probe text, else None"
+def word_cache(hf: HFTokenizer, digits: bool = False) -> WordCache | None:
+    """A `WordCache` for `hf` if it is a plain byte-level BPE (after SmolLM2's step that cuts out each digit, if
+    `digits`) and agrees with it on the probe texts, else None"""
     cfg = json.loads(hf.to_str())
     pre = cfg.get('pre_tokenizer') or {}
+    if digits and pre.get('type') == 'Sequence' and len(pre.get('pretokenizers') or []) == 2:
+        first, pre = pre['pretokenizers']
+        if first != {'type': 'Digits', 'individual_digits': True} or pre.get('add_prefix_space'):
+            return None
     plain_bpe = cfg['model'].get('type') == 'BPE' and pre.get('type') == 'ByteLevel' and pre.get('use_regex', True)
+    extras = ('dropout', 'byte_fallback', 'continuing_subword_prefix', 'end_of_word_suffix')
+    plain_bpe = plain_bpe and not any(cfg['model'].get(k) for k in extras)
     if cfg.get('normalizer') or not plain_bpe:
         return None
-    wc = WordCache(hf)
-    return wc if wc.encode(PROBE) == hf.encode(PROBE, add_special_tokens=False).ids else None
+    wc = WordCache(hf, digits=digits)
+    probes = (PROBE, PROBE.upper(), PROBE.swapcase())
+    return wc if all(wc.encode(p) == hf.encode(p, add_special_tokens=False).ids for p in probes) else None
 
 # %% ../nbs/02a_encoders.ipynb #c3b6c399
 def around(hf: HFTokenizer) -> tuple[list[int], list[int]] | None:
@@ -154,6 +165,8 @@ class DocumentEncoder:
         if ends is not None and rule is not None:           # the Tokenizer's own encoders where the rule is GPT-2's
             self.fast = fast if fast is not None and rule == GPT2_PATTERN else fast_encoder(hf, pattern=rule)
             self.words = words if rule == GPT2_PATTERN else None
+        elif ends is not None:
+            self.words = word_cache(hf, digits=True)   # SmolLM2; any other rule (Mistral's Metaspace): HF itself
         self.nfc = hf.normalizer is not None                  # split_rule allows no other normalizer than NFC
         plain = sorted((t.content for t in hf.get_added_tokens_decoder().values() if not t.special), key=len)
         self.added = re.compile('|'.join(re.escape(t) for t in reversed(plain))).search if plain else None

@@ -3,10 +3,14 @@ AutoTokenizer gives, then the family's end-of-text id from config.json (issue 31
 
 Each family's tokenizer is a tiny BPE trained here with that family's normalizer, pre-tokenizer, post-processor and
 special tokens, saved with the tokenizer_config.json and config.json fields the published checkpoints carry."""
+import functools
 import json
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from gptkit.data.indexed import IndexedDataset
@@ -18,9 +22,10 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[
           r"|\s+(?!\S)|\s+")
 QWEN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 TRAIN = ["Hello world! It's 3.14159 -- isn't it? naïve café 日本語 🙂", 'The quick brown fox jumps over the lazy dog.',
-         '  Indented\tline\r\n and more lines\n\nTHE END 1234567', "Don't stop, we'll see; they're here. 2024-11-25"] * 20
-DOCS = ["Hello world! It's 3.14159 -- isn't it?", '  Indented\tline\r\n 日本語 🙂 x  ', 'numbers 1234567 and 42, DON\'T',
-        'cafe\u0301 (NFD) and café', ' leading space\n\n\ntrailing   ']
+         '  Indented\tline\r\n and more lines\n\nTHE END 1234567',
+         "Don't stop, we'll see; they're here. 2024-11-25"] * 20
+DOCS = ["Hello world! It's 3.14159 -- isn't it?", '  Indented\tline\r\n 日本語 🙂 x  ',
+        'numbers 1234567 and 42, DON\'T', 'cafe\u0301 (NFD) and café', ' leading space\n\n\ntrailing   ']
 SPECIAL_TEXT = ['a <|end_of_text|> b <|endoftext|> c <s> d </s> <|im_start|>', 'think: <think>x</think>']
 
 
@@ -33,7 +38,8 @@ def _byte_level(split: str | None, specials: list[str], nfc: bool = False) -> To
     tok.pre_tokenizer = level if split is None else pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(split), 'isolated'), level])
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(vocab_size=420, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    trainer = trainers.BpeTrainer(vocab_size=420, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TRAIN, trainer)
     tok.add_special_tokens(specials)
     return tok
 
@@ -102,7 +108,9 @@ def mistral(d):
 
 FAMILIES = {'llama3': llama3, 'qwen2.5': qwen, 'qwen3': lambda d: qwen(d, 'qwen3'), 'smollm2': smollm2,
             'mistral': mistral}
-FAST = {'llama3', 'qwen2.5', 'qwen3'}       # tiktoken on the family's own split rule; the others: HF itself
+# the encoder each family's documents take: tiktoken on its own split rule, the word cache (SmolLM2's digits rule),
+# or HF tokenizers itself (Mistral's Metaspace and byte fallback)
+ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'words', 'mistral': 'hf'}
 
 
 @pytest.fixture(scope='module')
@@ -142,9 +150,27 @@ def test_prepared_ids_are_autotokenizer_ids_then_the_config_eos(family, folders,
     # the name of a special token in a document is text, as AutoTokenizer(split_special_tokens=True) reads it;
     # an added token that is not special (Qwen3's <think>) is still found, as there
     assert got[len(DOCS):] == [auto(t, split_special_tokens=True)['input_ids'] + [eos] for t in SPECIAL_TEXT]
-    assert (load(folder).documents.fast is not None) == (family in FAST)
+    docs = load(folder).documents
+    assert ('tiktoken' if docs.fast else 'words' if docs.words else 'hf') == ENGINE[family]
     bos = {'llama3': '<|begin_of_text|>', 'mistral': '<s>'}.get(family)
     assert all(doc[0] == auto.convert_tokens_to_ids(bos) for doc in got) if bos else auto.bos_token_id not in got[0][:1]
+
+
+@functools.lru_cache
+def _encoders() -> dict:
+    "Each family's DocumentEncoder, on folders built once"
+    root = Path(tempfile.mkdtemp())
+    for name, make in FAMILIES.items():
+        make(root / name)
+    return {name: load(root / name).documents for name in FAMILIES}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(max_size=120) | st.text('0123456789 \n\t\r.,\'aéA日🙂\u0301', max_size=60),
+                min_size=1, max_size=3))
+def test_every_encoder_gives_hf_tokenizers_ids_on_random_text(texts):
+    for name, docs in _encoders().items():
+        assert [ids.tolist() for ids in docs.encode(texts)] == [ids.tolist() for ids in docs.exact(texts)], name
 
 
 def test_llama3_instruct_lists_three_eos_ids_and_the_first_is_end_of_text(tmp_path, corpus):
@@ -158,10 +184,28 @@ def test_an_imported_folder_keeps_the_family_eos_and_bos(folders, corpus, tmp_pa
     "import_hf saves the tokenizer into the run's tokenizer/ without config.json: tokenizer_config.json carries the eos"
     for family in FAMILIES:
         saved = save(load(folders / family), tmp_path / family / 'tokenizer')
-        assert json.loads((saved / 'tokenizer_config.json').read_text())['eos_token'] == load(folders / family).hf.id_to_token(
-            load(folders / family).eod)
-        assert load(saved).eod == load(folders / family).eod
-        assert _prepared(saved, corpus, tmp_path / family) == _prepared(folders / family, corpus, tmp_path / f'{family}-hf')
+        tok = load(folders / family)
+        assert json.loads((saved / 'tokenizer_config.json').read_text())['eos_token'] == tok.hf.id_to_token(tok.eod)
+        assert load(saved).eod == tok.eod
+        want = _prepared(folders / family, corpus, tmp_path / f'{family}-hf')
+        assert _prepared(saved, corpus, tmp_path / family) == want
+
+
+def test_prepare_with_the_tokenizer_of_a_run_imported_from_hugging_face(folders, corpus, tmp_path):
+    "gptkit checkpoint import --from hf, then data prepare --tokenizer RUN/tokenizer: AutoTokenizer's ids, then eos"
+    import transformers
+
+    from gptkit.interop import import_hf
+    hf = tmp_path / 'hf'
+    shutil.copytree(folders / 'llama3', hf)
+    config = json.loads((hf / 'config.json').read_text())
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=config['vocab_size'], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, max_position_embeddings=32, bos_token_id=config['bos_token_id'],
+        eos_token_id=config['eos_token_id'])).save_pretrained(hf)
+    run = import_hf(hf, tmp_path / 'run')
+    want = [_auto(hf)(t)['input_ids'] + [config['eos_token_id']] for t in DOCS]
+    assert _prepared(run / 'tokenizer', corpus, tmp_path)[:len(DOCS)] == want
 
 
 def test_a_tokenizer_json_length_limit_does_not_cut_documents(folders, corpus, tmp_path):
