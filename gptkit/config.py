@@ -147,7 +147,8 @@ class ModelConfig:
         if self.rope_scaling == 'yarn' and numbers and not slow < fast:
             out.append(('rope_beta_fast', f'{{key}} {fast} must be more than rope_beta_slow {slow}'))
         if self.position == 'rotary' and not bad & {'hidden', 'heads', 'head_size'} and self.head_dim % 2:
-            out.append(('position', f'{{key}} rotary needs an even head size, not {self.head_dim}'))
+            key = 'position' if self.head_size is None else 'head_size'
+            out.append((key, f'{{key}} {self.head_dim} is odd: rotary positions need an even head size'))
         return out
 
     @property

@@ -30,10 +30,10 @@ __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUN
            'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'closed_form_params', 'state_bytes',
            'model_states', 'activation_element_bytes', 'LayerActivations', 'norm_bytes', 'qk_norm_bytes',
            'layer_activations', 'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens',
-           'logits_bytes', 'kv_cache_bytes', 'overhead_bytes', 'stage_activation_bytes', 'Memory', 'memory_per_gpu',
-           'flops_per_iteration', 'model_flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time', 'train_flags',
-           'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel', 'candidate_layouts', 'search',
-           'memory_breakdown']
+           'logits_bytes', 'kv_cache_bytes', 'overhead_bytes', 'window_mask_bytes', 'stage_activation_bytes', 'Memory',
+           'memory_per_gpu', 'flops_per_iteration', 'model_flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time',
+           'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel',
+           'candidate_layouts', 'search', 'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -172,8 +172,7 @@ def activation_element_bytes(precision: str) -> int:
 class LayerActivations(NamedTuple):
     "Bytes one transformer layer keeps for its backward pass on one rank"
     base: float      # kept whatever the recomputation: LayerNorm, linear and GELU inputs, q/k/v, dropout masks
-    scores: float    # the attention core's own: s x s matrices (math path) or the fp32 log-sum-exp (fused, with a
-                     # sliding window also its s x s mask, which the kernel takes in the activations' dtype)
+    scores: float    # the attention core's own: s x s matrices (math path) or the fp32 log-sum-exp (fused)
     input: float     # the layer's input, all that full recomputation keeps
     core: float      # what rebuilding the attention core holds during its backward (selective recomputation)
     released: float  # what the layer's backward has freed by the time it rebuilds its attention core
@@ -215,8 +214,7 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     base = sbh * ((replicated + gathered) / ts + split / t) + 2 * stats * s * b / ts   # + two norms' fp32 statistics
     base += s * b * qk_norm_bytes(model, element) / t         # QK norms: split with their heads
     per_score = element + (mask + element if model.dropout > 0 else 0)   # softmax output; its dropout mask and output
-    windowed = model.sliding_window is not None and model.sliding_window < s   # a mask, not the causal kernel
-    scores = 4 * a * s * b / t + (s * s * element if windowed else 0) if flash else a * s * s * b * per_score / t
+    scores = 4 * a * s * b / t if flash else a * s * s * b * per_score / t   # (a window's mask: once a stage)
     core = s * b * ad * element / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v
     released = sbh * ((norm + element + masks) / ts + mlp * element / t) + s * b * ad * element / t \
         + stats * s * b / ts                                  # MLP, LN2, the projection's input
@@ -290,6 +288,11 @@ def _plan(model: ModelConfig, par: ParallelConfig, train: TrainConfig) -> BatchP
     "The shape of a step of `train` on the layout `par` describes"
     return BatchPlan.build(train, Layout.build(par), model.seq_len)
 
+def window_mask_bytes(model: ModelConfig, element: int = 2) -> float:
+    "A sliding window's additive mask, s x s in the activations' dtype: made once, every layer and micro-batch keeps it"
+    s, w = model.seq_len, model.sliding_window
+    return s * s * element if w is not None and w < s else 0.0
+
 def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: TrainConfig, stage: int = 0,
                            mask: float = 1, peak: bool = True) -> tuple[float, float]:
     "(activations, output layer and loss) bytes on one rank of pipeline `stage` for its micro-batches in flight"
@@ -299,6 +302,7 @@ def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: Train
     ends, rebuild = stage_moments(layer, model.layers // par.pp, k, train.recompute)
     emb = (k * embedding_activations(model, train.micro_batch, par.tp, par.sequence_parallel, mask)
            if stage == 0 else 0.0)
+    emb += window_mask_bytes(model, e) if train.flash else 0
     lg = (logits_bytes(model, train.micro_batch, par.tp, train.precision, par.sequence_parallel, peak)
           if stage == par.pp - 1 else 0.0)
     return max((ends + emb, lg), (rebuild + emb, 0.0), key=sum)

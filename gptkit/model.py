@@ -8,6 +8,7 @@ initialization and padded vocabulary."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -21,8 +22,8 @@ from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
-__all__ = ['RMSNorm', 'repeat_kv', 'window_mask', 'core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm',
-           'make_norm', 'Dropout', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
+__all__ = ['RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention', 'Attention', 'MLP',
+           'LayerNorm', 'make_norm', 'Dropout', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -53,11 +54,17 @@ def window_mask(seq: int, window: int, device=None):
     gap = i[:, None] - i[None, :]
     return (gap >= 0) & (gap < window)
 
+@functools.lru_cache(maxsize=2)
+def window_bias(seq: int, window: int, dtype, device=None):
+    "The window as the attention kernel's additive mask (0 or -inf) in the scores' dtype, made once per shape"
+    # one tensor for every layer: autograd keeps a reference per layer, not a copy (seq^2 elements, not layers x that)
+    return torch.zeros(seq, seq, dtype=dtype, device=device).masked_fill(~window_mask(seq, window, device), -math.inf)
+
 def core_attention(q, k, v, dropout: float = 0.0, window: int | None = None):
     "Causal attention of q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, ...] (flash kernels if available)"
     gqa = k.shape[1] != q.shape[1]
     if window and window < q.shape[-2]:     # the causal kernel alone when the window holds the whole sequence
-        mask = window_mask(q.shape[-2], window, q.device)
+        mask = window_bias(q.shape[-2], window, q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)
 
