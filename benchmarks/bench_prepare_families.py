@@ -3,11 +3,11 @@
 Input: the built-in Shakespeare, Milton and KJV corpora as one JSON Lines file, repeated --copies times (3 copies:
 33 MB, 3,714 documents), as in bench_prepare.py. The family folders are built here at real size from GPT-2's merges
 (50,257 entries), so only the family's own rules differ from the GPT-2 path:
-- llama-3-style: Llama 3's split rule (digits in threes), <|begin_of_text|> put before each document by the
-  post-processor, <|end_of_text|> as config.json's eos_token_id (tiktoken on the family's rule);
+- llama-3-style: Llama 3's split rule (digits in threes) and ignore_merges, <|begin_of_text|> put before each
+  document by the post-processor, <|end_of_text|> as config.json's eos_token_id (tiktoken on the family's rule);
 - qwen-style: Qwen2's split rule (single digits) and NFC normalizer, no BOS, <|endoftext|> (tiktoken, NFC first);
 - smollm2-style: SmolLM2's Digits step before GPT-2's (no single expression: HF tokenizers encodes).
-Each path runs --repeats times, alternating, and its fastest run counts (the machine is shared). Each family's
+Each path runs --repeats (5) times, alternating, and its fastest run counts (the machine is shared). Each family's
 documents are also checked against HF tokenizers' own encoding (BOS from the post-processor, special-token names
 read as text) plus the eos id, over the whole corpus.
 
@@ -45,6 +45,9 @@ def family_folder(folder: Path, family: str) -> Path:
     from gptkit.tokenizer import gpt2
     tok = Tokenizer.from_str(gpt2().hf.to_str())
     if family == 'llama-3-style':
+        spec = json.loads(tok.to_str())
+        spec['model']['ignore_merges'] = True                       # as Llama 3's tokenizer.json says
+        tok = Tokenizer.from_str(json.dumps(spec))
         tok.pre_tokenizer = pt.Sequence([pt.Split(Regex(LLAMA3), 'isolated'), pt.ByteLevel(add_prefix_space=False,
                                                                                              use_regex=False)])
         tok.add_special_tokens(['<|begin_of_text|>', '<|end_of_text|>'])
@@ -98,7 +101,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--copies', type=int, default=3)
     ap.add_argument('--workers', type=int, default=2)
-    ap.add_argument('--repeats', type=int, default=3)
+    ap.add_argument('--repeats', type=int, default=5)
     ap.add_argument('--families', nargs='+', default=['llama-3-style', 'qwen-style', 'smollm2-style'])
     ap.add_argument('--no-check', action='store_true', help='skip the comparison with HF tokenizers')
     args = ap.parse_args()

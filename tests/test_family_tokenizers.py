@@ -29,9 +29,9 @@ DOCS = ["Hello world! It's 3.14159 -- isn't it?", '  Indented\tline\r\n 日本�
 SPECIAL_TEXT = ['a <|end_of_text|> b <|endoftext|> c <s> d </s> <|im_start|>', 'think: <think>x</think>']
 
 
-def _byte_level(split: str | None, specials: list[str], nfc: bool = False) -> Tokenizer:
+def _byte_level(split: str | None, specials: list[str], nfc: bool = False, ignore_merges: bool = False) -> Tokenizer:
     "A byte-level BPE (GPT-2's pre-tokenizer, or `split` before a regex-free one), specials added after training"
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     if nfc:
         tok.normalizer = normalizers.NFC()
     level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)
@@ -52,7 +52,8 @@ def _write(d, tok: Tokenizer, tokenizer_config: dict, config: dict):
 
 
 def llama3(d, eos_list: bool = False):
-    tok = _byte_level(LLAMA3, ['<|begin_of_text|>', '<|end_of_text|>', '<|eom_id|>', '<|eot_id|>'])
+    tok = _byte_level(LLAMA3, ['<|begin_of_text|>', '<|end_of_text|>', '<|eom_id|>', '<|eot_id|>'],
+                      ignore_merges=True)                      # as Llama 3's tokenizer.json says
     bos, eos = tok.token_to_id('<|begin_of_text|>'), tok.token_to_id('<|end_of_text|>')
     tok.post_processor = processors.Sequence([processors.ByteLevel(trim_offsets=False), processors.TemplateProcessing(
         single='<|begin_of_text|> $A:0', pair='<|begin_of_text|> $A:0 <|begin_of_text|>:1 $B:1',
