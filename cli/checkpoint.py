@@ -120,9 +120,8 @@ def import_(src: Annotated[Path, Arg(metavar='SRC',
     with err.status(f'importing {text(src)} from {FORMATS[fmt]} ...'):
         done = import_hf(src, out_dir) if fmt == 'hf' else import_megatron(src, out_dir, tokenizer)
     shown = text(done)
-    out.print(f'[bold green]imported[/] {text(src)} into {shown}; continue training with '
-              f'[bold]gptkit train --config {shown}/config.json --out {shown} --resume --data PREFIX --iters N[/]',
-              soft_wrap=True)
+    out.print(f'[bold green]imported[/] {text(src)} into {shown}; continue pre-training from it with '
+              f'[bold]gptkit train --init {shown} --data PREFIX --out NEW --iters N[/]', soft_wrap=True)
 
 
 

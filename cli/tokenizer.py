@@ -78,4 +78,5 @@ def info(tokenizer: TokenizerName = 'gpt2'):
     from gptkit.tokenizer import load
     tok = load(tokenizer)
     ids = tok.encode('Hello world')
-    out.print(f'{fmt.text(tok.name)}: {tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}, "Hello world" -> {ids}')
+    end = fmt.text(tok.hf.id_to_token(tok.eod) or 'end of document')
+    out.print(f'{fmt.text(tok.name)}: {tok.vocab_size:,} entries, {end} = {tok.eod}, "Hello world" -> {ids}')

@@ -117,9 +117,16 @@ def from_hf(sd: dict, cfg: ModelConfig, where: str = 'the Hugging Face weights')
 def write_hf_tokenizer(tok, directory: Path, max_length: int):
     "The tokenizer as `transformers` reads it: tokenizer.json, vocab.json, merges.txt, tokenizer_config.json"
     save_tokenizer(tok, directory)
-    special = {'bos_token': EOD, 'eos_token': EOD, 'unk_token': EOD}
-    config = {'tokenizer_class': 'GPT2TokenizerFast', **special, 'add_prefix_space': False,
-              'model_max_length': max_length, 'clean_up_tokenization_spaces': False}
+    eos = tok.hf.id_to_token(tok.eod)
+    if eos == EOD:      # gptkit's own and GPT-2's byte-level BPE: GPT-2's class, its one token for all three
+        special = {'bos_token': EOD, 'eos_token': EOD, 'unk_token': EOD}
+        config = {'tokenizer_class': 'GPT2TokenizerFast', **special, 'add_prefix_space': False}
+    else:               # a family's own (Llama 3, Qwen, Mistral): its end of text; a BOS is its post-processor's
+        special = {'eos_token': eos}
+        config = {'tokenizer_class': 'PreTrainedTokenizerFast', **special}
+    config.update(model_max_length=max_length, clean_up_tokenization_spaces=False)
+    if tok.chat_template:
+        config['chat_template'] = tok.chat_template
     write_atomic(directory / 'tokenizer_config.json', json.dumps(config, indent=2))
     write_atomic(directory / 'special_tokens_map.json', json.dumps(special, indent=2))
 
@@ -191,9 +198,9 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
         tok = load_tokenizer(hf)
     except DataError as e:
         raise CheckpointError(f'{hf} has no usable tokenizer ({e})') from None
-    if tok.vocab_size != m.vocab:
-        raise CheckpointError(f'{hf / "config.json"}: vocab_size {m.vocab} does not match '
-                              f'the tokenizer\'s {tok.vocab_size} entries')
+    if tok.vocab_size > m.vocab:     # fewer is fine: Qwen2.5 and Qwen3 publish 151,936 rows for 151,665 tokens
+        raise CheckpointError(f'{hf / "config.json"}: vocab_size {m.vocab} is less than the tokenizer\'s '
+                              f'{tok.vocab_size} entries, so some tokens would have no embedding')
     weights = from_hf(_read_hf_weights(hf, m), m, str(hf))
     return write_run(weights, m, tok, out_dir, str(hf))
 

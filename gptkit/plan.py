@@ -33,11 +33,15 @@ __all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
-    "`cfg` with its model's vocabulary that of its tokenizer (`tok`, else `data.tokenizer`; unchanged without one)"
+    """`cfg` with its model's vocabulary that of its tokenizer (`tok`, else `data.tokenizer`; unchanged without one).
+    A run from a checkpoint (`init`) keeps the checkpoint's rows, which may be more than its tokenizer's entries
+    (Qwen2.5 and Qwen3 publish 151,936 rows for 151,665 or 151,669 tokens)."""
     if tok is None and not cfg.data.tokenizer:
         return cfg
     if tok is None:
         tok = load_tokenizer(cfg.data.tokenizer)
+    if cfg.init and tok.vocab_size <= cfg.model.vocab:
+        return cfg
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab=tok.vocab_size))
 
 def _own_config(out: str | None, sets, overrides: dict | None) -> tuple:
@@ -206,8 +210,8 @@ def check_start(cfg: RunConfig, tok):
     saved = folder / 'tokenizer'
     want = load_tokenizer(saved) if saved.is_dir() else None
     digest = tokenizer_digest(tok)
-    if tok.vocab_size != old.model.vocab or (want is not None and tokenizer_digest(want) != digest):
-        what = (f'{tok.vocab_size:,} entries, the model {old.model.vocab:,}' if tok.vocab_size != old.model.vocab
+    if tok.vocab_size > old.model.vocab or (want is not None and tokenizer_digest(want) != digest):
+        what = (f'{tok.vocab_size:,} entries, the model {old.model.vocab:,}' if tok.vocab_size > old.model.vocab
                 else f'the same {tok.vocab_size:,} entries but other tokens')
         raise ConfigError([('data.tokenizer', f"{{key}} {cfg.data.tokenizer} is not the tokenizer {folder} was trained "
                                               f'with ({what}), so its token ids would mean other text to the model; '

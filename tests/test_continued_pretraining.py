@@ -22,6 +22,8 @@ FAMILIES = {'llama3': ('LlamaConfig', dict(rope_parameters=LLAMA3, tie_word_embe
             'qwen2': ('Qwen2Config', dict(tie_word_embeddings=True)),
             'qwen3': ('Qwen3Config', dict(head_dim=16, tie_word_embeddings=False)),
             'mistral': ('MistralConfig', dict(sliding_window=6, tie_word_embeddings=False))}
+# Qwen2.5 and Qwen3 publish more embedding rows than their tokenizers have entries (151,936 for 151,665): so does qwen2
+EXTRA_ROWS = {'qwen2': 40}
 ITERS, WARMUP, LR = 8, 4, 3e-3
 TRAIN = ['--iters', ITERS, *(a for s in ('train.micro_batch=4', 'train.global_batch=8', f'optim.lr={LR}',
                                          f'optim.warmup={WARMUP}', 'train.log_interval=1', 'train.eval_interval=4',
@@ -49,8 +51,8 @@ def make_hf(family: str, tok_dir: str, folder):
     tok = load_tokenizer(tok_dir)
     config_class, extra = FAMILIES[family]
     torch.manual_seed(0)
-    cfg = getattr(transformers, config_class)(vocab_size=tok.vocab_size, bos_token_id=tok.eod, eos_token_id=tok.eod,
-                                              **SIZES, **extra)
+    cfg = getattr(transformers, config_class)(vocab_size=tok.vocab_size + EXTRA_ROWS.get(family, 0),
+                                              bos_token_id=tok.eod, eos_token_id=tok.eod, **SIZES, **extra)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -108,6 +110,7 @@ def test_training_starts_at_step_0_with_a_fresh_optimizer_and_schedule(workflow)
     imported = json.loads((d / 'imported' / 'config.json').read_text())
     config = json.loads((last / 'config.json').read_text())
     assert config['model'] == imported['model']                                   # the checkpoint's model
+    assert config['model']['vocab'] == workflow['hf'].config.vocab_size          # its rows, more than the tokens too
     assert config['init'] == str(d / 'imported' / 'checkpoints' / 'iter_0000000')  # and where it began, recorded
     assert config['data']['tokenizer'] == str(d / 'imported' / 'checkpoints' / 'iter_0000000' / 'tokenizer')
 

@@ -279,3 +279,21 @@ def test_the_cli_refuses_a_folder_without_an_eos_id_in_one_red_line(folders, cor
                                  '--tokenizer', str(tmp_path / 'f')])
     assert r.exit_code == 1 and 'eos_token_id None is no token of' in r.output and 'Traceback' not in r.output
     assert not list(tmp_path.glob('d_*'))
+
+
+def test_an_imported_family_tokenizer_exports_as_autotokenizer_reads_it(folders, corpus, tmp_path):
+    "Import, then export: AutoTokenizer on the export gives the original folder's ids, vocabulary and end of text"
+    import transformers
+
+    from gptkit.interop import export_hf, import_hf
+    hf = tmp_path / 'hf'
+    shutil.copytree(folders / 'llama3', hf)
+    config = json.loads((hf / 'config.json').read_text())
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=config['vocab_size'], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, max_position_embeddings=32, bos_token_id=config['bos_token_id'],
+        eos_token_id=config['eos_token_id'])).save_pretrained(hf)
+    out = export_hf(import_hf(hf, tmp_path / 'run'), tmp_path / 'export')
+    original, exported = _auto(hf), _auto(out)
+    assert len(exported) == len(original) and exported.eos_token_id == config['eos_token_id']
+    assert [exported(t)['input_ids'] for t in DOCS] == [original(t)['input_ids'] for t in DOCS]
