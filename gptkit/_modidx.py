@@ -545,6 +545,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'gptkit.guard.host_name': ('guard.html#host_name', 'gptkit/guard.py'),
                               'gptkit.guard.quoted': ('guard.html#quoted', 'gptkit/guard.py')},
             'gptkit.hf_config': { 'gptkit.hf_config._family_choices': ('hf_config.html#_family_choices', 'gptkit/hf_config.py'),
+                                  'gptkit.hf_config._flag': ('hf_config.html#_flag', 'gptkit/hf_config.py'),
                                   'gptkit.hf_config._llama_config': ('hf_config.html#_llama_config', 'gptkit/hf_config.py'),
                                   'gptkit.hf_config._llama_config_to_hf': ('hf_config.html#_llama_config_to_hf', 'gptkit/hf_config.py'),
                                   'gptkit.hf_config._rope_scaling': ('hf_config.html#_rope_scaling', 'gptkit/hf_config.py'),

@@ -40,6 +40,7 @@ def parse_size(text: str | int | float, key: str = 'size') -> int:
 # %% ../nbs/00_config.ipynb #c16a779d
 # The most each whole-number setting may be: far beyond any real model, run or cluster
 MOST = {'layers': 10_000, 'hidden': 1_000_000, 'heads': 100_000, 'kv_heads': 100_000, 'ffn_hidden': 10_000_000,
+        'head_size': 100_000, 'sliding_window': 2**24, 'rope_original_context': 2**24,
         'seq_len': 2**24, 'vocab': 2**24, 'make_vocab_size_divisible_by': 2**16,
         'tp': 100_000, 'pp': 10_000, 'dp': 10_000_000, 'world': 100_000_000,
         'micro_batch': 1_000_000, 'global_batch': 100_000_000, 'iters': 10**9, 'tokens': 10**16,

@@ -89,7 +89,7 @@ def _rope_scaling(rope: dict, kind: str, where: str) -> dict:
                                   f'gptkit computes {want!r}')
     if kind == 'default':
         return {}
-    if kind not in _ROPE_KEYS:
+    if not isinstance(kind, str) or kind not in _ROPE_KEYS:
         raise CheckpointError(f'{where}: rope_type {shown(kind)} (rescaled rotary angles) is not supported; '
                               "gptkit computes 'default', 'linear', 'llama3' and 'yarn'")
     missing = [k for k in _ROPE_KEYS[kind] if k not in rope]
@@ -115,10 +115,15 @@ def _window(c: dict, kind: str, where: str) -> int | None:
     "The sliding window every layer uses (None: full attention); a CheckpointError when only some layers slide"
     if kind == 'mistral':
         return c.get('sliding_window')
-    if kind not in ('qwen2', 'qwen3') or not c.get('use_sliding_window'):
+    if kind not in ('qwen2', 'qwen3') or not _flag(c, 'use_sliding_window', where):
         return None                 # transformers ignores sliding_window while use_sliding_window is false
-    layers = c.get('layer_types') or ['sliding_attention' if i >= c.get('max_window_layers', 0) else 'full_attention'
-                                      for i in range(c['num_hidden_layers'])]
+    layers = c.get('layer_types')
+    if layers is None:
+        _whole_numbers({'max_window_layers': c.get('max_window_layers', 0)}, ('max_window_layers',), where)
+        layers = ['sliding_attention' if i >= c.get('max_window_layers', 0) else 'full_attention'
+                  for i in range(c['num_hidden_layers'])]
+    if not isinstance(layers, list) or not all(isinstance(t, str) for t in layers):
+        raise CheckpointError(f'{where}: layer_types must be a list of names, not {shown(layers)}')
     if set(layers) == {'full_attention'}:
         return None
     if set(layers) != {'sliding_attention'}:
@@ -126,9 +131,15 @@ def _window(c: dict, kind: str, where: str) -> int | None:
                               'layer the same attention')
     return c.get('sliding_window')
 
+def _flag(c: dict, key: str, where: str) -> bool:
+    "The true-or-false setting `key` of config `c` (false when absent), or a CheckpointError naming it"
+    if not isinstance(c.get(key, False), bool):
+        raise CheckpointError(f'{where}: {key} must be true or false, not {shown(c[key])}')
+    return c.get(key, False)
+
 def _family_choices(c: dict, kind: str, where: str) -> dict:
     "The ModelConfig fields that set a Llama-like family apart: biases, per-head QK norm, head size, window"
-    h, heads, attention_bias = c['hidden_size'], c['num_attention_heads'], c.get('attention_bias', False)
+    h, heads, attention_bias = c['hidden_size'], c['num_attention_heads'], _flag(c, 'attention_bias', where)
     if kind == 'llama' and c.get('mlp_bias', attention_bias) != attention_bias:
         raise CheckpointError(f"{where}: mlp_bias = {c['mlp_bias']!r} is not supported; gptkit needs "
                               f'{attention_bias!r} (biases on every linear layer, or on none)')
@@ -167,8 +178,11 @@ def _llama_config(c: dict, where: str) -> ModelConfig:
         if c.get(key) is not None and not isinstance(c[key], dict):
             raise CheckpointError(f'{where}: {key} must be an object, not {shown(c[key])}')
     rope = c.get('rope_parameters') or {'rope_theta': c.get('rope_theta', 10000.0), **(c.get('rope_scaling') or {})}
-    scaling = _rope_scaling(rope, rope.get('rope_type', rope.get('type', 'default')), where)
-    kv = c.get('num_key_value_heads') or heads
+    kind = rope.get('rope_type', rope.get('type', 'default'))
+    if kind in ('llama3', 'yarn') and 'max_position_embeddings' in c:     # transformers' own default for it
+        rope = {'original_max_position_embeddings': c['max_position_embeddings'], **rope}
+    scaling = _rope_scaling(rope, kind, where)
+    kv = heads if c.get('num_key_value_heads') is None else c['num_key_value_heads']
     choices = _family_choices(c, c['model_type'], where)
     try:
         return ModelConfig(layers=c['num_hidden_layers'], hidden=h, heads=heads, kv_heads=None if kv == heads else kv,

@@ -118,3 +118,54 @@ def test_a_bad_family_choice_is_refused_naming_it(field, value, said):
     with pytest.raises(ConfigError) as e:
         ModelConfig(hidden=32, heads=4, position='rotary', rope_scaling='yarn', **{field: value})
     assert said in str(e.value) and '\n' not in str(e.value)
+
+
+def _family_config(kind: str, **changes) -> dict:
+    import transformers
+    made = {'qwen2': transformers.Qwen2Config, 'qwen3': transformers.Qwen3Config, 'mistral': transformers.MistralConfig}
+    sizes = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    return {**made[kind](**sizes).to_dict(), **changes}
+
+
+YARN = {'rope_type': 'yarn', 'rope_theta': 1e6, 'factor': 2.0, 'original_max_position_embeddings': 16}
+
+
+# each found by trying: a hostile or broken family config.json, refused in one sentence naming the key
+@pytest.mark.parametrize('kind,changes,said', [
+    ('qwen3', dict(head_dim=10**12), 'head_size must be at most 100,000'),
+    ('qwen3', dict(head_dim='x'), "head_size must be a positive whole number, not 'x'"),
+    ('mistral', dict(sliding_window=-1), 'sliding_window must be a positive whole number, not -1'),
+    ('mistral', dict(sliding_window=4.5), 'sliding_window must be a positive whole number, not 4.5'),
+    ('qwen2', dict(use_sliding_window='yes', sliding_window=8), "use_sliding_window must be true or false, not 'yes'"),
+    ('qwen2', dict(use_sliding_window=True, sliding_window=8, layer_types=5), 'layer_types must be a list of names'),
+    ('qwen2', dict(use_sliding_window=True, sliding_window=8, layer_types=None, max_window_layers='x'),
+     "max_window_layers must be a whole number, not 'x'"),
+    ('qwen2', dict(use_sliding_window=True, sliding_window=8, layer_types=['full_attention', 'sliding_attention']),
+     'layer_types mixes sliding and full attention layers'),
+    ('qwen3', dict(attention_bias='no'), "attention_bias must be true or false, not 'no'"),
+    ('qwen3', dict(attention_bias=True), 'attention_bias = True is not supported for qwen3'),
+    ('qwen2', dict(rope_parameters={**YARN, 'factor': 0}), 'rope_factor must be a positive number, not 0'),
+    ('qwen2', dict(rope_parameters={**YARN, 'beta_fast': 'x'}), "rope_beta_fast must be a positive number, not 'x'"),
+    ('qwen2', dict(rope_parameters={**YARN, 'attention_factor': float('nan')}),
+     'rope_attention_factor must be a positive number, not nan'),
+    ('qwen2', dict(rope_parameters={**YARN, 'mscale': 0.7}), 'mscale = 0.7 in rope_parameters is not supported'),
+    ('qwen2', dict(rope_parameters={'rope_type': ['yarn'], 'rope_theta': 1e6}), "rope_type ['yarn']"),
+    ('qwen2', dict(rope_parameters={'rope_type': 'default', 'rope_theta': 1e6, 'partial_rotary_factor': 0.5}),
+     'partial_rotary_factor = 0.5 in rope_parameters is not supported'),
+    ('qwen2', dict(num_key_value_heads=0), 'kv_heads must be a positive whole number, not 0'),
+    ('qwen2', dict(model_type='qwen2_moe'), "model_type 'qwen2_moe' is not supported"),
+])
+def test_a_hostile_family_config_is_refused_naming_the_key(kind, changes, said):
+    from gptkit.hf_config import config_from_hf
+    from gptkit.store import CheckpointError
+    with pytest.raises(CheckpointError) as e:
+        config_from_hf(_family_config(kind, **changes))
+    assert said in str(e.value) and str(e.value).startswith('config.json') and '\n' not in str(e.value)
+
+
+def test_yarn_without_its_original_context_takes_max_position_embeddings_as_transformers_does():
+    from gptkit.hf_config import config_from_hf
+    m = config_from_hf(_family_config('qwen2', max_position_embeddings=64,
+                                      rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e6, 'factor': 2.0}))
+    assert (m.rope_scaling, m.rope_original_context) == ('yarn', 64)
