@@ -359,6 +359,10 @@ def test_outputs_inside_a_runs_checkpoints_are_refused(tiny_data, tmp_path):
 def test_writing_into_a_run_another_process_trains_is_refused(tiny_data, tmp_path):
     run = tmp_path / 'run'
     with training(tiny_data, run) as first:
+        deadline = time.time() + 60                  # the lock is taken first, the run's tokenizer written just after
+        while not (run / 'tokenizer' / 'tokenizer.json').is_file():
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.1)
         tok = (run / 'tokenizer' / 'tokenizer.json').read_bytes()
         r = run_here('tokenizer', 'train', '-i', 'builtin:milton', '--output', run / 'tokenizer', '--vocab-size',
                      '300', '--overwrite')

@@ -395,10 +395,16 @@ def with_template(tiny_checkpoint, folder, template: str):
     "A copy of the tiny checkpoint whose tokenizer folders hold `template` in tokenizer_config.json, and that file"
     run = folder / 'run'
     shutil.copytree(tiny_checkpoint, run, symlinks=True)
+    from gptkit.store import manifest, state_text
     for tok in [p for p in run.rglob('tokenizer') if p.is_dir()]:
-        (tok / 'tokenizer_config.json').write_text(json.dumps({'chat_template': template}))
+        config = tok / 'tokenizer_config.json'
+        saved = json.loads(config.read_text()) if config.is_file() else {}
+        config.write_text(json.dumps({**saved, 'chat_template': template}))
     served = [p for p in run.rglob('iter_*/tokenizer/tokenizer_config.json')]
     assert len(served) == 1, served
+    checkpoint = served[0].parent.parent             # sealed again, as a checkpoint shipped with this template would be
+    state = json.loads((checkpoint / 'state.json').read_text())
+    (checkpoint / 'state.json').write_text(state_text({**state, 'files': manifest(checkpoint)}))
     return run, served[0]
 
 
