@@ -6,7 +6,7 @@ Input: the built-in Shakespeare, Milton and KJV corpora as one JSON Lines file, 
 - llama-3-style: Llama 3's split rule (digits in threes) and ignore_merges, <|begin_of_text|> put before each
   document by the post-processor, <|end_of_text|> as config.json's eos_token_id (tiktoken on the family's rule);
 - qwen-style: Qwen2's split rule (single digits) and NFC normalizer, no BOS, <|endoftext|> (tiktoken, NFC first);
-- smollm2-style: SmolLM2's Digits step before GPT-2's (no single expression: HF tokenizers encodes).
+- smollm2-style: SmolLM2's Digits step before GPT-2's (tiktoken on DIGITS_PATTERN, one expression for both).
 Each path runs --repeats (5) times, alternating, and its fastest run counts (the machine is shared). Each family's
 documents are also checked against HF tokenizers' own encoding (BOS from the post-processor, special-token names
 read as text) plus the eos id, over the whole corpus.

@@ -18,12 +18,15 @@ import tiktoken
 from tokenizers import Tokenizer as HFTokenizer
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'PROBE', 'unicode_to_bytes', 'split_rule', 'merges_in_rank_order', 'fast_encoder', 'WordCache',
-           'word_cache', 'around', 'DocumentEncoder']
+__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'unicode_to_bytes', 'split_rule', 'merges_in_rank_order',
+           'fast_encoder', 'WordCache', 'word_cache', 'around', 'DocumentEncoder']
 
 # %% ../nbs/02a_encoders.ipynb #a3b861d8
 EOD = '<|endoftext|>'
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# SmolLM2 cuts out each digit before GPT-2's expression runs on the rest: one expression does both when each digit is a
+# piece of its own and the spaces before a digit end a piece, as they end the text GPT-2's expression then sees
+DIGITS_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?=\p{N})|\s+(?!\S)|\s+"""
 
 def unicode_to_bytes() -> dict[str, int]:
     "GPT-2's map from printable stand-in characters back to the 256 byte values"
@@ -53,6 +56,12 @@ def split_rule(hf: HFTokenizer) -> str | None:
     if pre.get('type') == 'ByteLevel' and pre.get('use_regex', True) and not pre.get('add_prefix_space'):
         return GPT2_PATTERN                                           # GPT-2, SmolLM's own trainings, gptkit's
     split, level = (pre.get('pretokenizers') or [{}, {}]) if pre.get('type') == 'Sequence' else ({}, {})
+    if len(pre.get('pretokenizers') or []) != 2:
+        return None
+    digits = split == {'type': 'Digits', 'individual_digits': True}
+    gpt2_level = level.get('type') == 'ByteLevel' and level.get('use_regex', True) and not level.get('add_prefix_space')
+    if digits and gpt2_level:
+        return DIGITS_PATTERN                                         # SmolLM2
     pattern = (split.get('pattern') or {}).get('Regex') if isinstance(split.get('pattern'), dict) else None
     if split.get('type') != 'Split' or split.get('behavior') != 'Isolated' or split.get('invert') or not pattern:
         return None
@@ -165,8 +174,8 @@ class DocumentEncoder:
         if ends is not None and rule is not None:           # the Tokenizer's own encoders where the rule is GPT-2's
             self.fast = fast if fast is not None and rule == GPT2_PATTERN else fast_encoder(hf, pattern=rule)
             self.words = words if rule == GPT2_PATTERN else None
-        elif ends is not None:
-            self.words = word_cache(hf, digits=True)   # SmolLM2; any other rule (Mistral's Metaspace): HF itself
+        if ends is not None and self.fast is None and self.words is None and rule in (None, DIGITS_PATTERN):
+            self.words = word_cache(hf, digits=True)   # SmolLM2 if tiktoken disagreed; another rule (Metaspace): HF
         self.nfc = hf.normalizer is not None                  # split_rule allows no other normalizer than NFC
         plain = sorted((t.content for t in hf.get_added_tokens_decoder().values() if not t.special), key=len)
         self.added = re.compile('|'.join(re.escape(t) for t in reversed(plain))).search if plain else None

@@ -111,7 +111,7 @@ FAMILIES = {'llama3': llama3, 'qwen2.5': qwen, 'qwen3': lambda d: qwen(d, 'qwen3
             'mistral': mistral}
 # the encoder each family's documents take: tiktoken on its own split rule, the word cache (SmolLM2's digits rule),
 # or HF tokenizers itself (Mistral's Metaspace and byte fallback)
-ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'words', 'mistral': 'hf'}
+ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'tiktoken', 'mistral': 'hf'}
 
 
 @pytest.fixture(scope='module')
