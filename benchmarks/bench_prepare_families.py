@@ -6,7 +6,10 @@ Input: the built-in Shakespeare, Milton and KJV corpora as one JSON Lines file, 
 - llama-3-style: Llama 3's split rule (digits in threes) and ignore_merges, <|begin_of_text|> put before each
   document by the post-processor, <|end_of_text|> as config.json's eos_token_id (tiktoken on the family's rule);
 - qwen-style: Qwen2's split rule (single digits) and NFC normalizer, no BOS, <|endoftext|> (tiktoken, NFC first);
-- smollm2-style: SmolLM2's Digits step before GPT-2's (tiktoken on DIGITS_PATTERN, one expression for both).
+- smollm2-style: SmolLM2's Digits step before GPT-2's (tiktoken on DIGITS_PATTERN, one expression for both);
+- mistral-style: sentencepiece's rules as Mistral's tokenizer.json has them (Metaspace, byte fallback to <0x..>
+  tokens, <s> before each document, </s> as eos), a 32,000-entry BPE trained here on the input's first 4 MB
+  inside words as sentencepiece trains (gptkit's MetaspaceWords: each distinct word tokenized once by HF's model).
 Each path runs --repeats (5) times, alternating, and its fastest run counts (the machine is shared). Each family's
 documents are also checked against HF tokenizers' own encoding (BOS from the post-processor, special-token names
 read as text) plus the eos id, over the whole corpus.
@@ -38,7 +41,31 @@ def make_input(folder: Path, copies: int) -> tuple[Path, int, int]:
     return path, len(data), data.count(b'\n')
 
 
-def family_folder(folder: Path, family: str) -> Path:
+def mistral_folder(folder: Path, data: Path) -> Path:
+    "A Mistral-style model folder: Metaspace, byte fallback, <s> before each text, trained on the start of `data`"
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first', split=True)
+    specials = ['<unk>', '<s>', '</s>'] + [f'<0x{i:02X}>' for i in range(256)]
+    with open(data, encoding='utf-8') as f:
+        texts = [json.loads(line)['text'] for line in f.read(4 * 2**20).splitlines()[:-1]]
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=32000, special_tokens=specials))
+    # trained inside words as sentencepiece trains; saved without a split, as Mistral's tokenizer.json is
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first', split=False)
+    tok.post_processor = processors.TemplateProcessing(single='<s> $A', special_tokens=[('<s>', 1)])
+    spec = json.loads(tok.to_str())
+    spec['added_tokens'] = spec['added_tokens'][:3]                   # the byte tokens are plain vocabulary
+    d = folder / 'mistral-style'
+    d.mkdir()
+    (d / 'tokenizer.json').write_text(json.dumps(spec))
+    (d / 'tokenizer_config.json').write_text(json.dumps({'tokenizer_class': 'LlamaTokenizer', 'bos_token': '<s>',
+                                                         'eos_token': '</s>', 'unk_token': '<unk>'}))
+    (d / 'config.json').write_text(json.dumps({'vocab_size': 32000, 'model_type': 'mistral', 'bos_token_id': 1,
+                                               'eos_token_id': 2}))
+    return d
+
+
+def family_folder(folder: Path, family: str, data: Path | None = None) -> Path:
     "A Hugging Face model folder (tokenizer.json, tokenizer_config.json, config.json) of `family` on GPT-2's merges"
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers as pt, processors
 
@@ -61,6 +88,8 @@ def family_folder(folder: Path, family: str) -> Path:
                                                                                            use_regex=False)])
         tok.add_special_tokens(['<|endoftext|>', '<|im_start|>', '<|im_end|>'])
         config = {'model_type': 'qwen2', 'eos_token_id': tok.token_to_id('<|endoftext|>')}
+    elif family == 'mistral-style':
+        return mistral_folder(folder, data)
     elif family == 'smollm2-style':
         tok.pre_tokenizer = pt.Sequence([pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False)])
         config = {'model_type': 'llama', 'eos_token_id': tok.token_to_id('<|endoftext|>')}
@@ -102,7 +131,8 @@ def main():
     ap.add_argument('--copies', type=int, default=3)
     ap.add_argument('--workers', type=int, default=2)
     ap.add_argument('--repeats', type=int, default=5)
-    ap.add_argument('--families', nargs='+', default=['llama-3-style', 'qwen-style', 'smollm2-style'])
+    ap.add_argument('--families', nargs='+', default=['llama-3-style', 'qwen-style', 'smollm2-style',
+                                                      'mistral-style'])
     ap.add_argument('--no-check', action='store_true', help='skip the comparison with HF tokenizers')
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -111,7 +141,7 @@ def main():
         mb = size / 2**20
         print(f'input: {mb:.1f} MB, {docs:,} documents, {os.cpu_count()} cores, --workers {args.workers}, '
               f'best of {args.repeats}')
-        paths = {'gpt2': 'gpt2', **{f: str(family_folder(d, f)) for f in args.families}}
+        paths = {'gpt2': 'gpt2', **{f: str(family_folder(d, f, path)) for f in args.families}}
         best = {name: (float('inf'), 0) for name in paths}
         for _ in range(args.repeats):
             for name, tokenizer in paths.items():

@@ -18,8 +18,8 @@ import tiktoken
 from tokenizers import Tokenizer as HFTokenizer
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'unicode_to_bytes', 'split_rule', 'merges_in_rank_order',
-           'fast_encoder', 'WordCache', 'word_cache', 'around', 'DocumentEncoder']
+__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'SPACE', 'unicode_to_bytes', 'split_rule', 'merges_in_rank_order',
+           'fast_encoder', 'WordCache', 'word_cache', 'MetaspaceWords', 'metaspace_words', 'around', 'DocumentEncoder']
 
 # %% ../nbs/02a_encoders.ipynb #a3b861d8
 EOD = '<|endoftext|>'
@@ -151,6 +151,46 @@ def word_cache(hf: HFTokenizer, digits: bool = False) -> WordCache | None:
     probes = (PROBE, PROBE.upper(), PROBE.swapcase())
     return wc if all(wc.encode(p) == hf.encode(p, add_special_tokens=False).ids for p in probes) else None
 
+# %% ../nbs/02a_encoders.ipynb #58d3eed5
+SPACE = '\u2581'          # sentencepiece's stand-in for a space
+
+class MetaspaceWords:
+    "Exact HF encoding of a sentencepiece-style BPE (Metaspace, byte fallback), each distinct word tokenized once"
+    def __init__(self, hf: HFTokenizer, limit: int = 2_000_000):
+        self.model, self.limit, self.cache = hf.model, limit, {}
+        self.split = regex.compile(f'{SPACE}*[^{SPACE}]+|{SPACE}+').findall
+
+    def encode(self, text: str) -> list[int]:
+        if not text:
+            return []
+        text = text.replace(' ', SPACE)
+        out, cache = [], self.cache
+        for piece in self.split(text if text.startswith(SPACE) else SPACE + text):
+            ids = cache.get(piece)
+            if ids is None:
+                if len(cache) >= self.limit:
+                    cache.clear()
+                ids = cache[piece] = [t.id for t in self.model.tokenize(piece)]
+            out.extend(ids)
+        return out
+
+def metaspace_words(hf: HFTokenizer) -> MetaspaceWords | None:
+    """`MetaspaceWords` for `hf` if it is a sentencepiece-style BPE (Metaspace without a split, no normalizer) none of
+    whose tokens crosses the start of a word, and it agrees with `hf` on the probe texts; else None"""
+    cfg = json.loads(hf.to_str())
+    pre, model = cfg.get('pre_tokenizer') or {}, cfg['model']
+    metaspace = (pre.get('type') == 'Metaspace' and pre.get('replacement') == SPACE and pre.get('split') is False
+                 and pre.get('prepend_scheme') in ('first', 'always') and not cfg.get('normalizer'))
+    extras = ('dropout', 'continuing_subword_prefix', 'end_of_word_suffix', 'ignore_merges')
+    if not metaspace or model.get('type') != 'BPE' or any(model.get(k) for k in extras):
+        return None
+    across = regex.compile(f'[^{SPACE}]{SPACE}').search
+    if any(across(token) for token in model.get('vocab') or {}):
+        return None                       # a merge could join the end of one word to the start of the next
+    words = MetaspaceWords(hf)
+    probes = (PROBE, PROBE.upper(), PROBE.swapcase(), '', ' ', '  x  ')
+    return words if all(words.encode(p) == hf.encode(p, add_special_tokens=False).ids for p in probes) else None
+
 # %% ../nbs/02a_encoders.ipynb #c3b6c399
 def around(hf: HFTokenizer) -> tuple[list[int], list[int]] | None:
     """The ids `hf`'s post-processor puts before and after one text (Llama 3: `<|begin_of_text|>` before), or None
@@ -175,7 +215,7 @@ class DocumentEncoder:
             self.fast = fast if fast is not None and rule == GPT2_PATTERN else fast_encoder(hf, pattern=rule)
             self.words = words if rule == GPT2_PATTERN else None
         if ends is not None and self.fast is None and self.words is None and rule in (None, DIGITS_PATTERN):
-            self.words = word_cache(hf, digits=True)   # SmolLM2 if tiktoken disagreed; another rule (Metaspace): HF
+            self.words = word_cache(hf, digits=True) or metaspace_words(hf)   # SmolLM2 (if tiktoken disagreed), Mistral
         self.nfc = hf.normalizer is not None                  # split_rule allows no other normalizer than NFC
         plain = sorted((t.content for t in hf.get_added_tokens_decoder().values() if not t.special), key=len)
         self.added = re.compile('|'.join(re.escape(t) for t in reversed(plain))).search if plain else None

@@ -92,11 +92,13 @@ def smollm2(d):
 def mistral(d):
     "sentencepiece-like: Metaspace, byte fallback to <0x..> tokens, <s> added before each text"
     tok = Tokenizer(models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first', split=False)
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first', split=True)
     tok.decoder = decoders.Sequence([decoders.Replace('▁', ' '), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(' ', 1, 0)])
     specials = ['<unk>', '<s>', '</s>'] + [f'<0x{i:02X}>' for i in range(256)]
     tok.train_from_iterator(TRAIN, trainers.BpeTrainer(vocab_size=700, special_tokens=specials))
+    # pieces trained inside words, as sentencepiece trains them; saved without a split, as Mistral's tokenizer.json is
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first', split=False)
     tok.post_processor = processors.TemplateProcessing(single='<s> $A', pair='<s> $A <s>:1 $B:1',
                                                        special_tokens=[('<s>', 1)])
     spec = json.loads(tok.to_str())
@@ -110,8 +112,8 @@ def mistral(d):
 FAMILIES = {'llama3': llama3, 'qwen2.5': qwen, 'qwen3': lambda d: qwen(d, 'qwen3'), 'smollm2': smollm2,
             'mistral': mistral}
 # the encoder each family's documents take: tiktoken on its own split rule, the word cache (SmolLM2's digits rule),
-# or HF tokenizers itself (Mistral's Metaspace and byte fallback)
-ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'tiktoken', 'mistral': 'hf'}
+# or the word cache of Mistral's Metaspace and byte fallback
+ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'tiktoken', 'mistral': 'words'}
 
 
 @pytest.fixture(scope='module')
