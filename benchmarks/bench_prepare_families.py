@@ -20,25 +20,17 @@ read as text) plus the eos id, over the whole corpus.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
+from bench_prepare import make_input      # the same input as the GPT-2 path's own benchmark
+
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
 QWEN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-
-
-def make_input(folder: Path, copies: int) -> tuple[Path, int, int]:
-    from gptkit.tokenizer import asset
-    chunks = [gzip.decompress(asset('corpora', f'{n}.jsonl.gz').read_bytes()) for n in ('shakespeare', 'milton', 'kjv')]
-    data = b''.join(chunks) * copies
-    path = folder / 'input.jsonl'
-    path.write_bytes(data)
-    return path, len(data), data.count(b'\n')
 
 
 def mistral_folder(folder: Path, data: Path) -> Path:

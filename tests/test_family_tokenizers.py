@@ -194,11 +194,9 @@ def test_an_imported_folder_keeps_the_family_eos_and_bos(folders, corpus, tmp_pa
         assert _prepared(saved, corpus, tmp_path / family) == want
 
 
-def test_prepare_with_the_tokenizer_of_a_run_imported_from_hugging_face(folders, corpus, tmp_path):
-    "gptkit checkpoint import --from hf, then data prepare --tokenizer RUN/tokenizer: AutoTokenizer's ids, then eos"
+def _llama3_model(folders, tmp_path):
+    "(a Hugging Face folder of a tiny random LlamaForCausalLM with the llama3 tokenizer folder's files, its config)"
     import transformers
-
-    from gptkit.interop import import_hf
     hf = tmp_path / 'hf'
     shutil.copytree(folders / 'llama3', hf)
     config = json.loads((hf / 'config.json').read_text())
@@ -206,6 +204,13 @@ def test_prepare_with_the_tokenizer_of_a_run_imported_from_hugging_face(folders,
         vocab_size=config['vocab_size'], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, max_position_embeddings=32, bos_token_id=config['bos_token_id'],
         eos_token_id=config['eos_token_id'])).save_pretrained(hf)
+    return hf, config
+
+
+def test_prepare_with_the_tokenizer_of_a_run_imported_from_hugging_face(folders, corpus, tmp_path):
+    "gptkit checkpoint import --from hf, then data prepare --tokenizer RUN/tokenizer: AutoTokenizer's ids, then eos"
+    from gptkit.interop import import_hf
+    hf, config = _llama3_model(folders, tmp_path)
     run = import_hf(hf, tmp_path / 'run')
     want = [_auto(hf)(t)['input_ids'] + [config['eos_token_id']] for t in DOCS]
     assert _prepared(run / 'tokenizer', corpus, tmp_path)[:len(DOCS)] == want
@@ -285,16 +290,8 @@ def test_the_cli_refuses_a_folder_without_an_eos_id_in_one_red_line(folders, cor
 
 def test_an_imported_family_tokenizer_exports_as_autotokenizer_reads_it(folders, corpus, tmp_path):
     "Import, then export: AutoTokenizer on the export gives the original folder's ids, vocabulary and end of text"
-    import transformers
-
     from gptkit.interop import export_hf, import_hf
-    hf = tmp_path / 'hf'
-    shutil.copytree(folders / 'llama3', hf)
-    config = json.loads((hf / 'config.json').read_text())
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=config['vocab_size'], hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, max_position_embeddings=32, bos_token_id=config['bos_token_id'],
-        eos_token_id=config['eos_token_id'])).save_pretrained(hf)
+    hf, config = _llama3_model(folders, tmp_path)
     out = export_hf(import_hf(hf, tmp_path / 'run'), tmp_path / 'export')
     original, exported = _auto(hf), _auto(out)
     assert len(exported) == len(original) and exported.eos_token_id == config['eos_token_id']
