@@ -7,9 +7,12 @@ Input: the built-in Shakespeare, Milton and KJV corpora as one JSON Lines file, 
   document by the post-processor, <|end_of_text|> as config.json's eos_token_id (tiktoken on the family's rule);
 - qwen-style: Qwen2's split rule (single digits) and NFC normalizer, no BOS, <|endoftext|> (tiktoken, NFC first);
 - smollm2-style: SmolLM2's Digits step before GPT-2's (tiktoken on DIGITS_PATTERN, one expression for both);
-- mistral-style: sentencepiece's rules as Mistral's tokenizer.json has them (Metaspace, byte fallback to <0x..>
-  tokens, <s> before each document, </s> as eos), a 32,000-entry BPE trained here on the input's first 4 MB
-  inside words as sentencepiece trains (gptkit's MetaspaceWords: each distinct word tokenized once by HF's model).
+- mistral-style: made as Mistral's and Llama 2's were, a 32,000-piece BPE trained by sentencepiece on the input's
+  first 4 MB with their options (byte fallback, digits split, whitespace kept), converted by transformers into
+  tokenizer.json (Metaspace, <s> before each document, </s> as eos; gptkit runs its merges on tiktoken);
+- metaspace-hf-trained: the same rules on a 32,000-entry BPE trained by HF tokenizers instead, whose merges miss
+  splits of pieces that transformers' conversion lists, so gptkit falls back to MetaspaceWords (each distinct word
+  tokenized once by HF's model); shown for the fallback's speed, --families adds it.
 Each path runs --repeats (5) times, alternating, and its fastest run counts (the machine is shared). Each family's
 documents are also checked against HF tokenizers' own encoding (BOS from the post-processor, special-token names
 read as text) plus the eos id, over the whole corpus.
@@ -33,21 +36,46 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[
 QWEN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
+def first_texts(data: Path, size: int = 4 * 2**20) -> list[str]:
+    "The documents in the first `size` bytes of the JSON Lines file `data`"
+    with open(data, encoding='utf-8') as f:
+        return [json.loads(line)['text'] for line in f.read(size).splitlines()[:-1]]
+
+
 def mistral_folder(folder: Path, data: Path) -> Path:
-    "A Mistral-style model folder: Metaspace, byte fallback, <s> before each text, trained on the start of `data`"
+    "A Mistral-style model folder: sentencepiece's BPE trained on the start of `data`, converted by transformers"
+    import sentencepiece
+    import transformers
+    src = folder / 'mistral-sentencepiece'
+    src.mkdir()
+    lines = (line for text in first_texts(data) for line in text.splitlines() if line.strip())
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=lines, model_prefix=str(src / 'tokenizer'), model_type='bpe', vocab_size=32000,
+        byte_fallback=True, split_digits=True, allow_whitespace_only_pieces=True, remove_extra_whitespaces=False,
+        normalization_rule_name='identity', character_coverage=0.99995, num_threads=2, minloglevel=2)
+    (src / 'tokenizer_config.json').write_text(json.dumps({
+        'tokenizer_class': 'LlamaTokenizer', 'legacy': False, 'add_bos_token': True, 'add_eos_token': False,
+        'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>'}))
+    d = folder / 'mistral-style'
+    transformers.AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(d))
+    (d / 'config.json').write_text(json.dumps({'vocab_size': 32000, 'model_type': 'mistral', 'bos_token_id': 1,
+                                               'eos_token_id': 2}))
+    return d
+
+
+def metaspace_hf_folder(folder: Path, data: Path) -> Path:
+    "Mistral's rules (Metaspace, byte fallback, <s> before each text) on a BPE trained by HF on the start of `data`"
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     tok = Tokenizer(models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first', split=True)
     specials = ['<unk>', '<s>', '</s>'] + [f'<0x{i:02X}>' for i in range(256)]
-    with open(data, encoding='utf-8') as f:
-        texts = [json.loads(line)['text'] for line in f.read(4 * 2**20).splitlines()[:-1]]
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=32000, special_tokens=specials))
+    tok.train_from_iterator(first_texts(data), trainers.BpeTrainer(vocab_size=32000, special_tokens=specials))
     # trained inside words as sentencepiece trains; saved without a split, as Mistral's tokenizer.json is
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='\u2581', prepend_scheme='first', split=False)
     tok.post_processor = processors.TemplateProcessing(single='<s> $A', special_tokens=[('<s>', 1)])
     spec = json.loads(tok.to_str())
     spec['added_tokens'] = spec['added_tokens'][:3]                   # the byte tokens are plain vocabulary
-    d = folder / 'mistral-style'
+    d = folder / 'metaspace-hf-trained'
     d.mkdir()
     (d / 'tokenizer.json').write_text(json.dumps(spec))
     (d / 'tokenizer_config.json').write_text(json.dumps({'tokenizer_class': 'LlamaTokenizer', 'bos_token': '<s>',
@@ -82,6 +110,8 @@ def family_folder(folder: Path, family: str, data: Path | None = None) -> Path:
         config = {'model_type': 'qwen2', 'eos_token_id': tok.token_to_id('<|endoftext|>')}
     elif family == 'mistral-style':
         return mistral_folder(folder, data)
+    elif family == 'metaspace-hf-trained':
+        return metaspace_hf_folder(folder, data)
     elif family == 'smollm2-style':
         tok.pre_tokenizer = pt.Sequence([pt.Digits(individual_digits=True), pt.ByteLevel(add_prefix_space=False)])
         config = {'model_type': 'llama', 'eos_token_id': tok.token_to_id('<|endoftext|>')}
@@ -143,7 +173,7 @@ def main():
             rate = tokens / seconds
             check = '' if name == 'gpt2' or args.no_check else \
                 f'  same ids as HF tokenizers: {same_as_hf(path, d / name, Path(paths[name]))}'
-            print(f'{name:14s} {seconds:6.2f} s  {mb / seconds:6.1f} MB/s  {rate / 1e6:5.2f} M tokens/s  '
+            print(f'{name:20s} {seconds:6.2f} s  {mb / seconds:6.1f} MB/s  {rate / 1e6:5.2f} M tokens/s  '
                   f'ratio to gpt2 {rate / gpt2_rate:4.2f}{check}')
 
 

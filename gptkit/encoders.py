@@ -6,6 +6,7 @@ and documents with the special tokens a model family puts around them."""
 # %% ../nbs/02a_encoders.ipynb #42ade672
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import unicodedata
@@ -18,8 +19,10 @@ import tiktoken
 from tokenizers import Tokenizer as HFTokenizer
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'SPACE', 'unicode_to_bytes', 'split_rule', 'merges_in_rank_order',
-           'fast_encoder', 'WordCache', 'word_cache', 'MetaspaceWords', 'metaspace_words', 'around', 'DocumentEncoder']
+__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'SPACE', 'WORD', 'PREPEND', 'METASPACE_PROBES', 'OTHER',
+           'unicode_to_bytes', 'split_rule', 'merges_in_rank_order', 'fast_encoder', 'WordCache', 'word_cache',
+           'metaspace_rule', 'marked', 'MetaspaceWords', 'metaspace_words', 'merged_pieces', 'sentencepiece_ranks',
+           'SentencepieceBPE', 'sentencepiece_encoder', 'around', 'DocumentEncoder']
 
 # %% ../nbs/02a_encoders.ipynb #a3b861d8
 EOD = '<|endoftext|>'
@@ -152,20 +155,44 @@ def word_cache(hf: HFTokenizer, digits: bool = False) -> WordCache | None:
     return wc if all(wc.encode(p) == hf.encode(p, add_special_tokens=False).ids for p in probes) else None
 
 # %% ../nbs/02a_encoders.ipynb #58d3eed5
-SPACE = '\u2581'          # sentencepiece's stand-in for a space
+SPACE = '\u2581'                              # sentencepiece's stand-in for a space
+WORD = f'{SPACE}*[^{SPACE}]+|{SPACE}+'        # a word: a run of the space mark and what follows it
+PREPEND = [{'type': 'Prepend', 'prepend': SPACE}, {'type': 'Replace', 'pattern': {'String': ' '}, 'content': SPACE}]
+
+def metaspace_rule(spec: dict) -> bool | None:
+    """Whether the sentencepiece-style BPE of `spec` (a parsed tokenizer.json) puts a `▁` before every text (the
+    `Prepend` step of the Hub's files) rather than only before one that does not start with a space (the `Metaspace`
+    step transformers converts to); None if it is no such BPE or a token of it crosses the start of a word"""
+    pre, norm, model = spec.get('pre_tokenizer') or {}, spec.get('normalizer') or {}, spec['model']
+    metaspace = (pre.get('type') == 'Metaspace' and pre.get('replacement') == SPACE and pre.get('split') is False
+                 and pre.get('prepend_scheme') in ('first', 'always') and not norm)
+    prepend = not pre and norm.get('type') == 'Sequence' and norm.get('normalizers') == PREPEND
+    extras = ('dropout', 'continuing_subword_prefix', 'end_of_word_suffix', 'ignore_merges')
+    if not (metaspace or prepend) or model.get('type') != 'BPE' or any(model.get(k) for k in extras):
+        return None
+    across = regex.compile(f'[^{SPACE}]{SPACE}').search
+    if any(across(token) for token in model.get('vocab') or {}):
+        return None                       # a merge could join the end of one word to the start of the next
+    return prepend
+
+def marked(text: str, always: bool, mark: str = SPACE) -> str:
+    """`text` as a sentencepiece-style BPE reads it: each space (or `▁`) a `mark`, and one more before it (`always`, or
+    if it has none)"""
+    other = ' ' if mark == SPACE else SPACE
+    text = text.replace(other, mark) if other in text else text
+    return text if text.startswith(mark) and not always else mark + text
 
 class MetaspaceWords:
     "Exact HF encoding of a sentencepiece-style BPE (Metaspace, byte fallback), each distinct word tokenized once"
-    def __init__(self, hf: HFTokenizer, limit: int = 2_000_000):
-        self.model, self.limit, self.cache = hf.model, limit, {}
-        self.split = regex.compile(f'{SPACE}*[^{SPACE}]+|{SPACE}+').findall
+    def __init__(self, hf: HFTokenizer, always: bool = False, limit: int = 2_000_000):
+        self.model, self.always, self.limit, self.cache = hf.model, always, limit, {}
+        self.split = regex.compile(WORD).findall
 
     def encode(self, text: str) -> list[int]:
         if not text:
             return []
-        text = text.replace(' ', SPACE)
         out, cache = [], self.cache
-        for piece in self.split(text if text.startswith(SPACE) else SPACE + text):
+        for piece in self.split(marked(text, self.always)):
             ids = cache.get(piece)
             if ids is None:
                 if len(cache) >= self.limit:
@@ -174,22 +201,104 @@ class MetaspaceWords:
             out.extend(ids)
         return out
 
+METASPACE_PROBES = (PROBE, PROBE.upper(), PROBE.swapcase(), '', ' ', '  x  ', f'{SPACE}x {SPACE} \x00\x7f\U0010ffff')
+
 def metaspace_words(hf: HFTokenizer) -> MetaspaceWords | None:
-    """`MetaspaceWords` for `hf` if it is a sentencepiece-style BPE (Metaspace without a split, no normalizer) none of
-    whose tokens crosses the start of a word, and it agrees with `hf` on the probe texts; else None"""
-    cfg = json.loads(hf.to_str())
-    pre, model = cfg.get('pre_tokenizer') or {}, cfg['model']
-    metaspace = (pre.get('type') == 'Metaspace' and pre.get('replacement') == SPACE and pre.get('split') is False
-                 and pre.get('prepend_scheme') in ('first', 'always') and not cfg.get('normalizer'))
-    extras = ('dropout', 'continuing_subword_prefix', 'end_of_word_suffix', 'ignore_merges')
-    if not metaspace or model.get('type') != 'BPE' or any(model.get(k) for k in extras):
+    """`MetaspaceWords` for `hf` if it is a sentencepiece-style BPE none of whose tokens crosses the start of a word
+    (see `metaspace_rule`), and it agrees with `hf` on the probe texts; else None"""
+    always = metaspace_rule(json.loads(hf.to_str()))
+    if always is None:
         return None
-    across = regex.compile(f'[^{SPACE}]{SPACE}').search
-    if any(across(token) for token in model.get('vocab') or {}):
-        return None                       # a merge could join the end of one word to the start of the next
-    words = MetaspaceWords(hf)
-    probes = (PROBE, PROBE.upper(), PROBE.swapcase(), '', ' ', '  x  ')
+    words = MetaspaceWords(hf, always)
+    probes = METASPACE_PROBES
     return words if all(words.encode(p) == hf.encode(p, add_special_tokens=False).ids for p in probes) else None
+
+# %% ../nbs/02a_encoders.ipynb #00e6b4f1
+def merged_pieces(merges: list, pieces: dict[str, int]) -> list[str] | None:
+    """The pieces `merges` make, in the order the first merge of each comes; None if a merge joins something other
+    than `pieces`, the merges of a piece are not one run, or a split of a piece into two pieces is no merge"""
+    pairs = [tuple(m.split(' ', 1)) if isinstance(m, str) else tuple(m) for m in merges]
+    if any(len(pair) != 2 for pair in pairs) or not {part for pair in pairs for part in pair} <= pieces.keys():
+        return None
+    made = [left + right for left, right in pairs]
+    order = [piece for piece, _ in itertools.groupby(made)]
+    if not set(order) <= pieces.keys() or len(order) != len(set(order)):
+        return None                               # tiktoken merges by piece: each piece's merges must be one run
+    splits = {(p[:k], p[k:]) for p in order for k in range(1, len(p)) if p[:k] in pieces and p[k:] in pieces}
+    return order if splits <= set(pairs) else None
+
+def sentencepiece_ranks(spec: dict) -> tuple[dict[bytes, int], np.ndarray, dict[int, list[int]]] | None:
+    """tiktoken's ranks for the sentencepiece-style BPE of `spec` (a parsed tokenizer.json, with byte fallback), the
+    id of each rank, and the ids of the ranks that stand for several (the start of a character it lacks, as its
+    `<0x..>` tokens); None if its merges are not every split of each piece in the pieces' order (`merged_pieces`)"""
+    model = spec['model']
+    vocab = model.get('vocab') or {}
+    byte_tokens = [f'<0x{b:02X}>' for b in range(256)]
+    fallback = [vocab.get(t) for t in byte_tokens]
+    if not model.get('byte_fallback') or None in fallback:
+        return None
+    skip = {t.get('content') for t in spec.get('added_tokens') or []} | set(byte_tokens)
+    pieces = {t: i for t, i in vocab.items() if t not in skip}
+    order = merged_pieces(model.get('merges') or [], pieces)
+    if order is None:
+        return None
+    if SPACE not in pieces or any(' ' in p for p in pieces):
+        return None                               # tiktoken's table writes each ▁ as the space it stands for
+    chars = [p.encode() for p in pieces if len(p) == 1 and len(p.encode()) > 1 and p != SPACE]
+    starts = sorted({c[:k] for c in chars for k in range(2, len(c))}, key=len)
+    ascii_ids = {**pieces, ' ': pieces.get(SPACE, fallback[32])}
+    ids = [ascii_ids.get(chr(b), fallback[b]) if b < 128 else fallback[b] for b in range(256)]
+    ids += [fallback[s[0]] for s in starts] + [pieces[c.decode()] for c in chars] + [pieces[p] for p in order]
+    keys = [bytes([b]) for b in range(256)] + starts + chars + [p.replace(SPACE, ' ').encode() for p in order]
+    several = {256 + k: [fallback[b] for b in s] for k, s in enumerate(starts)}
+    return dict(zip(keys, range(len(keys)))), np.array(ids, np.uint32), several
+
+# %% ../nbs/02a_encoders.ipynb #1e7bb865
+OTHER = np.uint32(2**32 - 1)        # no id: the rank stands for several ids, or for a piece tiktoken takes too eagerly
+
+class SentencepieceBPE:
+    """HF's encoding of a sentencepiece-style BPE with byte fallback, on tiktoken: words split by `WORD`, merged by
+    the ranks of `sentencepiece_ranks`, each rank turned into its ids; a text in which tiktoken took a word whole
+    that BPE would split is encoded by `MetaspaceWords`"""
+    def __init__(self, hf: HFTokenizer, ranks: dict[bytes, int], ids: np.ndarray, several: dict[int, list[int]],
+                 always: bool = False):
+        spaced = WORD.replace(SPACE, ' ')              # the table writes each ▁ as a space: texts need no replacing
+        self.enc = tiktoken.Encoding('gptkit-sentencepiece', pat_str=spaced, mergeable_ranks=ranks, special_tokens={})
+        self.ids, self.several, self.always = ids, several, always
+        self.words = MetaspaceWords(hf, always)
+        self.split = set()                             # pieces BPE splits when they are a word on their own
+        whole_word, tokenize = regex.compile(spaced).fullmatch, hf.model.tokenize
+        for piece, rank in ranks.items():
+            text = piece.decode('utf-8', 'replace')       # a piece, or a character or its start (never a word)
+            if len(text) > 1 and rank not in several and whole_word(text):
+                if [t.id for t in tokenize(text.replace(' ', SPACE))] != [ids[rank]]:
+                    self.split.add(rank)
+        self.table = ids.copy()                        # a rank's id, or OTHER where it takes more than that
+        self.table[list(several) + list(self.split)] = OTHER
+
+    def encode_to_numpy(self, text: str, disallowed_special=()) -> np.ndarray:
+        "The ids of `text` (tiktoken's call, so that `DocumentEncoder` runs either)"
+        if not text:
+            return np.zeros(0, np.uint32)
+        ranks = self.enc.encode_to_numpy(marked(text, self.always, ' '))
+        ids = self.table[ranks]
+        if not len(ids) or ids.max() != OTHER:
+            return ids
+        if not self.split.isdisjoint(ranks.tolist()):
+            return np.array(self.words.encode(text), np.uint32)
+        return np.array([i for r in ranks.tolist() for i in self.several.get(r, [self.ids[r]])], np.uint32)
+
+def sentencepiece_encoder(hf: HFTokenizer) -> SentencepieceBPE | None:
+    """`SentencepieceBPE` for `hf` if it is a sentencepiece-style BPE as transformers converts them (see
+    `metaspace_rule` and `sentencepiece_ranks`) and agrees with `hf` on the probe texts; else None"""
+    spec = json.loads(hf.to_str())
+    always = metaspace_rule(spec)
+    table = sentencepiece_ranks(spec) if always is not None else None
+    if table is None:
+        return None
+    enc = SentencepieceBPE(hf, *table, always)
+    same = all(enc.encode_to_numpy(p).tolist() == hf.encode(p, add_special_tokens=False).ids for p in METASPACE_PROBES)
+    return enc if same else None
 
 # %% ../nbs/02a_encoders.ipynb #c3b6c399
 def around(hf: HFTokenizer) -> tuple[list[int], list[int]] | None:
@@ -214,9 +323,11 @@ class DocumentEncoder:
         if ends is not None and rule is not None:           # the Tokenizer's own encoders where the rule is GPT-2's
             self.fast = fast if fast is not None and rule == GPT2_PATTERN else fast_encoder(hf, pattern=rule)
             self.words = words if rule == GPT2_PATTERN else None
+        if ends is not None and rule is None:                 # Mistral, Llama 2: sentencepiece's BPE on tiktoken
+            self.fast = sentencepiece_encoder(hf)
         if ends is not None and self.fast is None and self.words is None and rule in (None, DIGITS_PATTERN):
             self.words = word_cache(hf, digits=True) or metaspace_words(hf)   # SmolLM2 (if tiktoken disagreed), Mistral
-        self.nfc = hf.normalizer is not None                  # split_rule allows no other normalizer than NFC
+        self.nfc = rule is not None and hf.normalizer is not None   # split_rule allows no other normalizer than NFC
         plain = sorted((t.content for t in hf.get_added_tokens_decoder().values() if not t.special), key=len)
         self.added = re.compile('|'.join(re.escape(t) for t in reversed(plain))).search if plain else None
 

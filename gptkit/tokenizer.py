@@ -36,6 +36,7 @@ from gptkit.encoders import (
     DocumentEncoder,
     WordCache,
     fast_encoder,
+    split_rule,
     unicode_to_bytes,
     word_cache,
 )
@@ -92,7 +93,8 @@ class Tokenizer:
     def documents(self) -> DocumentEncoder:
         "Documents as the tokenizer's model family reads them, for `prepare` (see `DocumentEncoder`)"
         if self._documents is None:
-            self._documents = DocumentEncoder(self.hf, self.fast, self.words)
+            gpt2 = split_rule(self.hf) == GPT2_PATTERN       # only then are this Tokenizer's own encoders of use
+            self._documents = DocumentEncoder(self.hf, self.fast if gpt2 else None, self.words if gpt2 else None)
         return self._documents
 
     @property

@@ -89,8 +89,8 @@ def smollm2(d):
            {'model_type': 'llama', 'bos_token_id': 0, 'eos_token_id': 0})
 
 
-def mistral(d):
-    "sentencepiece-like: Metaspace, byte fallback to <0x..> tokens, <s> added before each text"
+def mistral_hf_trained(d):
+    "sentencepiece-like, trained by HF: Metaspace, byte fallback to <0x..> tokens, <s> added before each text"
     tok = Tokenizer(models.BPE(unk_token='<unk>', byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='first', split=True)
     tok.decoder = decoders.Sequence([decoders.Replace('▁', ' '), decoders.ByteFallback(), decoders.Fuse(),
@@ -109,11 +109,48 @@ def mistral(d):
            {'model_type': 'mistral', 'bos_token_id': 1, 'eos_token_id': 2})
 
 
+def mistral(d, change=None):
+    """As Mistral's and Llama 2's tokenizers were made: a BPE trained by sentencepiece (byte fallback), converted by
+    transformers into tokenizer.json; `change(spec)` edits that file"""
+    import sentencepiece
+    import transformers
+    src = Path(tempfile.mkdtemp())
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(TRAIN), model_prefix=str(src / 'tokenizer'),
+                                             model_type='bpe', vocab_size=520, byte_fallback=True, minloglevel=2)
+    (src / 'tokenizer_config.json').write_text(json.dumps({
+        'tokenizer_class': 'LlamaTokenizer', 'legacy': False, 'add_bos_token': True, 'add_eos_token': False,
+        'bos_token': '<s>', 'eos_token': '</s>', 'unk_token': '<unk>'}))
+    transformers.AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(d))
+    shutil.rmtree(src)
+    if change:
+        spec = json.loads((d / 'tokenizer.json').read_text())
+        change(spec)
+        (d / 'tokenizer.json').write_text(json.dumps(spec))
+    (d / 'config.json').write_text(json.dumps({'vocab_size': 520, 'model_type': 'mistral', 'bos_token_id': 1,
+                                               'eos_token_id': 2}))
+
+
+def _drop_a_split(spec):
+    "A merge less: one split of a piece that has two is no merge (so tiktoken, which takes any split, stands aside)"
+    merges = spec['model']['merges']
+    k = next(k for k in range(len(merges)) if ''.join(merges[k]) == ''.join(merges[k + 1]))
+    del merges[k]
+
+
+def _hub_prepend(spec):
+    "The Hub's Mistral 7B v0.1 and Llama 2 files: a Prepend and a Replace normalizer instead of Metaspace"
+    spec['pre_tokenizer'] = None
+    spec['normalizer'] = {'type': 'Sequence', 'normalizers': [
+        {'type': 'Prepend', 'prepend': '▁'}, {'type': 'Replace', 'pattern': {'String': ' '}, 'content': '▁'}]}
+
+
 FAMILIES = {'llama3': llama3, 'qwen2.5': qwen, 'qwen3': lambda d: qwen(d, 'qwen3'), 'smollm2': smollm2,
-            'mistral': mistral}
-# the encoder each family's documents take: tiktoken on its own split rule, the word cache (SmolLM2's digits rule),
-# or the word cache of Mistral's Metaspace and byte fallback
-ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'tiktoken', 'mistral': 'words'}
+            'mistral': mistral, 'mistral-hf-trained': mistral_hf_trained,
+            'mistral-split-missing': lambda d: mistral(d, _drop_a_split)}
+# the encoder each family's documents take: tiktoken on its own split rule (sentencepiece's merges for Mistral's),
+# or the word cache of Mistral's Metaspace and byte fallback where a split of a piece is no merge
+ENGINE = {'llama3': 'tiktoken', 'qwen2.5': 'tiktoken', 'qwen3': 'tiktoken', 'smollm2': 'tiktoken', 'mistral': 'tiktoken',
+          'mistral-hf-trained': 'tiktoken', 'mistral-split-missing': 'words'}
 
 
 @pytest.fixture(scope='module')
@@ -155,7 +192,7 @@ def test_prepared_ids_are_autotokenizer_ids_then_the_config_eos(family, folders,
     assert got[len(DOCS):] == [auto(t, split_special_tokens=True)['input_ids'] + [eos] for t in SPECIAL_TEXT]
     docs = load(folder).documents
     assert ('tiktoken' if docs.fast else 'words' if docs.words else 'hf') == ENGINE[family]
-    bos = {'llama3': '<|begin_of_text|>', 'mistral': '<s>'}.get(family)
+    bos = '<s>' if family.startswith('mistral') else {'llama3': '<|begin_of_text|>'}.get(family)
     assert all(doc[0] == auto.convert_tokens_to_ids(bos) for doc in got) if bos else auto.bos_token_id not in got[0][:1]
 
 
@@ -165,11 +202,12 @@ def _encoders() -> dict:
     root = Path(tempfile.mkdtemp())
     for name, make in FAMILIES.items():
         make(root / name)
-    return {name: load(root / name).documents for name in FAMILIES}
+    mistral(root / 'mistral-hub', _hub_prepend)        # AutoTokenizer rebuilds this one's steps, HF reads them as written
+    return {name: load(root / name).documents for name in [*FAMILIES, 'mistral-hub']}
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.text(max_size=120) | st.text('0123456789 \n\t\r.,\'aéA日🙂\u0301', max_size=60),
+@given(st.lists(st.text(max_size=120) | st.text('0123456789 \n\t\r.,\'aéA日🙂\u0301\u2581', max_size=60),
                 min_size=1, max_size=3))
 def test_every_encoder_gives_hf_tokenizers_ids_on_random_text(texts):
     for name, docs in _encoders().items():
