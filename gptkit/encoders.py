@@ -19,10 +19,11 @@ import tiktoken
 from tokenizers import Tokenizer as HFTokenizer
 
 # %% auto #0
-__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'SPACE', 'WORD', 'PREPEND', 'METASPACE_PROBES', 'OTHER',
-           'unicode_to_bytes', 'split_rule', 'merges_in_rank_order', 'fast_encoder', 'WordCache', 'word_cache',
+__all__ = ['EOD', 'GPT2_PATTERN', 'DIGITS_PATTERN', 'PROBE', 'SPACE', 'WORD', 'PREPEND', 'METASPACE_PROBES', 'OTHER', 'KINDS',
+           'ONE', 'unicode_to_bytes', 'split_rule', 'merges_in_rank_order', 'fast_encoder', 'WordCache', 'word_cache',
            'metaspace_rule', 'marked', 'MetaspaceWords', 'metaspace_words', 'merged_pieces', 'sentencepiece_ranks',
-           'SentencepieceBPE', 'sentencepiece_encoder', 'around', 'DocumentEncoder']
+           'crossed', 'word_rule', 'piece_words', 'SentencepieceBPE', 'sentencepiece_encoder', 'around',
+           'DocumentEncoder']
 
 # %% ../nbs/02a_encoders.ipynb #a3b861d8
 EOD = '<|endoftext|>'
@@ -250,11 +251,45 @@ def sentencepiece_ranks(spec: dict) -> tuple[dict[bytes, int], np.ndarray, dict[
     ids = [ascii_ids.get(chr(b), fallback[b]) if b < 128 else fallback[b] for b in range(256)]
     ids += [fallback[s[0]] for s in starts] + [pieces[c.decode()] for c in chars] + [pieces[p] for p in order]
     keys = [bytes([b]) for b in range(256)] + starts + chars + [p.replace(SPACE, ' ').encode() for p in order]
+    ranks = dict(zip(keys, range(len(keys))))
+    if len(ranks) != len(keys):
+        return None                               # two entries of the table would be the same bytes
     several = {256 + k: [fallback[b] for b in s] for k, s in enumerate(starts)}
-    return dict(zip(keys, range(len(keys)))), np.array(ids, np.uint32), several
+    return ranks, np.array(ids, np.uint32), several
 
 # %% ../nbs/02a_encoders.ipynb #1e7bb865
 OTHER = np.uint32(2**32 - 1)        # no id: the rank stands for several ids, or for a piece tiktoken takes too eagerly
+KINDS = {'L': r'\p{L}\p{M}', 'N': r'\p{N}'}      # letters (with their marks), digits; 'O' is the rest but the space
+ONE = {'L': r'[\p{L}\p{M}]', 'N': r'\p{N}', 'O': r'[^ \p{L}\p{M}\p{N}]'}
+
+def crossed(pieces: list[str]) -> list[tuple[str, str]]:
+    "The pairs of kinds of character (`KINDS`) between which some piece of `pieces` turns"
+    text = ' '.join(pieces)
+    pairs = [('L', 'N'), ('L', 'O'), ('N', 'O')]
+    return [(a, b) for a, b in pairs if regex.search(f'{ONE[a]}{ONE[b]}|{ONE[b]}{ONE[a]}', text)]
+
+def word_rule(pieces: list[str]) -> str:
+    """The expression that cuts a text (each ▁ written as a space) into words for `pieces`: a run of spaces and what
+    follows, cut further where it turns between letters, digits and the rest, unless a piece turns there"""
+    groups = [{'L'}, {'N'}, {'O'}]
+    for a, b in crossed(pieces):
+        first, second = (next(g for g in groups if k in g) for k in (a, b))
+        if first is not second:
+            groups.remove(second)
+            first |= second
+    runs = '|'.join(f"[^ {''.join(KINDS[k] for k in 'LN' if k not in g)}]+" if 'O' in g else
+                    f"[{''.join(KINDS[k] for k in sorted(g))}]+" for g in groups)
+    return f' *(?:{runs})|{runs}| +'
+
+def piece_words(ranks: dict[bytes, int], pieces: dict[int, str]) -> tuple['tiktoken.Encoding', str] | None:
+    """tiktoken on `ranks` and the expression it cuts words with: `word_rule`'s, or `WORD` should tiktoken's own
+    expression engine cut one of `pieces` (rank: text, each ▁ a space) in two; None if it cuts one even then"""
+    for pattern in dict.fromkeys([word_rule(list(pieces.values())), WORD.replace(SPACE, ' ')]):
+        enc = tiktoken.Encoding('gptkit-sentencepiece', pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        if all(enc.encode_ordinary(text) == [rank] for rank, text in pieces.items()):
+            return enc, pattern
+    return None
+
 
 class SentencepieceBPE:
     """HF's encoding of a sentencepiece-style BPE with byte fallback, on tiktoken: words split by `WORD`, merged by
@@ -262,17 +297,16 @@ class SentencepieceBPE:
     that BPE would split is encoded by `MetaspaceWords`"""
     def __init__(self, hf: HFTokenizer, ranks: dict[bytes, int], ids: np.ndarray, several: dict[int, list[int]],
                  always: bool = False):
-        spaced = WORD.replace(SPACE, ' ')              # the table writes each ▁ as a space: texts need no replacing
-        self.enc = tiktoken.Encoding('gptkit-sentencepiece', pat_str=spaced, mergeable_ranks=ranks, special_tokens={})
+        texts = {rank: piece.decode('utf-8', 'replace') for piece, rank in ranks.items() if rank not in several}
+        pieces = {rank: text for rank, text in texts.items() if len(text) > 1}   # each ▁ a space
+        words = piece_words(ranks, pieces)
+        if words is None:
+            raise ValueError('tiktoken cuts a piece of the vocabulary into two words')
+        self.enc, self.pattern = words
         self.ids, self.several, self.always = ids, several, always
         self.words = MetaspaceWords(hf, always)
-        self.split = set()                             # pieces BPE splits when they are a word on their own
-        whole_word, tokenize = regex.compile(spaced).fullmatch, hf.model.tokenize
-        for piece, rank in ranks.items():
-            text = piece.decode('utf-8', 'replace')       # a piece, or a character or its start (never a word)
-            if len(text) > 1 and rank not in several and whole_word(text):
-                if [t.id for t in tokenize(text.replace(' ', SPACE))] != [ids[rank]]:
-                    self.split.add(rank)
+        alone = {rank: [t.id for t in hf.model.tokenize(text.replace(' ', SPACE))] for rank, text in pieces.items()}
+        self.split = {rank for rank, got in alone.items() if got != [ids[rank]]}   # BPE splits them when alone
         self.table = ids.copy()                        # a rank's id, or OTHER where it takes more than that
         self.table[list(several) + list(self.split)] = OTHER
 
@@ -296,7 +330,10 @@ def sentencepiece_encoder(hf: HFTokenizer) -> SentencepieceBPE | None:
     table = sentencepiece_ranks(spec) if always is not None else None
     if table is None:
         return None
-    enc = SentencepieceBPE(hf, *table, always)
+    try:
+        enc = SentencepieceBPE(hf, *table, always)
+    except ValueError:
+        return None
     same = all(enc.encode_to_numpy(p).tolist() == hf.encode(p, add_special_tokens=False).ids for p in METASPACE_PROBES)
     return enc if same else None
 
