@@ -44,7 +44,9 @@ MOST = {'layers': 10_000, 'hidden': 1_000_000, 'heads': 100_000, 'kv_heads': 100
         'seq_len': 2**24, 'vocab': 2**24, 'make_vocab_size_divisible_by': 2**16,
         'tp': 100_000, 'pp': 10_000, 'dp': 10_000_000, 'world': 100_000_000,
         'micro_batch': 1_000_000, 'global_batch': 100_000_000, 'iters': 10**9, 'tokens': 10**16,
-        'eval_iters': 10**6, 'seed': 2**63 - 1}
+        'eval_iters': 10**6, 'seed': 2**63 - 1, 'moe_experts': 65_536, 'moe_top_k': 65_536, 'moe_every': 10_000,
+        'moe_ffn_hidden': 10_000_000, 'curriculum_start': 2**24, 'curriculum_end': 2**24, 'curriculum_steps': 10**9,
+        'curriculum_step_size': 2**24}
 MOST_COUNT = 10**12   # any other count: intervals, checkpoints kept, bad steps in a row
 
 def positive_problems(values: dict) -> list[tuple[str, str]]:
@@ -108,6 +110,16 @@ class ModelConfig:
     qk_norm: bool = False        # RMSNorm of each query and key head before rotary, weights head-wide (Qwen3)
     sliding_window: int | None = None  # each token attends to this many latest tokens, itself included (Mistral)
     tie_embeddings: bool = True  # the output layer reuses the word embedding matrix
+    # mixture of experts (Mixtral, Qwen3-MoE, OLMoE): a router sends each token to k of E expert MLPs
+    moe_experts: int = 0         # routed experts (E) in each MoE layer; 0: every MLP is dense
+    moe_top_k: int = 2           # experts per token (k): a softmax over all E router logits, then the k largest
+    moe_renormalize: bool = True # the k weights rescaled to sum to 1 (Mixtral, Qwen3-MoE); false: as the softmax gave
+    moe_ffn_hidden: int | None = None  # each routed expert's MLP width; None: `ffn` (dense layers keep `ffn`)
+    moe_shared_ffn: int = 0      # width of a shared expert every token also goes through (Qwen2-MoE, DeepSeek); 0: none
+    moe_every: int = 1           # block i is MoE when i + 1 is a multiple of this (Qwen's decoder_sparse_step)
+    moe_capacity_factor: float | None = None  # None: dropless; else an expert takes at most factor x k x tokens / E
+    moe_aux_loss_coef: float = 0.01  # load-balancing loss (Switch/GShard form) added to the training loss
+    moe_z_loss_coef: float = 0.0     # router z-loss (ST-MoE): mean squared logsumexp of the router logits
 
     def __post_init__(self):
         check(self.problems())
@@ -150,6 +162,34 @@ class ModelConfig:
         if self.position == 'rotary' and not bad & {'hidden', 'heads', 'head_size'} and self.head_dim % 2:
             key = 'position' if self.head_size is None else 'head_size'
             out.append((key, f'{{key}} {self.head_dim} is odd: rotary positions need an even head size'))
+        return out + self.moe_problems()
+
+    def moe_problems(self) -> list[tuple[str, str]]:
+        "Everything wrong with the mixture-of-experts values"
+        e = self.moe_experts
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e <= MOST['moe_experts']:
+            most = MOST['moe_experts']
+            return [('moe_experts', f'{{key}} must be a whole number from 0 to {most:,}, not {shown(e)}')]
+        out = positive_problems({'moe_top_k': self.moe_top_k, 'moe_ffn_hidden': self.moe_ffn_hidden,
+                                 'moe_every': self.moe_every})
+        bad = {k for k, _ in out}
+        if e and 'moe_top_k' not in bad and self.moe_top_k > e:
+            out.append(('moe_top_k', f'{{key}} = {self.moe_top_k} is more than the {e} experts it picks from'))
+        if e and 'moe_every' not in bad and isinstance(self.layers, int) and self.moe_every > self.layers:
+            out.append(('moe_every', f'{{key}} = {self.moe_every} leaves none of the {self.layers} layers MoE'))
+        s = self.moe_shared_ffn
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MOST['ffn_hidden']:
+            out.append(('moe_shared_ffn', f"{{key}} must be a whole number from 0 to {MOST['ffn_hidden']:,}, "
+                        f"not {shown(s)}"))
+        c = self.moe_capacity_factor
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < math.inf):
+            out.append(('moe_capacity_factor', f'{{key}} must be a positive number (null: dropless), not {shown(c)}'))
+        for k in ('moe_aux_loss_coef', 'moe_z_loss_coef'):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                out.append((k, f'{{key}} must be a number from 0 up, not {shown(v)}'))
+        if not isinstance(self.moe_renormalize, bool):
+            out.append(('moe_renormalize', f'{{key}} must be true or false, not {shown(self.moe_renormalize)}'))
         return out
 
     @property
@@ -157,6 +197,15 @@ class ModelConfig:
         if self.ffn_hidden:
             return self.ffn_hidden
         return _swiglu_ffn(self.hidden) if self.activation == 'swiglu' else 4 * self.hidden
+
+    @property
+    def expert_ffn(self) -> int:
+        "Each routed expert's MLP width"
+        return self.moe_ffn_hidden or self.ffn
+
+    def moe_layer(self, i: int) -> bool:
+        "Whether block `i` (from 0) has a mixture of experts for its MLP"
+        return self.moe_experts > 0 and (i + 1) % self.moe_every == 0
 
     @property
     def head_dim(self) -> int:
@@ -309,6 +358,11 @@ class TrainConfig:
     max_bad_steps: int = 10        # stop after this many steps in a row with a NaN or infinite loss
     watchdog_minutes: float | None = 30.0  # a step, evaluation or save taking longer is a hang: print every
                                    # thread's stack and exit 124 (None: wait forever)
+    # curriculum learning, as Megatron-DeepSpeed's sequence-length warm-up: steps start on shorter sequences
+    curriculum_start: int | None = None  # sequence length of the first step; None: no curriculum
+    curriculum_end: int | None = None    # the length reached after `curriculum_steps`; None: model.seq_len
+    curriculum_steps: int = 1000         # steps over which the length grows linearly from start to end
+    curriculum_step_size: int = 8        # lengths are multiples of this (Megatron-DeepSpeed's difficulty_step)
 
     def problems(self) -> list[tuple[str, str]]:
         counts = ('micro_batch', 'global_batch', 'iters', 'tokens', 'eval_interval', 'log_interval', 'save_interval',
@@ -328,7 +382,23 @@ class TrainConfig:
             out.append(('compile', f'{{key}} must be true or false, not {shown(self.compile)}'))
         if self.recompute not in RECOMPUTE:
             out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {shown(self.recompute)}"))
+        return out + self.curriculum_problems()
+
+    def curriculum_problems(self) -> list[tuple[str, str]]:
+        "Everything wrong with the curriculum values (their fit to the model's context is checked with the model)"
+        keys = ('curriculum_start', 'curriculum_end', 'curriculum_steps', 'curriculum_step_size')
+        out = positive_problems({k: getattr(self, k) for k in keys})
+        if out or self.curriculum_start is None:
+            return out
+        size = self.curriculum_step_size
+        if self.curriculum_start % size:
+            out.append(('curriculum_start', f'{{key}} = {self.curriculum_start} must be a multiple of '
+                        f'curriculum_step_size {size}'))
+        if self.curriculum_end is not None and self.curriculum_end < self.curriculum_start:
+            out.append(('curriculum_end', f'{{key}} = {self.curriculum_end} is shorter than curriculum_start '
+                        f'{self.curriculum_start}'))
         return out
+
 
 # %% ../nbs/00_config.ipynb #2788f992
 @dataclass(frozen=True)
