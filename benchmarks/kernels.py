@@ -4,11 +4,13 @@ that reference, same process, same inputs, on a CUDA GPU.
 Kernels: bias + GELU (exact and tanh) at the MLP's shape, LayerNorm at the model width, Qwen3's per-head QK-norm fused
 with rotary (gptkit.kernels_qk: queries as the QKV split leaves them, 16 heads of 128) against ops.rms_norm then
 ops.apply_rotary, and the chunked cross entropy (output layer + loss, vocabulary 50,304) against F.linear + fp32
-F.cross_entropy, whose peak memory is printed too.
+F.cross_entropy, whose peak memory is printed too; and a mixture-of-experts MLP (gptkit.kernels_moe: permute, the
+gate/up and down projections as grouped GEMMs, SwiGLU, unpermute; --experts experts of width --expert-ffn, top
+--top-k) against the same steps on the torch references, whose grouped GEMM is a Python loop over experts.
 Rounds alternate between the contenders so that machine noise hits all of them alike; the median time wins.
 Without a GPU it says so and exits 0 (the kernels are checked on CPU by tests/test_kernels.py, in Triton's interpreter).
 Run: .venv/bin/python benchmarks/kernels.py [--tokens 8192] [--hidden 768] [--vocab 50304] [--heads 16] [--head-dim 128]
-     [--dtype bf16] [--rounds 7]
+     [--experts 8] [--top-k 2] [--expert-ffn 1024] [--dtype bf16] [--rounds 7]
 """
 from __future__ import annotations
 
@@ -40,6 +42,14 @@ def fwd_bwd(op, *inputs):
     return run
 
 
+def moe_mlp(x, idx, weights, w_up, w_down, fns):
+    "A SwiGLU expert MLP on the sorted layout: fns = (permute, unpermute, grouped_gemm), the kernels or references"
+    permute, unpermute, gemm = fns
+    xs, order, counts = permute(x, idx, w_up.shape[0])
+    gate, up = gemm(xs, w_up, counts).chunk(2, dim=-1)
+    return unpermute(gemm(F.silu(gate) * up, w_down, counts), order, weights, x.shape[0])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--tokens', type=int, default=8192, help='batch x sequence')
@@ -47,13 +57,16 @@ def main():
     ap.add_argument('--vocab', type=int, default=50304)
     ap.add_argument('--heads', type=int, default=16, help='query heads of the QK-norm + rotary case (Qwen3-0.6B: 16)')
     ap.add_argument('--head-dim', type=int, default=128, help='head size of the QK-norm + rotary case (Qwen3: 128)')
+    ap.add_argument('--experts', type=int, default=8, help='experts of the MoE case')
+    ap.add_argument('--top-k', type=int, default=2, help='experts per token of the MoE case')
+    ap.add_argument('--expert-ffn', type=int, default=1024, help='width of each expert of the MoE case')
     ap.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'])
     ap.add_argument('--rounds', type=int, default=7)
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print('benchmarks/kernels.py times the Triton kernels on a GPU; there is no CUDA GPU here, so nothing was timed.')
         return
-    from gptkit import kernels as K, kernels_qk as Q
+    from gptkit import kernels as K, kernels_moe as M, kernels_qk as Q
     from gptkit.ops import rotary_tables
     if K.triton is None:
         print('benchmarks/kernels.py needs Triton: pip install -c constraints.txt triton')
@@ -70,6 +83,11 @@ def main():
     xq, wq = g(n // seq, seq, a.heads, a.head_dim), g(a.head_dim)         # [b, s, heads, d]: as the QKV output holds it
     cos, sin = (c.to(dt) for c in rotary_tables(a.head_dim, torch.arange(seq, device=dev), 1000000.0))
     ce_ref = lambda x, W: K.cross_entropy_reference(x, W, t)
+    xm, w_up, w_down = g(n, h), g(a.experts, h, 2 * a.expert_ffn, scale=0.02), g(a.experts, a.expert_ffn, h, scale=0.02)
+    idx = torch.randn(n, a.experts, device=dev).topk(a.top_k, dim=-1).indices           # a random router's top-k
+    gates = torch.softmax(torch.randn(n, a.top_k, device=dev), -1).to(dt)
+    moe_fns = (M.permute, M.unpermute, M.grouped_gemm)
+    moe_refs = (M.permute_reference, M.unpermute_reference, M.grouped_gemm_reference)
     cases = {
         'bias+gelu': (lambda x, b: K.bias_gelu(x, b), K.bias_gelu_reference, (x4, b4)),
         'bias+gelu tanh': (lambda x, b: K.bias_gelu(x, b, 'tanh'), lambda x, b: K.bias_gelu_reference(x, b, 'tanh'), (x4, b4)),
@@ -77,6 +95,8 @@ def main():
         'qk-norm+rotary': (lambda x, w: Q.qk_norm_rotary(x.transpose(1, 2), w, 1e-6, cos, sin),
                            lambda x, w: Q.qk_norm_rotary_reference(x.transpose(1, 2), w, 1e-6, cos, sin), (xq, wq)),
         'chunked CE': (lambda x, W: K.chunked_cross_entropy(x, W, t, use_triton=True), ce_ref, (xc, W)),
+        f'moe {a.experts}x top{a.top_k}': (lambda x, u, d: moe_mlp(x, idx, gates, u, d, moe_fns),
+                                          lambda x, u, d: moe_mlp(x, idx, gates, u, d, moe_refs), (xm, w_up, w_down)),
     }
     print(f'{torch.cuda.get_device_name()}, {a.dtype}, {n} tokens, hidden {h}, vocabulary {v:,}; forward + backward, median of {a.rounds} rounds')
     print(f"{'kernel':<16}{'triton ms':>11}{'eager ms':>10}{'compile ms':>12}{'eager/triton':>14}{'compile/triton':>16}")

@@ -6,12 +6,12 @@ import textwrap
 
 import pytest
 
-from gptkit import kernels as K, kernels_aot as A, kernels_qk as Q
+from gptkit import kernels as K, kernels_aot as A, kernels_moe as M, kernels_qk as Q
 
 
 def test_the_argument_table_describes_every_kernel():
     "KERNEL_ARGS and the kernels agree: every Triton kernel of both modules is listed, one type per runtime argument"
-    jitted = {name for m in (K, Q) for name, v in vars(m).items()                  # kernels take pointers; helpers not
+    jitted = {name for m in (K, Q, M) for name, v in vars(m).items()                  # kernels take pointers; helpers not
               if any(a.endswith('_ptr') for a in getattr(v, 'arg_names', ()))}
     assert {'_rotary', '_qk_norm_rotary_fwd', '_qk_norm_rotary_bwd'} <= jitted and '_qk_tile' not in jitted
     assert jitted == set(A.KERNEL_ARGS)
