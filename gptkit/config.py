@@ -15,9 +15,9 @@ from .errors import ConfigError, check, shown
 
 # %% auto #0
 __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'QWEN2', 'QWEN3',
-           'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'RECOMPUTE', 'PRECISIONS', 'OFFLOADS', 'parse_size',
-           'positive_problems', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig',
-           'parse_blend', 'DataConfig']
+           'MIXTRAL', 'OLMOE', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'MOE_PRESETS', 'RECOMPUTE', 'PRECISIONS',
+           'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
+           'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -108,6 +108,7 @@ class ModelConfig:
     bias: bool = True            # biases on the linear layers (the norms keep theirs)
     qkv_bias: bool | None = None # a bias on the QKV projection; None: as `bias` (Qwen2 and 2.5: on it alone)
     qk_norm: bool = False        # RMSNorm of each query and key head before rotary, weights head-wide (Qwen3)
+    qk_norm_all: bool = False    # with qk_norm: q and k each normalized across all their heads at once (OLMoE)
     sliding_window: int | None = None  # each token attends to this many latest tokens, itself included (Mistral)
     tie_embeddings: bool = True  # the output layer reuses the word embedding matrix
     # mixture of experts (Mixtral, Qwen3-MoE, OLMoE): a router sends each token to k of E expert MLPs
@@ -148,9 +149,12 @@ class ModelConfig:
         for k, choices in choices_of:
             if getattr(self, k) not in choices:
                 out.append((k, f"{{key}} must be one of {', '.join(choices)}, not {shown(getattr(self, k))}"))
-        for k in ('bias', 'tie_embeddings', 'qk_norm', *(('qkv_bias',) if self.qkv_bias is not None else ())):
+        for k in ('bias', 'tie_embeddings', 'qk_norm', 'qk_norm_all',
+                  *(('qkv_bias',) if self.qkv_bias is not None else ())):
             if not isinstance(getattr(self, k), bool):
                 out.append((k, f'{{key}} must be true or false, not {shown(getattr(self, k))}'))
+        if self.qk_norm_all is True and self.qk_norm is False:
+            out.append(('qk_norm_all', '{key} chooses how qk_norm normalizes: it needs qk_norm true'))
         low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
         if self.rope_scaling == 'llama3' and numbers and not low < high:
@@ -255,6 +259,8 @@ def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr,
 
 QWEN2 = dict(qkv_bias=True, norm_eps=1e-6)                  # Qwen2 and 2.5: a bias on the QKV projection alone
 QWEN3 = dict(qk_norm=True, head_size=128, norm_eps=1e-6)    # Qwen3: per-head RMSNorm of q and k, 128-wide heads
+MIXTRAL = dict(moe_experts=8, moe_top_k=2, moe_aux_loss_coef=0.02)           # 8 experts as wide as the FFN, top 2
+OLMOE = dict(moe_experts=64, moe_top_k=8, moe_renormalize=False, qk_norm=True, qk_norm_all=True)
 
 def _rope3(factor: float) -> dict:
     "Llama 3.1 and 3.2's published rotary scaling: `factor`, frequency factors 1 and 4, an original context of 8,192"
@@ -282,10 +288,20 @@ PRESETS: dict[str, Preset] = {
     'qwen2.5-0.5b':   _llama(24,     896,  14,   2,  4864, 32768, 151936, 1e6,    True,  3e-4,  512, **QWEN2),
     'qwen3-0.6b':     _llama(28,    1024,  16,   8,  3072, 40960, 151936, 1e6,    True,  3e-4,  512, **QWEN3),
     'mistral-7b':     _llama(32,    4096,  32,   8, 14336, 32768,  32768, 1e6,    False, 3e-4,  512),
+    'moe-tiny': Preset(ModelConfig(layers=4, hidden=128, heads=4, kv_heads=2, seq_len=256, tie_embeddings=False,
+                                   moe_experts=8, moe_top_k=2, moe_ffn_hidden=128, **LLAMA), 2e-3, 16),
+    # MoE checkpoints (config.json on the Hub): Mixtral 8x7B, Qwen3-30B-A3B (128 experts 768 wide, 8 per token) and
+    # OLMoE-1B-7B (64 experts, 8 per token, weights not renormalized, QK norms across all heads). Their learning rates
+    # and batches: OLMoE's published 4e-4 and ~4M tokens; Mixtral and Qwen3 publish none, so Llama 3's 3e-4 and 512.
+    'mixtral-8x7b':   _llama(32,    4096,  32,   8, 14336, 32768,  32000, 1e6,    False, 3e-4,  512, **MIXTRAL),
+    'qwen3-30b-a3b':  _llama(48,    2048,  32,   4,  6144, 40960, 151936, 1e6,    False, 3e-4,  512, **QWEN3,
+                             moe_experts=128, moe_top_k=8, moe_ffn_hidden=768, moe_aux_loss_coef=0.001),
+    'olmoe-1b-7b':    _llama(16,    2048,  16,  16,  1024,  4096,  50304, 1e4,    False, 4e-4, 1024, **OLMOE),
 }
 GPT3_PRESETS = ('125m', '350m', '760m', '1.3b', '2.7b', '6.7b', '13b', '175b')
 LLAMA_PRESETS = ('llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b', 'qwen2.5-0.5b', 'qwen3-0.6b',
                  'mistral-7b')
+MOE_PRESETS = ('moe-tiny', 'mixtral-8x7b', 'qwen3-30b-a3b', 'olmoe-1b-7b')
 
 # %% ../nbs/00_config.ipynb #18621086
 def get_preset(name: str, key: str = 'preset') -> Preset:

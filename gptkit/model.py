@@ -18,12 +18,13 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import RECOMPUTE, ModelConfig
 from .errors import ConfigError
+from .moe import MoE
 from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
 __all__ = ['RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention', 'Attention', 'MLP',
-           'LayerNorm', 'make_norm', 'Dropout', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
+           'LayerNorm', 'make_norm', 'Dropout', 'make_mlp', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -86,8 +87,11 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.dropout, self.recompute = cfg.heads, cfg.kv, cfg.dropout, False
         self.layer = layer                  # its number in the model: which of a KV cache's layers it uses
         self.qkv = nn.Linear(cfg.hidden, (cfg.heads + 2 * cfg.kv) * cfg.head_dim, bias=cfg.attn_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.kernels) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, cfg.kernels) if cfg.qk_norm else None
+        # QK norm: each head's vector (Qwen3), or, with qk_norm_all, all heads' at once (OLMoE)
+        qw, kw = (cfg.heads * cfg.head_dim, cfg.kv * cfg.head_dim) if cfg.qk_norm_all else (cfg.head_dim,) * 2
+        self.q_norm = RMSNorm(qw, cfg.norm_eps, cfg.kernels) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(kw, cfg.norm_eps, cfg.kernels) if cfg.qk_norm else None
+        self.qk_norm_all = cfg.qk_norm and cfg.qk_norm_all
         self.proj = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=cfg.bias)
         self.window = cfg.sliding_window
         self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
@@ -97,10 +101,13 @@ class Attention(nn.Module):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]
         d, groups = qkv.shape[-1] // (self.heads + 2 * self.kv_heads), self.heads // self.kv_heads
-        q, k, v = (t.view(b, s, -1, d) for t in qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1))
+        q, k, v = qkv.split((self.heads * d, self.kv_heads * d, self.kv_heads * d), -1)
+        if self.qk_norm_all:                                                 # OLMoE: across all heads at once
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.view(b, s, -1, d) for t in (q, k, v))
         kern = _kernels(self.kernels, x)
-        fused = kern is not None and rope is not None and type(self.q_norm) is RMSNorm   # QK norm + rotary: one kernel
-        if self.q_norm is not None and not fused:                            # each head's vector normalized
+        fused = kern is not None and rope is not None and type(self.q_norm) is RMSNorm and not self.qk_norm_all
+        if self.q_norm is not None and not fused and not self.qk_norm_all:  # each head's vector normalized
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                     # [b, heads, s, d], 2 x [b, kv_heads, s, d]
         if fused:                  # gptkit.kernels_qk: each head normalized and rotated in one pass
@@ -127,10 +134,11 @@ class Attention(nn.Module):
 # %% ../nbs/07b_model.ipynb #d54813e5
 class MLP(nn.Module):
     "h -> ffn -> GELU -> h, or the gated h -> fc2(silu(gate) * up) -> h, where fc1 makes [gate; up] (SwiGLU)"
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, width: int | None = None):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn * (2 if cfg.gated else 1), bias=cfg.bias)
-        self.fc2 = nn.Linear(cfg.ffn, cfg.hidden, bias=cfg.bias)
+        f = width or cfg.ffn                   # `ffn`; a shared expert's own width
+        self.fc1 = nn.Linear(cfg.hidden, f * (2 if cfg.gated else 1), bias=cfg.bias)
+        self.fc2 = nn.Linear(f, cfg.hidden, bias=cfg.bias)
         self.gated, self.approximate = cfg.gated, 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
         self.kernels = cfg.kernels
     def forward(self, x):
@@ -162,12 +170,18 @@ class Dropout(nn.Dropout):
     def forward(self, x):
         return F.dropout(x, self.p, True, self.inplace) if self.training and self.p else x
 
+def make_mlp(cfg: ModelConfig, layer: int) -> nn.Module:
+    "Block `layer`'s MLP: a mixture of experts (`gptkit.moe`, with its shared expert if any) when `cfg` says so"
+    if not cfg.moe_layer(layer):
+        return MLP(cfg)
+    return MoE(cfg, MLP(cfg, cfg.moe_shared_ffn) if cfg.moe_shared_ffn else None)
+
 class Block(nn.Module):
     "Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))"
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.ln1, self.attn = make_norm(cfg), Attention(cfg, layer)
-        self.ln2, self.mlp = make_norm(cfg), MLP(cfg)
+        self.ln2, self.mlp = make_norm(cfg), make_mlp(cfg, layer)
         self.drop = Dropout(cfg.dropout)
     def forward(self, x, cache: KVCache | None = None, rope=None):
         x = x + self.drop(self.attn(self.ln1(x), cache, rope))
@@ -195,6 +209,10 @@ class GPT(nn.Module):
     "The decoder: token embeddings (and learned positions), pre-norm blocks, final norm, tied or own output layer"
     def __init__(self, cfg: ModelConfig, recompute: str = 'none', tp: int = 1):
         super().__init__()
+        if tp > 1 and (cfg.moe_experts or cfg.qk_norm_all):
+            what = 'mixture-of-experts layers' if cfg.moe_experts else 'QK norms across all heads (qk_norm_all)'
+            raise ConfigError([('parallel.tp', f'{{key}} {tp}: tensor parallelism does not split {what} yet; '
+                                               'train this model with parallel.tp 1')])
         self.cfg, self.vocab = cfg, cfg.vocab
         self.wte = nn.Embedding(cfg.padded_vocab(tp), cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position == 'learned' else None

@@ -12,8 +12,8 @@ from .config import ModelConfig
 from .errors import ConfigError
 
 # %% auto #0
-__all__ = ['TP_ROLES', 'INIT_GROUPS', 'Param', 'hf_family', 'layer_table', 'param_table', 'layer_numel', 'stage_layers',
-           'stage_extras']
+__all__ = ['TP_ROLES', 'INIT_GROUPS', 'Param', 'hf_family', 'layer_table', 'moe_table', 'param_table', 'layer_numel',
+           'stage_layers', 'stage_extras']
 
 # %% ../nbs/07a_params.ipynb #f4b34356
 TP_ROLES = ('column', 'row', 'vocab', 'replicated')   # cut by output rows, by input columns, by vocabulary rows, whole
@@ -33,7 +33,8 @@ class Param:
     qkv: tuple[int, ...] = ()  # fused QKV: (heads, kv_heads); rows [q of each head, k of each kv head, v of each]
     layer: int | None = None   # its transformer layer; None for the embeddings and the final norm
     glu: bool = False          # the gated MLP's first layer: rows [gate; up], each rank takes its part of both
-    hf_rows: tuple[int, ...] = ()   # the rows of each of several `hf` tensors
+    hf_rows: tuple[int, ...] = ()   # the rows of each of several `hf` tensors (stacked experts [E, rows, in]: of the
+                                    # tensor seen as [E x rows, in], expert by expert, as Hub checkpoints store them)
 
     @property
     def numel(self) -> int:
@@ -78,7 +79,8 @@ def _layer_rows(cfg: ModelConfig) -> dict:
     "Output rows (and HF parts' rows) of each module of a block"
     h, f, d = cfg.hidden, cfg.ffn, cfg.head_dim
     qkv = (cfg.heads * d, cfg.kv * d, cfg.kv * d)
-    return {'ln1': (h,), 'attn.qkv': qkv, 'attn.q_norm': (d,), 'attn.k_norm': (d,), 'attn.proj': (h,), 'ln2': (h,),
+    qn, kn = ((cfg.heads * d,), (cfg.kv * d,)) if cfg.qk_norm_all else ((d,), (d,))   # OLMoE: across all heads
+    return {'ln1': (h,), 'attn.qkv': qkv, 'attn.q_norm': qn, 'attn.k_norm': kn, 'attn.proj': (h,), 'ln2': (h,),
             'mlp.fc1': (f, f) if cfg.gated else (f,), 'mlp.fc2': (h,)}
 
 def _has_bias(cfg: ModelConfig, module: str) -> bool:
@@ -102,7 +104,7 @@ def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
     rows, fam, out = _layer_rows(cfg), hf_family(cfg), []
     ins = {'mlp.fc2': cfg.ffn, 'attn.proj': cfg.heads * cfg.head_dim}   # input width: the hidden size unless given
     for g, gpt2, llama, meg, w_tp, b_tp, w_init in _LAYER:
-        if g.endswith('_norm') and not cfg.qk_norm:
+        if g.endswith('_norm') and not cfg.qk_norm or g.startswith('mlp.') and cfg.moe_layer(i):
             continue
         r, norm = rows[g], g.startswith('ln') or g.endswith('_norm')
         shape = (sum(r),) if norm else (sum(r), ins.get(g) or cfg.hidden)
@@ -117,6 +119,35 @@ def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
                              w_tp if kind == 'weight' else b_tp, w_init if kind == 'weight' else 'zeros', hf,
                              fam == 'gpt2' and not norm and kind == 'weight', f'encoder/layers.{i}.{meg}.{kind}',
                              qkv, i, glu, r if isinstance(hf, tuple) else ()))
+    return out + moe_table(cfg, i) if cfg.moe_layer(i) else out
+
+def _moe_hf(cfg: ModelConfig, i: int) -> tuple[str, tuple[str, str, str]]:
+    "Layer `i`'s MoE prefix and (gate, up, down) names on the Hub: Qwen3-MoE and OLMoE's (with QK norms) or Mixtral's"
+    if cfg.qk_norm:
+        return f'model.layers.{i}.mlp', ('gate_proj', 'up_proj', 'down_proj')
+    return f'model.layers.{i}.block_sparse_moe', ('w1', 'w3', 'w2')
+
+def moe_table(cfg: ModelConfig, i: int) -> list[Param]:
+    "The MLP tensors of MoE layer `i`: router [E, h], stacked experts [E, ...], shared expert (all whole under TP)"
+    e, h, f, s = cfg.moe_experts, cfg.hidden, cfg.expert_ffn, cfg.moe_shared_ffn
+    g, hf = 2 if cfg.gated else 1, hf_family(cfg) == 'llama' and not s     # no HF family has a gate-less shared MLP
+    base, (gate, up, down) = _moe_hf(cfg, i)
+    def names(parts, kind):      # each expert's Hub tensors, expert by expert
+        return tuple(f'{base}.experts.{x}.{n}.{kind}' for x in range(e) for n in parts) if hf else ''
+    fc1 = (gate, up) if cfg.gated else (up,)
+    mods = [('router', (e, h), 'normal', f'{base}.gate.weight' if hf else '', (), 'router', False),
+            ('experts.fc1', (e, g * f, h), 'normal', fc1, (f,) * g, 'experts.fc1', True),
+            ('experts.fc2', (e, h, f), 'scaled', (down,), (h,), 'experts.fc2', True)]
+    if s:
+        mods += [('shared.fc1', (g * s, h), 'normal', '', (), 'shared_experts.fc1', True),
+                 ('shared.fc2', (h, s), 'scaled', '', (), 'shared_experts.fc2', True)]
+    out = []
+    for mod, shape, init, parts, rows, meg, biased in mods:
+        for kind in ('weight', 'bias') if cfg.bias and biased else ('weight',):
+            hf_name = names(parts, kind) if isinstance(parts, tuple) else parts
+            out.append(Param(f'blocks.{i}.mlp.{mod}.{kind}', shape if kind == 'weight' else shape[:-1], 'replicated',
+                             init if kind == 'weight' else 'zeros', hf_name, False,
+                             f'encoder/layers.{i}.mlp.{meg}.{kind}', (), i, False, rows * e if hf_name else ()))
     return out
 
 def param_table(cfg: ModelConfig) -> list[Param]:
@@ -139,9 +170,11 @@ def param_table(cfg: ModelConfig) -> list[Param]:
                          'output_layer/weight'))
     return out
 
-def layer_numel(cfg: ModelConfig, tp: int = 1) -> tuple[int, int]:
-    "(split, replicated) elements of one transformer layer on one of `tp` ranks"
-    t = layer_table(cfg, 0)
+def layer_numel(cfg: ModelConfig, tp: int = 1, layer: int | None = None) -> tuple[int, int]:
+    "(split, replicated) elements of transformer layer `layer` (None: the first MoE layer, else 0) on one of `tp` ranks"
+    if layer is None:
+        layer = cfg.moe_every - 1 if cfg.moe_experts else 0
+    t = layer_table(cfg, layer)
     return sum(p.shard_numel(tp) for p in t if p.tp != 'replicated'), sum(p.numel for p in t if p.tp == 'replicated')
 
 # %% ../nbs/07a_params.ipynb #0c9a1190
