@@ -482,16 +482,17 @@ def test_serve_refuses_to_start_with_a_chat_template_that_loops_for_ages(tiny_ch
     no_traceback(r.stdout + r.stderr)
 
 
-@pytest.mark.parametrize('template,said', [
-    (HOSTILE['loops'], r'took over 0\.5 s to render a sample conversation; it is refused'),
-    (HOSTILE['times'], r'needed more than [\d,]+ bytes to render a sample conversation; it is refused'),
-    (HOSTILE['doubling'], r'needed more than [\d,]+ bytes to render a sample conversation; it is refused'),
-    ('{% for m in messages %}', r'is not a Jinja template: line 1: Unexpected end of template\..*'),
+# the templates refused for their size get 5 s, so that a loaded machine cannot make time the reason instead
+@pytest.mark.parametrize('template,seconds,said', [
+    (HOSTILE['loops'], '0.5', r'took over 0\.5 s to render a sample conversation; it is refused'),
+    (HOSTILE['times'], '5', r'needed more than [\d,]+ bytes to render a sample conversation; it is refused'),
+    (HOSTILE['doubling'], '5', r'needed more than [\d,]+ bytes to render a sample conversation; it is refused'),
+    ('{% for m in messages %}', '0.5', r'is not a Jinja template: line 1: Unexpected end of template\..*'),
 ], ids=['loops', 'times', 'doubling', 'unfinished'])
 def test_serve_refuses_to_start_with_a_chat_template_that_fails_on_a_sample_conversation(tiny_checkpoint, tmp_path,
-                                                                                         template, said):
+                                                                                         template, seconds, said):
     run, config = with_template(tiny_checkpoint, tmp_path, template)
-    r = run_within(30, 'serve', '--checkpoint', run, '--port', _free_port(), '--template-seconds', '0.5')
+    r = run_within(30, 'serve', '--checkpoint', run, '--port', _free_port(), '--template-seconds', seconds)
     assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert lines[1:] == ['SystemExit(1)'], r.stderr                # run_here adds how the command ended
