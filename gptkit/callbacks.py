@@ -43,13 +43,14 @@ class StepMetrics:
     lr: float
     grad_norm: float | None
     loss_scale: float | None
-    tokens: int               # tokens consumed so far
+    tokens: int               # tokens trained so far (a curriculum's shorter steps count their own length)
     tokens_per_s: float
     tflops: float             # achieved model TFLOP/s per device
     mfu: float | None         # tflops / the device's peak, when known
     memory_gib: float         # peak memory of this process (GPU allocated, or CPU resident)
     step_seconds: float
     skipped: int = 0          # micro-batches dropped for a non-finite loss since the last report
+    seq_len: int | None = None  # the sequence length of the last step (a curriculum's grows to the model's context)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -134,7 +135,8 @@ class TensorBoard(Callback):
             self.w = SummaryWriter(str(self.path), purge_step=purge)
     def on_step(self, m):
         with written(self.path):
-            for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib'):
+            for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib',
+                      'seq_len'):
                 v = getattr(m, k)
                 if v is not None:
                     self.w.add_scalar(f'train/{k}', v, m.iteration)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import checkpoint as ckpt, store
 from .config import ModelConfig
+from .curriculum import Curriculum
 from .data.indexed import read_metadata
 from .data.plan import check_data, data_plan
 from .data.prepare import tokenizer_digest
@@ -29,7 +30,8 @@ from .tokenizer import load as load_tokenizer
 # %% auto #0
 __all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
            'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'start_point', 'init_config',
-           'check_start', 'RunPlan', 'read_tokenizer', 'plan_run', 'preview_run', 'hand_over', 'handed_plan']
+           'check_start', 'RunPlan', 'read_tokenizer', 'plan_run', 'preview_run', 'curriculum_summary', 'hand_over',
+           'handed_plan']
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
@@ -296,6 +298,17 @@ def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
         return RunPlan(cfg, data_plan(cfg))
     except GptkitError as e:
         return RunPlan(cfg, {}, data_error=str(e))
+
+# %% ../nbs/11a_plan.ipynb #e1c2d3a2
+def curriculum_summary(cfg: RunConfig) -> str | None:
+    "The line `gptkit train --dry-run` prints for the run's sequence-length curriculum (None without one)"
+    c, plan = Curriculum.of(cfg.train, cfg.model.seq_len), cfg.plan
+    if c is None:
+        return None
+    warm, batch = min(c.steps, plan.iters), plan.global_batch
+    return (f'curriculum: sequence length {c.start} -> {c.end} over {c.steps:,} steps in multiples of {c.size} | '
+            f'{plan.iters:,} steps train {c.tokens(plan.iters, batch):,} tokens; the first {warm:,} train '
+            f'{c.tokens(warm, batch):,} (at full length {warm * batch * plan.seq_len:,}) | the lr decays by tokens')
 
 # %% ../nbs/11a_plan.ipynb #39386cce
 def _digest(text: str) -> str:

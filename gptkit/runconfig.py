@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from .config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig, get_preset, parse_size
+from .curriculum import curriculum_plan, curriculum_problems
 from .errors import ConfigError, check, shorten, shown
 from .files import read_text, write_atomic
 from .layout import BatchPlan, Layout, validate_layout
@@ -48,8 +49,9 @@ class RunConfig:
 
     @property
     def plan(self) -> BatchPlan:
-        "The shape of each step and the number of steps, on `layout`"
-        return _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
+        "The shape of each step and the number of steps, on `layout` (a run in tokens: as many as its curriculum needs)"
+        plan = _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
+        return curriculum_plan(plan, self.train, self.model.seq_len)
 
     @property
     def iters(self) -> int:
@@ -119,6 +121,7 @@ def from_dict(d: dict) -> RunConfig:
             _section_keys(lambda: validate_layout(parts['model'], parts['parallel'], parts['train']))
         except ConfigError as e:
             problems += e.problems
+        problems += curriculum_problems(parts['train'], parts['model'], parts['parallel'])   # the model's context
     check(problems)
     return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'), init=init)
 

@@ -7,6 +7,7 @@ metrics to TensorBoard and JSON lines, checkpoints that resume bit for bit, and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ from gptkit.parallel import (
 
 from . import checkpoint as ckpt, store
 from .callbacks import MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResult
+from .curriculum import Curriculum, decay_by_tokens
 from .data.plan import data_name, machine_memory, split_sizes, split_source, warn_repeats
 from .data.samples import split_samples
 from .engine import Schedule, build_engine, check_precision, compile_model, device_type, init_distributed
@@ -125,13 +127,20 @@ def _reports_loss(parallel) -> bool:
 
 # %% ../nbs/11_train.ipynb #6649ee2c
 def _micro_batches(samples, start: int, ga: int, dp: int, dp_rank: int, mb: int, vocab: int, where: str,
-                   device) -> list:
-    "This data-parallel rank's `ga` micro-batches of the step whose first sample is `start`, as (inputs, targets)"
+                   device, length: int | None = None) -> list:
+    "This rank's `ga` micro-batches of the step whose first sample is `start`, as (inputs, targets) cut to `length`"
     out = []
     for m in range(ga):
-        ids = torch.from_numpy(micro_batch(samples, start + (m * dp + dp_rank) * mb, mb, vocab, where)).to(device)
+        ids = micro_batch(samples, start + (m * dp + dp_rank) * mb, mb, vocab, where)
+        ids = torch.from_numpy(ids if length is None else ids[:, :length + 1]).to(device)   # a curriculum's step
         out.append((ids[:, :-1], ids[:, 1:]))
     return out
+
+def _stage_shape(engine, parallel, inputs) -> tuple[int, int, int]:
+    "The shape of the activations a pipeline stage passes on for micro-batches like `inputs` (of any length)"
+    sp = getattr(engine.module, 'sequence_parallel', False)
+    mb, _, hidden = stage_input_shape(engine.module.cfg, inputs.shape[0], parallel.layout.tp, sp)
+    return mb, inputs.shape[1] // (parallel.layout.tp if sp else 1), hidden
 
 def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -> tuple[float, int, float | None]:
     "One optimizer step over this rank's micro-batches: (sum of their losses, how many were dropped, grad norm or None)"
@@ -153,10 +162,8 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
                 norm = grad_norm(engine.module, parallel)
             engine.step()
     else:
-        cfg, par = engine.module.cfg, parallel.layout
         engine.set_gradient_accumulation_boundary(False)
-        sp = getattr(engine.module, 'sequence_parallel', False)
-        shape = stage_input_shape(cfg, batches[0][0].shape[0], par.tp, sp)
+        shape = _stage_shape(engine, parallel, batches[0][0])
         one_f_one_b(engine, backward, batches, parallel, shape, next(engine.module.parameters()).dtype, engine.device)
         sync_tied_grads(engine.module, parallel)
         engine.set_gradient_accumulation_boundary(True)
@@ -183,8 +190,7 @@ def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where
         if parallel.layout.pp == 1:
             losses = [engine(x, y) for x, y in batches]
         else:
-            sp = getattr(engine.module, 'sequence_parallel', False)
-            shape = stage_input_shape(engine.module.cfg, mb, parallel.layout.tp, sp)
+            shape = _stage_shape(engine, parallel, batches[0][0])
             dtype = next(engine.module.parameters()).dtype
             losses = one_f_one_b(engine, None, batches, parallel, shape, dtype, engine.device, train=False)
     engine.train()
@@ -220,6 +226,8 @@ class Window:
     loss: float = 0.0
     steps: int = 0              # steps with a loss (not every micro-batch dropped)
     skipped: int = 0            # micro-batches dropped for a non-finite loss
+    tokens: int = 0             # tokens trained when it opened
+    flops: float = 0.0          # model FLOPs of its steps
 
     def add(self, loss: float, dropped: int):
         if not math.isnan(loss):
@@ -265,6 +273,7 @@ class Loop:
     info: RunInfo | None = None
     window: Window | None = None
     result: TrainResult | None = None
+    curriculum: Curriculum | None = None   # the sequence-length warm-up (train.curriculum_start), if any
 
     @property
     def rank(self) -> int:
@@ -277,7 +286,13 @@ class Loop:
         return self.out / 'checkpoints'
     @property
     def tokens(self) -> int:
-        return self.consumed * self.plan.seq_len
+        "Tokens trained: a curriculum's shorter steps count their own length"
+        full, c, s = self.consumed * self.plan.seq_len, self.curriculum, self.plan.seq_len
+        return full if c is None else full - self.plan.global_batch * (self.iteration * s - c.tokens(self.iteration))
+    @property
+    def length(self) -> int:
+        "The sequence length of the next step"
+        return self.plan.seq_len if self.curriculum is None else self.curriculum.length(self.iteration + 1)
 
 # %% ../nbs/11_train.ipynb #d202b564
 def _write_run_folder(cfg: RunConfig, tok, out: Path):
@@ -344,7 +359,7 @@ def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = Fa
     # gptkit measures the gradient norm where DeepSpeed reports none (fp32, ZeRO 0) or a wrong one (ZeRO-0 pipelines)
     own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)
     return Loop(cfg, cfg.plan, parallel, engine, ds, train_set, valid, callbacks, device, params, shapes,
-                plan.resume_from, own_norm, started)
+                plan.resume_from, own_norm, started, curriculum=Curriculum.of(cfg.train, cfg.model.seq_len))
 
 # %% ../nbs/11_train.ipynb #dcb94edc
 def restore(loop: Loop) -> Loop:
@@ -355,10 +370,12 @@ def restore(loop: Loop) -> Loop:
                           loop.parallel)
         loop.iteration, loop.consumed = state['iteration'], state['consumed_samples']
         Schedule(cfg.optim, plan.iters).follow(loop.engine)
+    if loop.curriculum is not None:                 # the decay counts tokens trained (Megatron-DeepSpeed's)
+        decay_by_tokens(loop.engine.lr_scheduler, Schedule(cfg.optim, plan.iters), loop.curriculum)
     loop.info = RunInfo(cfg, plan.iters, loop.iteration, loop.params, loop.parallel.layout.world, plan.accumulation,
                         loop.device, flops_per_iteration(cfg.model, plan.global_batch, cfg.train.recompute),
                         peak_flops(loop.device, cfg.train.precision), loop.out, loop.resume_from)
-    loop.result, loop.window = TrainResult(loop.iteration, loop.tokens, []), Window(loop.iteration)
+    loop.result, loop.window = TrainResult(loop.iteration, loop.tokens, []), Window(loop.iteration, tokens=loop.tokens)
     for c in loop.callbacks:
         c.on_start(loop.info)
     return loop
@@ -367,8 +384,10 @@ def restore(loop: Loop) -> Loop:
 def train_step(loop: Loop, stop_requested: bool = False) -> float:
     "One optimizer step over the global batch; returns its mean loss (NaN when every micro-batch was dropped)"
     cfg, plan, engine = loop.cfg, loop.plan, loop.engine
+    length = loop.length                            # a curriculum's steps are shorter than the model's context
     batches = _micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
-                             plan.micro_batch, cfg.model.vocab, data_name(cfg, 'train'), engine.device)
+                             plan.micro_batch, cfg.model.vocab, data_name(cfg, 'train'), engine.device,
+                             None if loop.curriculum is None else length)
     loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
     if loop.own_norm:
         loop.grad_norm = norm
@@ -395,6 +414,8 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     else:
         loop.bad_steps = 0
     loop.window.add(loss, dropped)
+    loop.window.flops += flops_per_iteration(dataclasses.replace(cfg.model, seq_len=length), plan.global_batch,
+                                             cfg.train.recompute)
     return loss
 
 # %% ../nbs/11_train.ipynb #250e93d7
@@ -409,15 +430,16 @@ def report(loop: Loop) -> StepMetrics | None:
         norm = None                   # every step since the last report was dropped: no loss, no norm
     fp16 = cfg.train.precision == 'fp16'
     scale = getattr(engine.optimizer, 'loss_scale', None) if fp16 else None   # ZeRO-0's FP16 optimizers lack cur_scale
-    tflops = loop.info.flops_per_step * steps / dt / loop.parallel.layout.world / 1e12
+    tflops = w.flops / dt / loop.parallel.layout.world / 1e12
     peak = loop.info.peak_flops
     loss = w.loss / w.steps if w.steps else None
     m = StepMetrics(it, loss, engine.get_lr()[0], None if norm is None else float(norm),
-                    None if scale is None else float(scale), loop.tokens, steps * plan.tokens_per_step / dt, tflops,
-                    tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped)
+                    None if scale is None else float(scale), loop.tokens, (loop.tokens - w.tokens) / dt, tflops,
+                    tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped,
+                    plan.seq_len if loop.curriculum is None else loop.curriculum.length(it))
     for c in loop.callbacks:
         c.on_step(m)
-    loop.window = Window(it)
+    loop.window = Window(it, tokens=loop.tokens)
     return m
 
 # %% ../nbs/11_train.ipynb #cb712719
