@@ -16,7 +16,7 @@ from .config import ModelConfig, ParallelConfig, TrainConfig
 from .layout import BatchPlan
 
 # %% auto #0
-__all__ = ['Runs', 'Curriculum', 'curriculum_plan', 'decay_by_tokens', 'curriculum_problems']
+__all__ = ['MAX_LENGTHS', 'Runs', 'Curriculum', 'curriculum_plan', 'decay_by_tokens', 'curriculum_problems']
 
 # %% ../nbs/11d_curriculum.ipynb #9f62fab8
 @dataclass(frozen=True)
@@ -116,6 +116,8 @@ def decay_by_tokens(scheduler, schedule, curriculum: Curriculum):
         group['lr'] = base * factor(scheduler.last_epoch)      # the step about to run (after a resume, too)
 
 # %% ../nbs/11d_curriculum.ipynb #9986fc19
+MAX_LENGTHS = 2**18   # distinct lengths of a warm-up (their runs are counted one by one: about a second)
+
 def curriculum_problems(train: TrainConfig, model: ModelConfig, parallel: ParallelConfig) -> list[tuple[str, str]]:
     "What `train`'s curriculum asks that `model` on `parallel` cannot train, under dotted keys"
     if train.curriculum_start is None:
@@ -131,6 +133,10 @@ def curriculum_problems(train: TrainConfig, model: ModelConfig, parallel: Parall
     elif end % size:
         what = f'{{key}} = {end}' if given else f'{{key}} (unset: model.seq_len {end})'
         out.append(('train.curriculum_end', f'{what} must be a multiple of train.curriculum_step_size {size}'))
+    if not out and (end - start) // size >= MAX_LENGTHS:
+        many = (end - start) // size + 1
+        out.append(('train.curriculum_step_size', f'{{key}} = {size} gives {many:,} lengths from {start} to {end}; '
+                                                  f'gptkit takes up to {MAX_LENGTHS:,}: a larger step'))
     tp = parallel.tp if isinstance(parallel.tp, int) else 1
     if parallel.sequence_parallel and tp > 1 and size % tp:
         out.append(('train.curriculum_step_size', f'{{key}} = {size} must be a multiple of parallel.tp {tp} under '

@@ -109,6 +109,8 @@ def test_a_run_given_in_tokens_trains_them(tiny_data, tmp_path):
     (['train.curriculum_start=8', 'train.curriculum_steps=0'], 'train.curriculum_steps', ''),
     (['train.curriculum_start=8', 'parallel.tp=2', 'parallel.sequence_parallel=true', 'train.curriculum_step_size=1',
       'model.seq_len=32'], 'train.curriculum_step_size', 'multiple of parallel.tp 2'),
+    (['train.curriculum_start=1', 'train.curriculum_step_size=1', 'model.seq_len=524288'], 'train.curriculum_step_size',
+     '524,288 lengths from 1 to 524288; gptkit takes up to 262,144'),
 ])
 def test_bad_values_are_refused_naming_the_key(tiny_data, tmp_path, sets, key, says):
     with pytest.raises(ConfigError) as e:
