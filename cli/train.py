@@ -261,11 +261,13 @@ def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
 
 def _dry_run(cfg, override, world, launch, argv):
     "The plan without its checks (`preview_run`), the DeepSpeed config and the launch command"
-    from gptkit.plan import preview_run
+    from gptkit.plan import curriculum_summary, preview_run
     plan = preview_run(cfg, world)
     cfg = plan.cfg
     _summary(cfg)
     _data_summary(plan)
+    if (line := curriculum_summary(cfg)) is not None:
+        out.print(line, markup=False)
     out.print('[bold]Run config[/]')
     out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')

@@ -136,3 +136,13 @@ def test_a_pipeline_trains_the_short_steps_like_one_process(tiny_data, tmp_path)
     assert [r['loss'] for r in got] == pytest.approx([r['loss'] for r in want], rel=1e-5)
     assert rows(tmp_path / 'pp', 'valid') and [r['loss'] for r in rows(tmp_path / 'pp', 'valid')] == pytest.approx(
         [r['loss'] for r in rows(tmp_path / 'one', 'valid')], rel=1e-5)
+
+
+def test_the_dry_run_shows_the_curriculum(tiny_data, tmp_path):
+    sets = ['train.curriculum_start=8', 'train.curriculum_steps=4', 'train.iters=6']
+    r = run_here('train', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', tmp_path / 'dry', '--dry-run',
+                 *[a for s in TINY_SETS + sets for a in ('--set', s)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = ' '.join(r.stdout.split())
+    assert 'curriculum: sequence length 8 -> 32 over 4 steps in multiples of 8' in said, r.stdout
+    assert 'the lr decays by tokens' in said and not (tmp_path / 'dry').exists()
