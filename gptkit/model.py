@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import RECOMPUTE, ModelConfig
 from .errors import ConfigError
-from .moe import MoE
+from .moe import MoE, track_loss_scale
 from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
@@ -319,11 +319,15 @@ class GPT(nn.Module):
         if self.ln_f is None:
             return h            # a pipeline stage before the last hands on its hidden states
         if targets is not None and _kernels(self.cfg.kernels, h) is not None:   # fused output layer and loss
-            return self.head.chunked_loss(h, self.output_weight(), targets)
+            return self._tracked(self.head.chunked_loss(h, self.output_weight(), targets))
         if logits_to_keep:
             h = h[:, -logits_to_keep:]      # generation needs only the last position's logits
         logits = self.logits(h)
-        return logits if targets is None else self.loss(logits, targets)
+        return logits if targets is None else self._tracked(self.loss(logits, targets))
+
+    def _tracked(self, loss):
+        "The loss; with MoE layers, tracked so that their losses' gradients scale as the loop scales it (07d)"
+        return track_loss_scale(self, loss) if self.cfg.moe_experts else loss
 
 # %% ../nbs/07b_model.ipynb #3532fccd
 def num_params(model: nn.Module) -> int:

@@ -17,8 +17,8 @@ from .config import ModelConfig
 from .ops import swiglu
 
 # %% auto #0
-__all__ = ['Router', 'StackedLinear', 'Experts', 'capacity', 'dispatch', 'load_balancing_loss', 'z_loss', 'AuxLoss', 'MoE',
-           'moe_layers', 'set_moe_grad_scale', 'moe_stats']
+__all__ = ['Router', 'StackedLinear', 'Experts', 'capacity', 'dispatch', 'load_balancing_loss', 'z_loss', 'AuxLoss', 'LossScale',
+           'MoE', 'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats']
 
 # %% ../nbs/07d_moe.ipynb #4e473a4b
 class Router(nn.Module):
@@ -92,17 +92,30 @@ def z_loss(logits):
     return logits.float().logsumexp(-1).square().mean()
 
 class AuxLoss(torch.autograd.Function):
-    "Identity on the layer output; in the backward pass the scalar `loss` gets the gradient `scale` (Megatron's form)"
+    "Identity on a layer's output; in backward the scalar `loss` gets the gradient `layer.grad_scale` (Megatron's form)"
     @staticmethod
-    def forward(ctx, output, loss, scale: float):
+    def forward(ctx, output, loss, layer: nn.Module):
         ctx.save_for_backward(loss)
-        ctx.scale = scale
+        ctx.layer = layer              # its grad_scale is read in backward: the loss may set it just before
         return output.view_as(output)
 
     @staticmethod
     def backward(ctx, grad):
         (loss,) = ctx.saved_tensors
-        return grad, torch.full_like(loss, ctx.scale), None
+        return grad, torch.ones_like(loss) * ctx.layer.grad_scale, None
+
+class LossScale(torch.autograd.Function):
+    "Identity on the loss; its backward, the first to run, gives `layers` the gradient the loss received"
+    @staticmethod
+    def forward(ctx, loss, layers: list):
+        ctx.layers = layers
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx, grad):
+        for m in ctx.layers:
+            m.grad_scale = grad.detach()
+        return grad, None
 
 # %% ../nbs/07d_moe.ipynb #df463428
 class MoE(nn.Module):
@@ -112,7 +125,7 @@ class MoE(nn.Module):
         self.router, self.experts, self.shared = Router(cfg), Experts(cfg), shared
         self.cfg, self.num_experts, self.top_k = cfg, cfg.moe_experts, cfg.moe_top_k
         self.aux_coef, self.z_coef = cfg.moe_aux_loss_coef, cfg.moe_z_loss_coef
-        self.grad_scale = 1.0    # what the training loop multiplies the loss by before backward (see above)
+        self.grad_scale = 1.0    # what the loop multiplied the loss by before backward (set by the loss or the loop)
         self.stats: dict[str, torch.Tensor] = {}
 
     def forward(self, x):
@@ -126,7 +139,7 @@ class MoE(nn.Module):
         out = x.new_zeros(x.shape).index_add(0, token, y.to(x.dtype))
         aux, z = load_balancing_loss(probs, counts, self.top_k), z_loss(logits)
         if self.training and torch.is_grad_enabled() and (self.aux_coef or self.z_coef):
-            out = AuxLoss.apply(out, self.aux_coef * aux + self.z_coef * z, self.grad_scale)
+            out = AuxLoss.apply(out, self.aux_coef * aux + self.z_coef * z, self)
         assigned = chosen.numel()
         self.stats = {'aux_loss': aux.detach(), 'z_loss': z.detach(), 'load': counts.detach(),
                       'dropped': 1 - kept.sum().detach() / assigned}
@@ -143,6 +156,11 @@ def set_moe_grad_scale(model: nn.Module, scale: float):
     "Set the gradient the MoE losses get in backward: the factor the training loop scales its loss by"
     for m in moe_layers(model):
         m.grad_scale = float(scale)
+
+def track_loss_scale(model: nn.Module, loss):
+    "`loss`, unchanged; in backward, the gradient it receives becomes `model`'s MoE layers' grad_scale"
+    layers = [m for m in moe_layers(model) if m.training and (m.aux_coef or m.z_coef)]
+    return LossScale.apply(loss, layers) if layers and loss.requires_grad else loss
 
 def moe_stats(model: nn.Module) -> dict[str, float]:
     "Last forward's MoE statistics, averaged over the MoE layers (empty for a dense model)"

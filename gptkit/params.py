@@ -204,17 +204,21 @@ def stage_extras(cfg: ModelConfig, pp: int) -> list[list[Param]]:
 
 def _balanced_sizes(cfg: ModelConfig, pp: int) -> list[int]:
     "Layers per stage that minimise the largest stage's parameters (then the sum of squares): an exact search"
-    L, layer = cfg.layers, sum(layer_numel(cfg))
+    L = cfg.layers
+    kinds = [sum(layer_numel(cfg, layer=j)) for j in range(cfg.moe_every)]   # MoE and dense layers differ
+    upto = [0]
+    for i in range(L):    # parameters of layers [0, i): the sizes repeat every `moe_every` layers
+        upto.append(upto[-1] + kinds[i % cfg.moe_every])
     extra = [sum(p.numel for p in ps) for ps in stage_extras(cfg, pp)]
     best = {}
     def cost(i, start):   # (largest stage, sum of squares, sizes) for stages i.. holding layers start..
         if i == pp - 1:
-            c = extra[i] + (L - start) * layer
+            c = extra[i] + upto[L] - upto[start]
             return c, c * c, (L - start,)
         if (i, start) not in best:
             options = []
             for n in range(1, L - start - (pp - i - 1) + 1):
-                c = extra[i] + n * layer
+                c = extra[i] + upto[start + n] - upto[start]
                 top, sq, plan = cost(i + 1, start + n)
                 options.append((max(c, top), c * c + sq, (n,) + plan))
             best[i, start] = min(options)

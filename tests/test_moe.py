@@ -1,6 +1,7 @@
 """Mixture of experts: the layer and whole models against transformers' Mixtral, Qwen3-MoE and OLMoE, the losses'
 gradients against a plain sum, the capacity's drops against a plain count, the presets' sizes, training, generation."""
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from gptkit.config import LLAMA, MOE_PRESETS, PRESETS, ModelConfig
 from gptkit.errors import ConfigError
 from gptkit.model import GPT, KVCache, num_params
 from gptkit.moe import MoE, moe_layers, moe_stats, set_moe_grad_scale
+from gptkit.params import param_table, stage_extras, stage_layers
 
 SMALL = dict(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=96, tie_embeddings=False, **LLAMA)
 
@@ -92,11 +94,11 @@ def test_presets_have_the_published_sizes(name):
     assert num_params(ours) == sum(p.numel() for p in theirs.parameters())
 
 
-def _plain_loss(model: GPT, ids, targets, cfg: ModelConfig):
-    "Cross entropy of `model` (built without MoE losses) plus each MoE layer's coef x aux + zcoef x z, plainly"
+def _plain_loss(model: GPT, cfg: ModelConfig, run):
+    "`run()`'s loss from `model` (built without MoE losses) plus each MoE layer's coef x aux + zcoef x z, plainly"
     logits = []
     hooks = [m.router.register_forward_hook(lambda mod, args, out: logits.append(out[0])) for m in moe_layers(model)]
-    loss = model(ids, targets)
+    loss = run()
     for h in hooks:
         h.remove()
     for lg in logits:
@@ -108,6 +110,11 @@ def _plain_loss(model: GPT, ids, targets, cfg: ModelConfig):
     return loss
 
 
+def _same_grads(a, b):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize('recompute', ['none', 'full'])
 def test_loss_gradients_equal_the_plain_sum(recompute):
     cfg = ModelConfig(**SMALL, moe_experts=4, moe_top_k=2, moe_ffn_hidden=24, moe_shared_ffn=16,
@@ -116,21 +123,26 @@ def test_loss_gradients_equal_the_plain_sum(recompute):
     model = GPT(cfg, recompute).train()
     plain = GPT(dataclasses.replace(cfg, moe_aux_loss_coef=0.0, moe_z_loss_coef=0.0), recompute).train()
     plain.load_state_dict(model.state_dict())
-    batches = [torch.randint(0, cfg.vocab, (2, 13)) for _ in range(2)]
-    for n in (1, 2):          # one micro-batch; two, each loss x 1/2 as DeepSpeed accumulates, the MoE losses too
-        set_moe_grad_scale(model, 1 / n)
+    xs, ys = zip(*[(ids[:, :-1], ids[:, 1:]) for ids in torch.randint(0, cfg.vocab, (2, 2, 13))])
+    for n in (1, 2):        # one micro-batch; two, each loss / 2 as DeepSpeed accumulates: the MoE losses follow
         model.zero_grad()
         plain.zero_grad()
-        for ids in batches[:n]:
-            (model(ids[:, :-1], ids[:, 1:]) / n).backward()
-            (_plain_loss(plain, ids[:, :-1], ids[:, 1:], cfg) / n).backward()
-        for (name, p), q in zip(model.named_parameters(), plain.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6, msg=name)
+        for x, y in zip(xs[:n], ys[:n]):
+            (model(x, y) / n).backward()
+            (_plain_loss(plain, cfg, lambda: plain(x, y)) / n).backward()
+        _same_grads(model, plain)
     plain.zero_grad()
-    for ids in batches:      # the control: cross entropy alone gives the router other gradients
-        (plain(ids[:, :-1], ids[:, 1:]) / 2).backward()
+    for x, y in zip(xs, ys):         # the control: cross entropy alone gives the router other gradients
+        (plain(x, y) / 2).backward()
     router = 'blocks.0.mlp.router.weight'
     assert (model.get_parameter(router).grad - plain.get_parameter(router).grad).abs().max() > 1e-3
+    g = torch.randn(2, 12, cfg.hidden)   # a pipeline stage before the last: no loss here, the loop sets the scale
+    set_moe_grad_scale(model, 0.5)
+    model.zero_grad()
+    plain.zero_grad()
+    (model.hidden_states(xs[0]) * g).sum().mul(0.5).backward()
+    _plain_loss(plain, cfg, lambda: (plain.hidden_states(xs[0]) * g).sum()).mul(0.5).backward()
+    _same_grads(model, plain)
 
 
 def test_capacity_drops_what_a_plain_count_drops():
@@ -185,3 +197,34 @@ def test_bad_choices_are_refused_naming_the_key():
         ModelConfig(**SMALL, qk_norm_all=True)
     with pytest.raises(ConfigError, match='qk_norm_all must be true or false'):
         ModelConfig(**SMALL, qk_norm=True, qk_norm_all='yes')
+
+
+def test_a_tiny_moe_trains_through_gptkit_train(tiny_data, tmp_path):
+    from conftest import TINY_SETS
+
+    from gptkit.runconfig import resolve
+    from gptkit.train import train
+    prefix, tok = tiny_data
+    sets = TINY_SETS + ['model.moe_experts=4', 'model.moe_top_k=2', 'model.moe_ffn_hidden=48', 'train.iters=8']
+    cfg = resolve(sets=sets, overrides={'data': {'prefix': prefix, 'tokenizer': tok}}, out=str(tmp_path / 'run'))
+    result = train(cfg)
+    model = result.engine.module
+    assert [type(b.mlp).__name__ for b in model.blocks.values()] == ['MoE', 'MoE']
+    assert result.losses[-1] < result.losses[0] - 0.15, result.losses     # measured: 6.24 -> 5.98
+    stats = moe_stats(model)
+    assert set(stats) == {'moe_aux_loss', 'moe_z_loss', 'moe_dropped', 'moe_load_max'} and stats['moe_dropped'] == 0
+    # DeepSpeed divided each micro-batch's loss by the 2 accumulation steps: the MoE losses' gradient was halved too
+    assert [float(m.grad_scale) for m in moe_layers(model)] == [0.5, 0.5]
+
+
+def test_stages_balanced_by_parameters_weigh_moe_and_dense_layers_apart():
+    cfg = ModelConfig(**SMALL | dict(layers=6), moe_experts=8, moe_ffn_hidden=64, moe_every=3)
+    per_layer = [sum(p.numel for p in param_table(cfg) if p.layer == i) for i in range(cfg.layers)]
+    assert per_layer[2] > 3 * per_layer[0]
+    for pp in (2, 3):
+        extra = [sum(p.numel for p in ps) for ps in stage_extras(cfg, pp)]
+        def largest(stages):
+            return max(extra[s] + sum(per_layer[lo:hi]) for s, (lo, hi) in enumerate(stages))
+        cuts = itertools.combinations(range(1, cfg.layers), pp - 1)
+        best = min(largest(list(zip((0, *c), (*c, cfg.layers)))) for c in cuts)
+        assert largest(stage_layers(cfg, pp, 'parameters')) == best
