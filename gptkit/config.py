@@ -42,7 +42,7 @@ def parse_size(text: str | int | float, key: str = 'size') -> int:
 MOST = {'layers': 10_000, 'hidden': 1_000_000, 'heads': 100_000, 'kv_heads': 100_000, 'ffn_hidden': 10_000_000,
         'head_size': 100_000, 'sliding_window': 2**24, 'rope_original_context': 2**24,
         'seq_len': 2**24, 'vocab': 2**24, 'make_vocab_size_divisible_by': 2**16,
-        'tp': 100_000, 'pp': 10_000, 'dp': 10_000_000, 'world': 100_000_000,
+        'tp': 100_000, 'pp': 10_000, 'dp': 10_000_000, 'ep': 65_536, 'world': 100_000_000,
         'micro_batch': 1_000_000, 'global_batch': 100_000_000, 'iters': 10**9, 'tokens': 10**16,
         'eval_iters': 10**6, 'seed': 2**63 - 1, 'moe_experts': 65_536, 'moe_top_k': 65_536, 'moe_every': 10_000,
         'moe_ffn_hidden': 10_000_000, 'curriculum_start': 2**24, 'curriculum_end': 2**24, 'curriculum_steps': 10**9,
@@ -326,13 +326,15 @@ class ParallelConfig:
     sequence_parallel: bool = False  # shard LayerNorm/dropout activations over tp (Korthikanti et al.)
     offload: str = 'none'      # model states kept in CPU memory: none, optimizer, optimizer+params
     balance: str = 'layers'    # pipeline stages balanced by 'layers' (equal counts) or 'parameters'
+    ep: int = 1                # expert-parallel degree: each MoE layer's experts split over this many ranks of a
+                               # data-parallel group (it divides dp and the experts), tokens sent by all-to-all
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp
 
     def problems(self) -> list[tuple[str, str]]:
-        out = positive_problems({'tp': self.tp, 'pp': self.pp, 'dp': self.dp})
+        out = positive_problems({'tp': self.tp, 'pp': self.pp, 'dp': self.dp, 'ep': self.ep})
         if self.zero not in (0, 1, 2, 3):
             out.append(('zero', f'{{key}} must be 0, 1, 2 or 3, not {shown(self.zero)}'))
         if self.offload not in OFFLOADS:
