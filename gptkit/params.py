@@ -54,9 +54,9 @@ class Param:
 
 # %% ../nbs/07a_params.ipynb #1d7710b8
 def hf_family(cfg: ModelConfig) -> str | None:
-    "The Hugging Face naming that holds `cfg`: 'gpt2', 'llama' (also Qwen2, Qwen3 and Mistral's), or None (a mix)"
+    "The Hugging Face naming that holds `cfg`: 'gpt2', 'llama' (also Qwen2, Qwen3, Mistral's and the MoEs'), or None"
     own_heads = cfg.head_dim * cfg.heads != cfg.hidden
-    llama_only = cfg.qk_norm or cfg.sliding_window or cfg.attn_bias != cfg.bias or own_heads
+    llama_only = cfg.qk_norm or cfg.sliding_window or cfg.attn_bias != cfg.bias or own_heads or cfg.moe_experts
     if (cfg.position, cfg.norm, cfg.activation != 'swiglu', cfg.kv, cfg.bias, cfg.tie_embeddings) == \
             ('learned', 'layernorm', True, cfg.heads, True, True) and not llama_only:
         return 'gpt2'

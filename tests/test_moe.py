@@ -145,20 +145,21 @@ def test_loss_gradients_equal_the_plain_sum(recompute):
     _same_grads(model, plain)
 
 
-def test_capacity_drops_what_a_plain_count_drops():
-    cfg = ModelConfig(**SMALL, moe_experts=4, moe_top_k=2, moe_ffn_hidden=24, moe_capacity_factor=0.75)
+@pytest.mark.parametrize('choices', [{}, dict(activation='gelu', bias=True, moe_shared_ffn=8)])
+def test_capacity_drops_what_a_plain_count_drops(choices):
+    cfg = ModelConfig(**SMALL | choices, moe_experts=4, moe_top_k=2, moe_ffn_hidden=24, moe_capacity_factor=0.75)
     torch.manual_seed(1)
-    layer = MoE(cfg)
+    layer = MoE(cfg, GPT(cfg).blocks['0'].mlp.shared)
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.5)
     x = torch.randn(3, 10, cfg.hidden)
     out = layer(x)
-    flat = x.reshape(-1, cfg.hidden)
+    flat, fc1, fc2 = x.reshape(-1, cfg.hidden), layer.experts.fc1, layer.experts.fc2
     probs = F.linear(flat, layer.router.weight).softmax(-1)
     w, chosen = probs.topk(2, -1)
     w = w / w.sum(-1, keepdim=True)
     cap, seen, dropped = math.ceil(0.75 * 2 * 30 / 4), [0] * 4, 0
-    want = torch.zeros_like(flat)
+    want = torch.zeros_like(flat) if layer.shared is None else layer.shared(flat)
     for t in range(30):                                         # tokens in position order, each of its k choices
         for j in range(2):
             e = int(chosen[t, j])
@@ -166,9 +167,9 @@ def test_capacity_drops_what_a_plain_count_drops():
             if seen[e] > cap:
                 dropped += 1
                 continue
-            hid = F.linear(flat[t], layer.experts.fc1.weight[e])
-            gate, up = hid.chunk(2)
-            want[t] += w[t, j] * F.linear(F.silu(gate) * up, layer.experts.fc2.weight[e])
+            hid = F.linear(flat[t], fc1.weight[e], None if fc1.bias is None else fc1.bias[e])
+            act = F.silu(hid.chunk(2)[0]) * hid.chunk(2)[1] if cfg.gated else F.gelu(hid)
+            want[t] += w[t, j] * F.linear(act, fc2.weight[e], None if fc2.bias is None else fc2.bias[e])
     assert dropped > 0
     assert moe_stats(layer)['moe_dropped'] == pytest.approx(dropped / 60, abs=1e-7)
     torch.testing.assert_close(out.reshape(-1, cfg.hidden), want, rtol=1e-5, atol=1e-5)
