@@ -20,8 +20,8 @@ from .files import read_text, write_atomic
 from .layout import BatchPlan, Layout, validate_layout
 
 # %% auto #0
-__all__ = ['SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES', 'CONFIG_DEPTH', 'RunConfig', 'from_dict', 'read_config_file', 'load_file',
-           'apply_sets', 'preset_dict', 'resolve', 'save_config']
+__all__ = ['SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES', 'CONFIG_DEPTH', 'RunConfig', 'ep_problems', 'ep_training_problems',
+           'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'save_config']
 
 # %% ../nbs/00d_runconfig.ipynb #08994896
 SECTIONS = ('model', 'data', 'parallel', 'train', 'optim')
@@ -67,6 +67,7 @@ class RunConfig:
         run = dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, dp=layout.dp))
         # refuse a global batch that these replicas cannot split
         _section_keys(lambda: BatchPlan.build(run.train, layout, run.model.seq_len))
+        check(ep_problems(run.model, run.parallel, layout.dp) + ep_training_problems(run.parallel))
         return run
 
 # %% ../nbs/00d_runconfig.ipynb #de8410d6
@@ -106,6 +107,30 @@ def _section(cls, name: str, values, problems: list):
     problems += [(f'{name}.{k}', m) for k, m in found]
     return None if found else cls(**values)
 
+def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) -> list[tuple[str, str]]:
+    "Expert parallelism against the model (an MoE whose experts it divides) and, when known, the data-parallel size"
+    ep, experts = par.ep, model.moe_experts
+    if ep == 1:
+        return []
+    out = []
+    if not experts:
+        out.append(('parallel.ep', f'{{key}} {ep} splits the experts of mixture-of-experts layers, and this model is '
+                                   'dense (model.moe_experts 0); set parallel.ep=1 or model.moe_experts'))
+    elif experts % ep:
+        out.append(('parallel.ep', f'{{key}} {ep} must divide the {experts} experts of each MoE layer '
+                                   '(model.moe_experts)'))
+    if dp is not None and dp % ep:
+        out.append(('parallel.ep', f'{{key}} {ep} must divide the data-parallel size {dp} (processes / (tp x pp)): '
+                                   'the experts are split over ranks of a data-parallel group'))
+    return out
+
+def ep_training_problems(par: ParallelConfig) -> list[tuple[str, str]]:
+    "Expert-parallel layouts gptkit's training does not run (yet): refused rather than silently trained without EP"
+    if par.ep == 1:
+        return []
+    return [('parallel.ep', f'{{key}} {par.ep}: gptkit does not train with expert parallelism yet (only the '
+                            'all-to-all MoE layer of gptkit.expert_parallel exists); set parallel.ep=1')]
+
 def from_dict(d: dict) -> RunConfig:
     "A validated `RunConfig` from a (possibly partial) nested dict; every problem is reported at once"
     if not isinstance(d, dict):
@@ -122,6 +147,7 @@ def from_dict(d: dict) -> RunConfig:
         except ConfigError as e:
             problems += e.problems
         problems += curriculum_problems(parts['train'], parts['model'], parts['parallel'])   # the model's context
+        problems += ep_problems(parts['model'], parts['parallel'])
     check(problems)
     return RunConfig(**parts, out=str(d.get('out', RunConfig.out)), preset=d.get('preset'), init=init)
 
