@@ -229,3 +229,19 @@ def test_stages_balanced_by_parameters_weigh_moe_and_dense_layers_apart():
         cuts = itertools.combinations(range(1, cfg.layers), pp - 1)
         best = min(largest(list(zip((0, *c), (*c, cfg.layers)))) for c in cuts)
         assert largest(stage_layers(cfg, pp, 'parameters')) == best
+
+
+def test_losses_equal_megatron_cores():
+    from megatron.core.transformer.moe.moe_utils import switch_load_balancing_loss_func, z_loss_func
+
+    from gptkit.moe import load_balancing_loss, z_loss
+    torch.manual_seed(0)
+    logits = torch.randn(20, 6, dtype=torch.float64, requires_grad=True)
+    probs = logits.softmax(-1)
+    counts = torch.bincount(probs.topk(2, -1).indices.reshape(-1), minlength=6)
+    ours = 0.01 * load_balancing_loss(probs, counts, 2) + 0.1 * z_loss(logits)
+    theirs = switch_load_balancing_loss_func(probs, counts, 20, 2, 6, 0.01) + z_loss_func(logits, 0.1)
+    torch.testing.assert_close(ours.double(), theirs)
+    ours_grad, = torch.autograd.grad(ours, logits, retain_graph=True)
+    theirs_grad, = torch.autograd.grad(theirs, logits)
+    torch.testing.assert_close(ours_grad, theirs_grad)
