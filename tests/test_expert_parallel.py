@@ -1,9 +1,19 @@
 """Expert parallelism: parallel.ep checked against the model and the processes before any starts, refused where
 training does not run it, and the all-to-all MoE layer equal to the one-process layer on gloo processes."""
+import copy
+import os
+
 import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
 from typer.testing import CliRunner
 
+from gptkit.config import ModelConfig
 from gptkit.errors import ConfigError
+from gptkit.expert_parallel import AllToAll, ExpertParallelMoE
+from gptkit.moe import MoE
 from gptkit.runconfig import from_dict, resolve
 from gptkit_cli.main import app
 
@@ -24,9 +34,9 @@ def test_ep_must_divide_the_data_parallel_size_the_processes_give():
     run = from_dict({'model': MOE, 'parallel': {'ep': 2}})        # planned alone: its processes decide dp
     with pytest.raises(ConfigError, match='parallel.ep 2 must divide the data-parallel size 3'):
         run.for_world(3)
-    tp = from_dict({'model': MOE, 'parallel': {'ep': 2, 'tp': 2}})
+    pp = from_dict({'model': MOE, 'parallel': {'ep': 2, 'pp': 2}})
     with pytest.raises(ConfigError, match='parallel.ep 2 must divide the data-parallel size 1'):
-        tp.for_world(2)                                           # tp 2 on two processes leaves dp 1
+        pp.for_world(2)                                           # pp 2 on two processes leaves dp 1
 
 
 def test_ep_training_is_refused_until_it_runs():
@@ -39,3 +49,85 @@ def test_ep_training_is_refused_until_it_runs():
     assert r.exit_code == 2 and 'parallel.ep 2: gptkit does not train' in ' '.join(r.output.split()), r.output
     r = CliRunner().invoke(app, ['train', '--preset', 'tiny', '--dry-run', '--nproc', '2', '--set', 'parallel.ep=2'])
     assert r.exit_code == 2 and 'this model is dense' in ' '.join(r.output.split()), r.output
+
+
+class _NoReturn(AllToAll):
+    "The control: rows go out, but no gradient comes back to the rank that sent them"
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_zeros(sum(ctx.send), *grad.shape[1:]), None, None, None
+
+
+class _NoReturnMoE(ExpertParallelMoE):
+    exchange = _NoReturn
+
+
+LAYERS = [   # SwiGLU dropless, renormalised top 2, aux and z losses, a shared expert; GELU with biases, top 1, capacity
+    dict(activation='swiglu', bias=False, moe_top_k=2, moe_aux_loss_coef=0.1, moe_z_loss_coef=0.01),
+    dict(activation='gelu', bias=True, moe_top_k=1, moe_renormalize=False, moe_capacity_factor=1.0),
+]
+
+
+def _layer_errors(kind, layer, group, rank, world):
+    "{what: max |EP - one process|} for rank `rank` of `world`, each rank's tokens its own micro-batch"
+    cfg = ModelConfig(layers=2, hidden=8, heads=2, seq_len=16, vocab=32, dropout=0.0, moe_experts=4,
+                      moe_ffn_hidden=12, **layer)
+    torch.manual_seed(0)
+    plain = MoE(cfg, shared=nn.Linear(8, 8) if cfg.moe_top_k == 2 else None)
+    for p in plain.parameters():
+        nn.init.normal_(p, std=0.3)
+    xs, ws = torch.randn(world, 3, 7, 8), torch.randn(world, 3, 7, 8)
+    refs = []
+    for s in range(world):                                   # the one-process layer on each rank's micro-batch
+        m, x = copy.deepcopy(plain), xs[s].clone().requires_grad_(True)
+        out = m(x)
+        (out * ws[s]).sum().backward()
+        refs.append((out.detach(), x.grad, {n: p.grad for n, p in m.named_parameters()}))
+    ep = kind(copy.deepcopy(plain), group)
+    x = xs[rank].clone().requires_grad_(True)
+    out = ep(x)
+    (out * ws[rank]).sum().backward()
+    out_ref, dx_ref, grads = refs[rank]
+    errs = {'out': (out - out_ref).abs().max().item(), 'dx': (x.grad - dx_ref).abs().max().item()}
+    mine = slice(rank * 4 // world, (rank + 1) * 4 // world)
+    for n, p in ep.named_parameters():
+        if n.startswith('experts.'):      # an expert's gradient: every rank's tokens
+            want = sum(r[2][n] for r in refs)[mine]
+        else:                             # router and shared expert: this rank's tokens (DP averages them later)
+            want = grads[n]
+        errs[n] = (p.grad - want).abs().max().item()
+    return errs
+
+
+def _layer_worker(rank, world, init_file, out):
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
+    try:
+        found = {}
+        for i, layer in enumerate(LAYERS):
+            found[i] = _layer_errors(ExpertParallelMoE, layer, dist.group.WORLD, rank, world)
+            found[f'control {i}'] = _layer_errors(_NoReturnMoE, layer, dist.group.WORLD, rank, world)
+        torch.save(found, f'{out}/{rank}.pt')
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(worker, world, tmp_path, *args):
+    env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
+           if k in os.environ}
+    try:
+        mp.spawn(worker, args=(world, str(tmp_path / 'init'), str(tmp_path), *args), nprocs=world, join=True)
+    finally:
+        os.environ.update(env)
+    return [torch.load(tmp_path / f'{r}.pt') for r in range(world)]
+
+
+def test_ep2_layer_equals_the_one_process_layer_and_the_control_fails(tmp_path):
+    "Outputs, input, router, shared-expert and expert gradients at 1e-5; without the return path the gradients differ"
+    for rank, found in enumerate(_spawn(_layer_worker, 2, tmp_path)):
+        for i in range(len(LAYERS)):
+            assert max(found[i].values()) < 1e-5, (rank, i, found[i])
+            control = found[f'control {i}']
+            assert control['out'] < 1e-5, (rank, i, control)          # forward untouched ...
+            assert control['dx'] > 1e-2, (rank, i, control)           # ... the gradients are not
+            assert max(v for n, v in control.items() if n.startswith('experts.')) > 1e-2, (rank, i, control)
