@@ -6,17 +6,18 @@ gptkit does not compute is refused by the key that asks for it."""
 # %% ../nbs/12c_hf_config.ipynb #89a0acce
 from __future__ import annotations
 
-from .config import ModelConfig
+from .config import MOST, ModelConfig
 from .errors import ConfigError, shown
 from .params import hf_family
 from .store import CheckpointError
 
 # %% auto #0
-__all__ = ['HF_ACTIVATIONS', 'LLAMA_LIKE', 'stored_ffn', 'config_from_hf', 'config_to_hf', 'hf_model_type']
+__all__ = ['HF_ACTIVATIONS', 'LLAMA_LIKE', 'MOE_TYPES', 'stored_ffn', 'config_from_hf', 'config_to_hf', 'hf_model_type']
 
 # %% ../nbs/12c_hf_config.ipynb #4342a675
 HF_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu'}
 LLAMA_LIKE = ('llama', 'mistral', 'qwen2', 'qwen3')   # Llama's tensors, with each family's extras
+MOE_TYPES = ('mixtral', 'qwen3_moe', 'olmoe')         # the same, with MoE layers (Hub names per expert)
 _HF_FIXED = {'scale_attn_weights': True, 'scale_attn_by_inverse_layer_idx': False, 'reorder_and_upcast_attn': False,
              'tie_word_embeddings': True, 'add_cross_attention': False, 'layer_norm_epsilon': 1e-5}
 
@@ -37,11 +38,11 @@ def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
     if not isinstance(c, dict):
         raise CheckpointError(f'{where} must hold a JSON object of settings, not {shown(c)}')
     kind = c.get('model_type', 'gpt2')
-    if kind in LLAMA_LIKE:
+    if kind in LLAMA_LIKE + MOE_TYPES:
         return _llama_config(c, where)
     if kind != 'gpt2':
         raise CheckpointError(f"{where}: model_type {shown(kind)} is not supported; gptkit imports "
-                              f"{', '.join(('gpt2',) + LLAMA_LIKE)}")
+                              f"{', '.join(('gpt2',) + LLAMA_LIKE + MOE_TYPES)}")
     act = c.get('activation_function', 'gelu_new')
     if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation_function {act!r} is not supported; "
@@ -113,8 +114,10 @@ def _rope_to_hf(m: ModelConfig) -> dict:
 # %% ../nbs/12c_hf_config.ipynb #e8a69cbd
 def _window(c: dict, kind: str, where: str) -> int | None:
     "The sliding window every layer uses (None: full attention); a CheckpointError when only some layers slide"
-    if kind == 'mistral':
+    if kind in ('mistral', 'mixtral'):
         return c.get('sliding_window')
+    if kind == 'qwen3_moe' and _flag(c, 'use_sliding_window', where):
+        raise CheckpointError(f'{where}: use_sliding_window = True is not supported for qwen3_moe; gptkit needs false')
     if kind not in ('qwen2', 'qwen3') or not _flag(c, 'use_sliding_window', where):
         return None                 # transformers ignores sliding_window while use_sliding_window is false
     layers = c.get('layer_types')
@@ -143,25 +146,41 @@ def _family_choices(c: dict, kind: str, where: str) -> dict:
     if kind == 'llama' and c.get('mlp_bias', attention_bias) != attention_bias:
         raise CheckpointError(f"{where}: mlp_bias = {c['mlp_bias']!r} is not supported; gptkit needs "
                               f'{attention_bias!r} (biases on every linear layer, or on none)')
-    if kind == 'qwen3' and attention_bias:
-        raise CheckpointError(f'{where}: attention_bias = True is not supported for qwen3 (its MLP has none); '
+    if kind in ('qwen3',) + MOE_TYPES and attention_bias:
+        raise CheckpointError(f'{where}: attention_bias = True is not supported for {kind} (its MLP has none); '
                               'gptkit needs false')
-    bias = {'llama': bool(attention_bias), 'qwen3': False, 'qwen2': False, 'mistral': False}[kind]
+    bias = kind == 'llama' and bool(attention_bias)
     head = c.get('head_dim')
-    return dict(bias=bias, qkv_bias=True if kind == 'qwen2' else None, qk_norm=kind == 'qwen3',
+    return dict(bias=bias, qkv_bias=True if kind == 'qwen2' else None, qk_norm=kind in ('qwen3', 'qwen3_moe', 'olmoe'),
+                qk_norm_all=kind == 'olmoe',
                 head_size=None if head in (None, h // heads if heads else None) else head,
                 sliding_window=_window(c, kind, where))
 
+def _clash(m: ModelConfig, kind: str) -> tuple[str, object] | None:
+    "The first choice of `m` (field, value) that Hugging Face family `kind` does not compute; None if none"
+    moe = kind in MOE_TYPES
+    checks = (('bias', m.bias, m.bias and kind in ('qwen3', 'mistral') + MOE_TYPES),
+              ('sliding_window', m.sliding_window, m.sliding_window and kind in ('llama', 'qwen3_moe', 'olmoe')),
+              ('qk_norm_all', m.qk_norm_all, m.qk_norm_all and kind == 'qwen3'),  # OLMo 2's dense norms: not here
+              ('qkv_bias', m.qkv_bias, moe and m.attn_bias),
+              ('moe_shared_ffn', m.moe_shared_ffn, moe and m.moe_shared_ffn),    # none has a gate-less shared one
+              ('moe_every', m.moe_every, kind in ('mixtral', 'olmoe') and m.moe_every != 1),
+              ('moe_renormalize', m.moe_renormalize, kind == 'mixtral' and not m.moe_renormalize),
+              ('head_size', m.head_size, kind == 'olmoe' and m.head_dim * m.heads != m.hidden))
+    return next(((field, value) for field, value, bad in checks if bad), None)
+
 def hf_model_type(m: ModelConfig) -> str:
     "The Hugging Face family that computes Llama-like `m`, or a ConfigError naming the choice none computes"
-    kind = ('qwen3' if m.qk_norm else 'qwen2' if m.attn_bias and not m.bias else
-            'mistral' if m.sliding_window else 'llama')
-    clash = (('bias', m.bias) if kind == 'qwen3' and m.bias else
-             ('sliding_window', m.sliding_window) if kind == 'llama' and m.sliding_window else
-             ('bias', m.bias) if kind == 'mistral' and m.bias else None)
+    if m.moe_experts:
+        kind = 'olmoe' if m.qk_norm_all else 'qwen3_moe' if m.qk_norm else 'mixtral'
+    else:
+        kind = ('qwen3' if m.qk_norm else 'qwen2' if m.attn_bias and not m.bias else
+                'mistral' if m.sliding_window else 'llama')
+    clash = _clash(m, kind)
     if clash:
         raise ConfigError([(f'model.{clash[0]}', f'{{key}} = {clash[1]!r} with the other choices of this model '
-                            'matches no Hugging Face family (Llama, Qwen2, Qwen3, Mistral)')])
+                            'matches no Hugging Face family (Llama, Qwen2, Qwen3, Mistral, Mixtral, Qwen3-MoE, '
+                            'OLMoE)')])
     return kind
 
 # %% ../nbs/12c_hf_config.ipynb #b00ae96f
@@ -184,6 +203,8 @@ def _llama_config(c: dict, where: str) -> ModelConfig:
     scaling = _rope_scaling(rope, kind, where)
     kv = heads if c.get('num_key_value_heads') is None else c['num_key_value_heads']
     choices = _family_choices(c, c['model_type'], where)
+    if c['model_type'] in MOE_TYPES:
+        choices.update(_experts(c, c['model_type'], where))
     try:
         return ModelConfig(layers=c['num_hidden_layers'], hidden=h, heads=heads, kv_heads=None if kv == heads else kv,
                            seq_len=c.get('max_position_embeddings') or 2048, vocab=c['vocab_size'],
@@ -208,6 +229,8 @@ def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
             'eos_token_id': eod, 'use_cache': True, 'dtype': dtype}
     if kind == 'llama':
         return {**out, 'attention_bias': m.bias, 'mlp_bias': m.bias, 'pretraining_tp': 1}
+    if kind in MOE_TYPES:
+        return {**out, **_experts_to_hf(m, kind)}
     if kind == 'mistral':
         return {**out, 'sliding_window': m.sliding_window}
     w = m.sliding_window
@@ -216,4 +239,69 @@ def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
             'layer_types': [('sliding' if w else 'full') + '_attention'] * m.layers}
 
 _ARCHITECTURES = {'llama': 'LlamaForCausalLM', 'mistral': 'MistralForCausalLM', 'qwen2': 'Qwen2ForCausalLM',
-                  'qwen3': 'Qwen3ForCausalLM'}
+                  'qwen3': 'Qwen3ForCausalLM', 'mixtral': 'MixtralForCausalLM', 'qwen3_moe': 'Qwen3MoeForCausalLM',
+                  'olmoe': 'OlmoeForCausalLM'}
+
+# %% ../nbs/12c_hf_config.ipynb #e9f0a1b2
+def _expert_count(c: dict, where: str) -> int:
+    "The routed experts, from num_local_experts or num_experts (each family writes one; they must agree)"
+    given = [k for k in ('num_local_experts', 'num_experts') if c.get(k) is not None]
+    if not given:
+        raise CheckpointError(f'{where} has no num_experts (or num_local_experts)')
+    if len(given) == 2 and c[given[0]] != c[given[1]]:
+        raise CheckpointError(f'{where}: num_local_experts {shown(c[given[0]])} and num_experts '
+                              f'{shown(c[given[1]])} disagree')
+    _whole_numbers(c, given[:1], where)
+    most = MOST['moe_experts']
+    if not 1 <= c[given[0]] <= most:
+        raise CheckpointError(f'{where}: {given[0]} must be from 1 to {most:,}, not {c[given[0]]:,}')
+    return c[given[0]]
+
+def _sparse_every(c: dict, where: str) -> int:
+    "Qwen3-MoE's sparse layers as gptkit's `moe_every`: every decoder_sparse_step-th but mlp_only_layers, if regular"
+    layers, step, dense = c['num_hidden_layers'], c.get('decoder_sparse_step', 1), c.get('mlp_only_layers') or []
+    _whole_numbers({'decoder_sparse_step': step}, ('decoder_sparse_step',), where)
+    if step < 1 or layers > MOST['layers']:
+        key, value = ('decoder_sparse_step', step) if step < 1 else ('num_hidden_layers', layers)
+        raise CheckpointError(f'{where}: {key} = {value:,} is not supported')
+    if not isinstance(dense, list) or not all(type(i) is int for i in dense):
+        raise CheckpointError(f'{where}: mlp_only_layers must be a list of layer numbers, not {shown(dense)}')
+    sparse = [i for i in range(layers) if i not in set(dense) and (i + 1) % step == 0]
+    every = sparse[0] + 1 if sparse else 0
+    if not sparse or sparse != [i for i in range(layers) if (i + 1) % every == 0]:
+        raise CheckpointError(f'{where}: mlp_only_layers {shown(dense)} with decoder_sparse_step {step} leaves '
+                              f"{'no' if not sparse else 'irregular'} MoE layers; gptkit makes every n-th layer MoE")
+    return every
+
+def _experts(c: dict, kind: str, where: str) -> dict:
+    "The MoE fields of a Mixtral, Qwen3-MoE or OLMoE config, or a CheckpointError naming the key gptkit cannot express"
+    e = _expert_count(c, where)
+    _whole_numbers(c, ('num_experts_per_tok',), where)
+    if not 1 <= c['num_experts_per_tok'] <= e:
+        raise CheckpointError(f"{where}: num_experts_per_tok = {c['num_experts_per_tok']:,} must be from 1 to the "
+                              f'{e} experts')
+    for key, want in (('router_jitter_noise', 0), ('clip_qkv', None)):
+        if c.get(key) not in (None, want):
+            raise CheckpointError(f'{where}: {key} = {shown(c[key])} is not supported; gptkit needs {want!r}')
+    _flag(c, 'output_router_logits', where)        # what transformers returns, not what it computes
+    out = dict(moe_experts=e, moe_top_k=c['num_experts_per_tok'],
+               moe_renormalize=kind == 'mixtral' or _flag(c, 'norm_topk_prob', where),
+               moe_aux_loss_coef=c.get('router_aux_loss_coef', 0.01))
+    if kind == 'qwen3_moe':       # experts of their own width; dense layers of intermediate_size between
+        _whole_numbers(c, ('moe_intermediate_size',), where)
+        width = c['moe_intermediate_size']
+        out.update(moe_ffn_hidden=None if width == c['intermediate_size'] else width, moe_every=_sparse_every(c, where))
+    return out
+
+def _experts_to_hf(m: ModelConfig, kind: str) -> dict:
+    "The MoE keys of Mixtral's, Qwen3-MoE's or OLMoE's config.json for gptkit model `m`"
+    out = {'num_experts_per_tok': m.moe_top_k, 'router_aux_loss_coef': m.moe_aux_loss_coef,
+           'output_router_logits': False}
+    if kind == 'mixtral':     # its intermediate_size is the experts' width; it always rescales the k weights
+        return {**out, 'num_local_experts': m.moe_experts, 'intermediate_size': m.expert_ffn,
+                'router_jitter_noise': 0.0, 'sliding_window': m.sliding_window}
+    out.update(num_experts=m.moe_experts, norm_topk_prob=m.moe_renormalize, attention_bias=False)
+    if kind == 'olmoe':
+        return {**out, 'intermediate_size': m.expert_ffn, 'clip_qkv': None}
+    return {**out, 'moe_intermediate_size': m.expert_ffn, 'decoder_sparse_step': m.moe_every, 'mlp_only_layers': [],
+            'use_sliding_window': False, 'sliding_window': None}
