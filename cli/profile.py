@@ -20,7 +20,8 @@ Opt = typer.Option
 def profile(
     preset: Annotated[Optional[str], Opt(
         help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, llama-3.1-8b, smollm2-135m, '
-             'tinyllama-1.1b, qwen2.5-0.5b, qwen3-0.6b, mistral-7b '
+             'tinyllama-1.1b, qwen2.5-0.5b, qwen3-0.6b, mistral-7b, moe-tiny, mixtral-8x7b, qwen3-30b-a3b, '
+             'olmoe-1b-7b '
              '(default tiny when no --config).')] = None,
     config: Annotated[Optional[Path], Opt(
         help='A JSON or YAML run config (sections model, data, parallel, train, optim).')] = None,

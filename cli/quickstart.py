@@ -19,7 +19,7 @@ from gptkit_cli.app import app, handles_errors, out
 from gptkit_cli.train import RichProgress
 
 HELD_OUT_ARTICLES = 24   # of the built-in held-out text's 96: the step-4 loss to two decimals in seconds
-QUICK_PRESETS = ('tiny', 'llama-tiny')   # the CPU-sized models of each family
+QUICK_PRESETS = ('tiny', 'llama-tiny', 'moe-tiny')   # the CPU-sized models of each family
 # Sequences per step. Measured on 2 cores (held-out margin over the unigram model, at about 1M tokens): batch 16
 # 0.92, 8 1.07, 4 1.13, 2 1.09 nats; 4 also runs the most tokens a second, its logits fitting the caches better.
 QUICK_BATCH = 4
@@ -33,8 +33,9 @@ def quickstart(
     vocab_size: Annotated[int, typer.Option(help='Entries in the tokenizer trained on the built-in corpus.')] = 4096,
     iters: Annotated[int, typer.Option(
         help=f'Training steps of the tiny model ({QUICK_BATCH} x 256 tokens each).')] = 1700,
-    preset: Annotated[str, typer.Option(help="The model trained: 'tiny' (GPT) or 'llama-tiny' (rotary, RMSNorm, "
-                                             'SwiGLU, grouped-query attention).')] = 'tiny',
+    preset: Annotated[str, typer.Option(help="The model trained: 'tiny' (GPT), 'llama-tiny' (rotary, RMSNorm, "
+                                             "SwiGLU, grouped-query attention) or 'moe-tiny' (llama-tiny's choices "
+                                             'with 8 experts, 2 per token).')] = 'tiny',
 ):
     ("""The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, """
      """evaluation, sizing real runs, and a sample of text from the model.""")

@@ -51,6 +51,11 @@ class StepMetrics:
     step_seconds: float
     skipped: int = 0          # micro-batches dropped for a non-finite loss since the last report
     seq_len: int | None = None  # the sequence length of the last step (a curriculum's grows to the model's context)
+    # mixture of experts: the last micro-batch's MoE layers on this rank (the first pipeline stage's), mean over layers
+    moe_aux_loss: float | None = None  # the load-balancing loss (before its coefficient)
+    moe_z_loss: float | None = None    # the router z-loss (before its coefficient)
+    moe_dropped: float | None = None   # the share of assignments a capacity factor dropped
+    moe_load: list[float] | None = None  # each expert's share of the assignments x E: 1.0 is an even load
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -136,10 +141,14 @@ class TensorBoard(Callback):
     def on_step(self, m):
         with written(self.path):
             for k in ('loss', 'lr', 'grad_norm', 'loss_scale', 'tokens_per_s', 'tflops', 'mfu', 'memory_gib',
-                      'seq_len'):
+                      'seq_len', 'moe_aux_loss', 'moe_z_loss', 'moe_dropped'):
                 v = getattr(m, k)
                 if v is not None:
                     self.w.add_scalar(f'train/{k}', v, m.iteration)
+            for e, share in enumerate(m.moe_load or []):
+                self.w.add_scalar(f'moe_load/expert_{e}', share, m.iteration)
+            if m.moe_load:
+                self.w.add_scalar('train/moe_load_max', max(m.moe_load), m.iteration)
     def on_eval(self, split, iteration, loss):
         with written(self.path):
             self.w.add_scalar(f'{split}/loss', loss, iteration)

@@ -51,7 +51,10 @@ class Layout:
         "What makes this layout impossible for `model` on nodes of `gpus_per_node` GPUs"
         out = []
         if model is not None:
-            if model.heads % self.tp:
+            if self.tp > 1 and (model.moe_experts or model.qk_norm_all):
+                what = 'mixture-of-experts layers' if model.moe_experts else 'QK norms across all heads (qk_norm_all)'
+                out.append(('tp', f'{{key}} {self.tp}: tensor parallelism does not split {what} yet; use tp 1'))
+            elif model.heads % self.tp:
                 out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
             elif model.ffn % self.tp:
                 out.append(('tp', f'{{key}} {self.tp} must divide the MLP width {model.ffn}'))

@@ -18,7 +18,7 @@ from .ops import swiglu
 
 # %% auto #0
 __all__ = ['Router', 'StackedLinear', 'Experts', 'capacity', 'dispatch', 'load_balancing_loss', 'z_loss', 'AuxLoss', 'LossScale',
-           'MoE', 'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats']
+           'MoE', 'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats', 'expert_load']
 
 # %% ../nbs/07d_moe.ipynb #4e473a4b
 class Router(nn.Module):
@@ -46,8 +46,9 @@ class StackedLinear(nn.Module):
 
     def forward(self, x, counts: list[int]):
         parts = x.split(counts)                              # expert e's rows
-        b = self.bias
-        return torch.cat([F.linear(p, self.weight[e], None if b is None else b[e]) for e, p in enumerate(parts)])
+        weights = self.weight.unbind(0)                      # one backward (a stack), not E full-size zero gradients
+        biases = self.bias.unbind(0) if self.bias is not None else [None] * len(weights)
+        return torch.cat([F.linear(p, w, b) for p, w, b in zip(parts, weights, biases)])
 
 class Experts(nn.Module):
     "E expert MLPs, stacked: h -> ffn -> GELU -> h, or SwiGLU with fc1's rows [gate; up] (as `gptkit.model.MLP`)"
@@ -173,3 +174,11 @@ def moe_stats(model: nn.Module) -> dict[str, float]:
         return s['load'].max() * s['load'].numel() / s['load'].sum().clamp(min=1)
     return {'moe_aux_loss': mean(lambda s: s['aux_loss']), 'moe_z_loss': mean(lambda s: s['z_loss']),
             'moe_dropped': mean(lambda s: s['dropped']), 'moe_load_max': mean(load_max)}
+
+def expert_load(model: nn.Module) -> list[float]:
+    "Each expert's share of the last forward's assignments x E (1.0: an even load), averaged over the MoE layers"
+    layers = [m for m in moe_layers(model) if m.stats]
+    if not layers:
+        return []
+    shares = torch.stack([m.stats['load'].float() / m.stats['load'].sum().clamp(min=1) for m in layers]).mean(0)
+    return (shares * shares.numel()).tolist()

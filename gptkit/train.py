@@ -41,6 +41,7 @@ from .errors import ConfigError, DataError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
 from .model import GPT, num_params
+from .moe import expert_load, moe_stats, set_moe_grad_scale
 from .plan import RunPlan, plan_run, read_tokenizer
 from .runconfig import RunConfig, save_config
 from .stops import StopSignals, Watchdog
@@ -162,6 +163,8 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
                 norm = grad_norm(engine.module, parallel)
             engine.step()
     else:
+        # the MoE losses of a stage without the loss get the scale the last stage's loss gets (1 / accumulation)
+        set_moe_grad_scale(engine.module, 1 / engine.gradient_accumulation_steps())
         engine.set_gradient_accumulation_boundary(False)
         shape = _stage_shape(engine, parallel, batches[0][0])
         one_f_one_b(engine, backward, batches, parallel, shape, next(engine.module.parameters()).dtype, engine.device)
@@ -433,10 +436,13 @@ def report(loop: Loop) -> StepMetrics | None:
     tflops = w.flops / dt / loop.parallel.layout.world / 1e12
     peak = loop.info.peak_flops
     loss = w.loss / w.steps if w.steps else None
+    moe = moe_stats(engine.module)
     m = StepMetrics(it, loss, engine.get_lr()[0], None if norm is None else float(norm),
                     None if scale is None else float(scale), loop.tokens, (loop.tokens - w.tokens) / dt, tflops,
                     tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped,
-                    plan.seq_len if loop.curriculum is None else loop.curriculum.length(it))
+                    plan.seq_len if loop.curriculum is None else loop.curriculum.length(it),
+                    moe.get('moe_aux_loss'), moe.get('moe_z_loss'), moe.get('moe_dropped'),
+                    expert_load(engine.module) or None)
     for c in loop.callbacks:
         c.on_step(m)
     loop.window = Window(it, tokens=loop.tokens)

@@ -74,5 +74,5 @@ def test_train_eval_profile_and_estimate_a_llama(tiny_data, tmp_path):
 
 def test_quickstart_takes_either_cpu_sized_family(tmp_path):
     r = run_here('quickstart', '--out', tmp_path / 'qs', '--preset', '125m')
-    assert r.returncode == 2 and "--preset must be one of tiny, llama-tiny (CPU-sized), not '125m'" in r.stderr
+    assert r.returncode == 2 and "--preset must be one of tiny, llama-tiny, moe-tiny (CPU-sized), not '125m'" in r.stderr
     assert not (tmp_path / 'qs').exists()                 # refused before anything is written

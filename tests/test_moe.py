@@ -2,6 +2,7 @@
 gradients against a plain sum, the capacity's drops against a plain count, the presets' sizes, training, generation."""
 import dataclasses
 import itertools
+import json
 import math
 
 import pytest
@@ -216,6 +217,16 @@ def test_a_tiny_moe_trains_through_gptkit_train(tiny_data, tmp_path):
     assert set(stats) == {'moe_aux_loss', 'moe_z_loss', 'moe_dropped', 'moe_load_max'} and stats['moe_dropped'] == 0
     # DeepSpeed divided each micro-batch's loss by the 2 accumulation steps: the MoE losses' gradient was halved too
     assert [float(m.grad_scale) for m in moe_layers(model)] == [0.5, 0.5]
+    # each report logs the MoE losses and every expert's load (metrics.jsonl, TensorBoard)
+    rows = [json.loads(line) for line in (tmp_path / 'run' / 'metrics.jsonl').read_text().splitlines()]
+    train_rows = [r for r in rows if r['kind'] == 'train']
+    assert train_rows and all(r['moe_aux_loss'] > 0 and r['moe_dropped'] == 0 for r in train_rows)
+    assert all(len(r['moe_load']) == 4 and abs(sum(r['moe_load']) - 4) < 1e-4 for r in train_rows)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / 'run' / 'tensorboard'))
+    events.Reload()
+    tags = events.Tags()['scalars']
+    assert {'train/moe_aux_loss', 'train/moe_load_max', 'moe_load/expert_3'} <= set(tags), tags
 
 
 def test_stages_balanced_by_parameters_weigh_moe_and_dense_layers_apart():
