@@ -256,3 +256,10 @@ def test_losses_equal_megatron_cores():
     ours_grad, = torch.autograd.grad(ours, logits, retain_graph=True)
     theirs_grad, = torch.autograd.grad(theirs, logits)
     torch.testing.assert_close(ours_grad, theirs_grad)
+
+
+def test_resuming_with_another_expert_count_names_the_key():
+    from gptkit.plan import model_changes
+    tiny = PRESETS['moe-tiny'].model
+    assert model_changes(tiny, dataclasses.replace(tiny, moe_experts=4)) == ['moe_experts']
+    assert model_changes(tiny, dataclasses.replace(tiny, moe_top_k=1, moe_every=2)) == ['moe_top_k', 'moe_every']
