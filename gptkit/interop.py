@@ -150,6 +150,9 @@ def export_hf(path: str | Path, out_dir: str | Path, max_shard_size: int | str =
         log.warning('%s has no tokenizer/; the export holds the model only', folder)
     dtype = str(next(iter(weights.values())).dtype).removeprefix('torch.')
     config = config_to_hf(cfg.model, tok.eod if tok else None, dtype)     # what no family computes: refused first
+    if cfg.model.moe_capacity_factor is not None:
+        log.warning('%s drops tokens past moe_capacity_factor %s; transformers routes every token, so its logits '
+                    'differ where an expert overflowed', folder, cfg.model.moe_capacity_factor)
     tensors = to_hf(weights, cfg.model)
     with staged_output(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))

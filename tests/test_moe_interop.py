@@ -64,6 +64,14 @@ def family(request, tiny_data, tmp_path_factory):
 IDS = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(1))
 
 
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    "Tiny matrices: one thread each, so that a shared machine's cores are not oversubscribed"
+    from conftest import torch_threads
+    with torch_threads(1):
+        yield
+
+
 def test_transformers_saves_the_experts_one_by_one_as_the_hub_holds_them(family):
     from safetensors import safe_open
     name, _, hf_dir, _ = family
@@ -231,3 +239,42 @@ def test_regular_dense_layers_are_read_as_the_step_they_make():
     assert (m.moe_every, [m.moe_layer(i) for i in range(4)]) == (2, [False, True, False, True])
     hf = config_to_hf(m, None)
     assert (hf['decoder_sparse_step'], hf['mlp_only_layers'], hf['moe_intermediate_size']) == (2, [], 32)
+
+
+@pytest.mark.parametrize('preset', ['mixtral-8x7b', 'qwen3-30b-a3b', 'olmoe-1b-7b'])
+def test_each_moe_preset_is_written_as_a_config_transformers_builds_at_the_published_size(preset):
+    "The exported config.json read back gives the preset; transformers' model of it (on meta) has gptkit's numel"
+    import transformers
+    from gptkit.config import PRESETS
+    from gptkit.hf_config import config_from_hf, config_to_hf
+    from gptkit.params import param_table
+    m = PRESETS[preset].model
+    hf = config_to_hf(m, None)
+    back = config_from_hf(json.loads(json.dumps(hf)))
+    assert dataclasses.replace(back, kv_heads=back.kv) == dataclasses.replace(m, kv_heads=m.kv)
+    made = {'mixtral': transformers.MixtralConfig, 'qwen3_moe': transformers.Qwen3MoeConfig,
+            'olmoe': transformers.OlmoeConfig}[hf['model_type']]
+    with torch.device('meta'):
+        model = transformers.AutoModelForCausalLM.from_config(made(**hf))
+    padding = (m.padded_vocab() - m.vocab) * m.hidden * (1 if m.tie_embeddings else 2)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel for p in param_table(m)) - padding
+
+
+def test_the_cli_refuses_to_export_a_shared_expert_in_one_sentence(tiny_data, tmp_path, caplog):
+    "A gptkit model with a shared expert has no Hugging Face family: refused naming the field, nothing written"
+    from conftest import run_here
+
+    from gptkit.config import LLAMA, ModelConfig
+    tok = load_tokenizer(tiny_data[1])
+    cfg = ModelConfig(layers=1, hidden=32, heads=4, seq_len=16, vocab=tok.vocab_size, moe_experts=4, moe_top_k=2,
+                      moe_shared_ffn=16, **LLAMA)
+    torch.manual_seed(0)
+    run = interop.write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path / 'run', 'a random shared-expert MoE')
+    r = run_here('checkpoint', 'export', run, tmp_path / 'hf', '--to', 'hf')
+    assert r.returncode == 2 and 'moe-shared-ffn = 16 with the other choices' in r.stderr, r.stderr
+    assert 'Traceback' not in r.stderr + r.stdout and not (tmp_path / 'hf').exists()
+    capped = dataclasses.replace(cfg, moe_shared_ffn=0, moe_capacity_factor=1.0)       # exported, with a warning
+    run = interop.write_run({k: v for k, v in GPT(capped).state_dict().items()}, capped, tok, tmp_path / 'capped',
+                            'a random MoE with a capacity factor')
+    interop.export_hf(run, tmp_path / 'capped_hf')
+    assert 'transformers routes every token' in caplog.text
