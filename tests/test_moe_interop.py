@@ -23,12 +23,13 @@ SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key
              max_position_embeddings=64, initializer_range=0.2, num_experts_per_tok=2)
 # each family's own choices: Mixtral rescales the top 2 of 4 experts; Qwen3-MoE has per-head QK norms on 16-wide heads,
 # experts narrower than its dense MLPs, and MoE on every second of 4 layers; OLMoE normalizes q and k across all heads
-# and keeps the top 2 of 8 weights as the softmax gave them
+# and keeps the top 2 of 8 weights as the softmax gave them; and Mixtral with a window shorter than the sequences
 FAMILIES = {'mixtral': ('MixtralConfig', dict(intermediate_size=48, num_local_experts=4)),
             'qwen3_moe': ('Qwen3MoeConfig', dict(intermediate_size=56, moe_intermediate_size=24, num_experts=4,
                                                  head_dim=16, norm_topk_prob=True, decoder_sparse_step=2,
                                                  num_hidden_layers=4)),
-            'olmoe': ('OlmoeConfig', dict(intermediate_size=24, num_experts=8, norm_topk_prob=False))}
+            'olmoe': ('OlmoeConfig', dict(intermediate_size=24, num_experts=8, norm_topk_prob=False)),
+            'mixtral-window': ('MixtralConfig', dict(intermediate_size=48, num_local_experts=4, sliding_window=6))}
 
 
 def make_moe(name: str, tok_dir: str, folder: Path):
@@ -78,7 +79,7 @@ def test_transformers_saves_the_experts_one_by_one_as_the_hub_holds_them(family)
     with safe_open(hf_dir / 'model.safetensors', 'pt') as f:
         keys = set(f.keys())
     base, first = {'mixtral': ('block_sparse_moe', 'w1'), 'qwen3_moe': ('mlp', 'gate_proj'),
-                   'olmoe': ('mlp', 'gate_proj')}[name]
+                   'olmoe': ('mlp', 'gate_proj')}[name.removesuffix('-window')]
     layer = 1 if name == 'qwen3_moe' else 0                 # Qwen3-MoE's first layer is dense (sparse step 2)
     assert f'model.layers.{layer}.{base}.experts.3.{first}.weight' in keys
     assert not any('gate_up_proj' in k for k in keys)
@@ -87,15 +88,18 @@ def test_transformers_saves_the_experts_one_by_one_as_the_hub_holds_them(family)
 def test_import_gives_transformers_logits(family):
     name, hf, _, run = family
     m = ck.load_model(run).config.model
-    want = {'mixtral': (4, 2, True, 1, False), 'qwen3_moe': (4, 2, True, 2, False), 'olmoe': (8, 2, False, 1, True)}
-    assert (m.moe_experts, m.moe_top_k, m.moe_renormalize, m.moe_every, m.qk_norm_all) == want[name]
+    want = {'mixtral': (4, 2, True, 1, False, None), 'qwen3_moe': (4, 2, True, 2, False, None),
+            'olmoe': (8, 2, False, 1, True, None), 'mixtral-window': (4, 2, True, 1, False, 6)}
+    assert (m.moe_experts, m.moe_top_k, m.moe_renormalize, m.moe_every, m.qk_norm_all, m.sliding_window) == want[name]
     if name == 'qwen3_moe':
         assert (m.ffn, m.expert_ffn, m.head_dim) == (56, 24, 16)
     model = ck.load_model(run).model
     with torch.no_grad():
         theirs = hf(IDS).logits
         assert (model(IDS) - theirs).abs().max().item() <= 1e-4
-        other = GPT(dataclasses.replace(m, moe_renormalize=not m.moe_renormalize)).eval()   # the control
+        control = (dataclasses.replace(m, sliding_window=None) if m.sliding_window else
+                   dataclasses.replace(m, moe_renormalize=not m.moe_renormalize))     # without the family's choice
+        other = GPT(control).eval()
         other.load_state_dict(model.state_dict())
         assert (other(IDS) - theirs).abs().max().item() > 1e-3
 
@@ -150,7 +154,7 @@ def test_export_is_the_same_family_files_and_logits(family, tmp_path):
     from transformers import AutoModelForCausalLM
     name, hf, hf_dir, run = family
     out = interop.export_hf(run, tmp_path / 'export')
-    assert json.loads((out / 'config.json').read_text())['model_type'] == name
+    assert json.loads((out / 'config.json').read_text())['model_type'] == hf.config.model_type
     orig, back = load_file(hf_dir / 'model.safetensors'), load_file(out / 'model.safetensors')
     assert set(orig) == set(back)
     for k, v in back.items():
@@ -160,6 +164,13 @@ def test_export_is_the_same_family_files_and_logits(family, tmp_path):
     assert not info['missing_keys'] and not info['unexpected_keys'] and not info['mismatched_keys']
     with torch.no_grad():
         assert (again.eval()(IDS).logits - hf(IDS).logits).abs().max().item() <= 1e-4
+    shards = interop.export_hf(run, tmp_path / 'shards', max_shard_size='20KB')     # as the Hub holds big models
+    assert len(list(shards.glob('model-*.safetensors'))) > 3 and (shards / 'model.safetensors.index.json').exists()
+    sharded = AutoModelForCausalLM.from_pretrained(shards).eval()
+    imported = ck.load_model(interop.import_hf(shards, tmp_path / 'run')).model
+    with torch.no_grad():
+        assert torch.equal(sharded(IDS).logits, again(IDS).logits)
+        assert torch.equal(imported(IDS), ck.load_model(run).model(IDS))
 
 
 def test_a_misshapen_expert_tensor_is_refused_naming_it(family, tmp_path):
