@@ -256,6 +256,7 @@ def test_regular_dense_layers_are_read_as_the_step_they_make():
 def test_each_moe_preset_is_written_as_a_config_transformers_builds_at_the_published_size(preset):
     "The exported config.json read back gives the preset; transformers' model of it (on meta) has gptkit's numel"
     import transformers
+
     from gptkit.config import PRESETS
     from gptkit.hf_config import config_from_hf, config_to_hf
     from gptkit.params import param_table
