@@ -222,12 +222,18 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
     import deepspeed
     plan = plan or cfg.plan
     config = ds_config(cfg, plan, override)
+    if cfg.parallel.ep > 1:                       # before DeepSpeed broadcasts the weights: experts per expert group
+        from .expert_parallel import apply_ep
+        apply_ep(model, cfg.layout.groups('dp'), cfg.parallel.ep)
     groups = param_groups(model, cfg.optim.weight_decay)
     optimizer = None if 'optimizer' in config else make_optimizer(cfg, groups, device_type())
     schedule = Schedule(cfg.optim, plan.iters if iters is None else iters)
     scheduler = None if 'scheduler' in config else schedule.scheduler
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
                                       lr_scheduler=scheduler, config=config, mpu=mpu)
+    if cfg.parallel.ep > 1:
+        from .expert_parallel import attach_engine
+        attach_engine(engine, config['gradient_clipping'])
     if config['zero_optimization']['stage'] == 3:
         deepspeed.zero.register_external_parameter(engine.module, engine.module.wte.weight)
     if config['zero_optimization']['stage'] == 0 and plan.dp == 1 and mpu is None:

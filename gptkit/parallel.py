@@ -416,15 +416,22 @@ class DeepSpeedMPU:
     get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
 
 def grad_norm(model, parallel: ParallelState) -> float:
-    "The global L2 norm of the gradients of a (tensor- and pipeline-) parallel model, each shard counted once"
+    "The global L2 norm of the gradients of a (tensor-, pipeline-, expert-) parallel model, each shard counted once"
     sq = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
+    experts, ep_group = torch.zeros_like(sq), None
     for p in model.parameters():
         if p.grad is None or getattr(p, 'ds_pipe_replicated', False):
             continue
         if parallel.tp_rank > 0 and not getattr(p, 'tensor_model_parallel', False):
             continue
+        if getattr(p, 'ep_group', None) is not None:    # this rank's experts: the expert-parallel group holds them all
+            experts, ep_group = experts + p.grad.double().pow(2).sum(), p.ep_group
+            continue
         g = p.grad if getattr(p, 'shared_owner', True) else p.grad[:p.shared_rows]   # a replicated KV head: once
         sq += g.double().pow(2).sum()
+    if ep_group is not None:
+        dist.all_reduce(experts, group=ep_group)
+        sq += experts
     if parallel.mp_group is not None and dist.get_world_size(parallel.mp_group) > 1:
         dist.all_reduce(sq, group=parallel.mp_group)
     return float(sq.sqrt())

@@ -1,6 +1,7 @@
 """Expert parallelism: parallel.ep checked against the model and the processes before any starts, refused where
 training does not run it, and the all-to-all MoE layer equal to the one-process layer on gloo processes."""
 import copy
+import dataclasses
 import os
 
 import pytest
@@ -11,9 +12,12 @@ from torch import nn
 from typer.testing import CliRunner
 
 from gptkit.config import ModelConfig
+from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.expert_parallel import AllToAll, ExpertParallelMoE
+from gptkit.model import GPT
 from gptkit.moe import MoE
+from gptkit.parallel import ParallelState, grad_norm
 from gptkit.runconfig import from_dict, resolve
 from gptkit_cli.main import app
 
@@ -119,7 +123,7 @@ def _spawn(worker, world, tmp_path, *args):
         mp.spawn(worker, args=(world, str(tmp_path / 'init'), str(tmp_path), *args), nprocs=world, join=True)
     finally:
         os.environ.update(env)
-    return [torch.load(tmp_path / f'{r}.pt') for r in range(world)]
+    return [torch.load(f) for f in sorted(tmp_path.glob('[0-9]*.pt'))]
 
 
 def test_ep2_layer_equals_the_one_process_layer_and_the_control_fails(tmp_path):
@@ -131,3 +135,63 @@ def test_ep2_layer_equals_the_one_process_layer_and_the_control_fails(tmp_path):
             assert control['out'] < 1e-5, (rank, i, control)          # forward untouched ...
             assert control['dx'] > 1e-2, (rank, i, control)           # ... the gradients are not
             assert max(v for n, v in control.items() if n.startswith('experts.')) > 1e-2, (rank, i, control)
+
+
+TRAIN_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=16',
+              'model.vocab=64', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',
+              'train.micro_batch=1', 'train.global_batch=2', 'train.iters=3', 'train.precision=fp32',
+              'optim.lr=1e-2', 'optim.warmup=1', 'optim.grad_clip=0.05']
+
+
+def _train_worker(rank, world, init_file, out, port, ep):
+    "Three steps of a tiny MoE through gptkit's DeepSpeed engine: losses, norms and the whole trained weights"
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed()
+    try:
+        cfg = resolve('moe-tiny', sets=TRAIN_SETS + [f'parallel.ep={ep}'])
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world))
+        torch.manual_seed(0)
+        engine, _ = build_engine(cfg, GPT(cfg.model))
+        torch.manual_seed(1)
+        data = torch.randint(0, 64, (3, 2, 17))                  # 3 steps of 2 sequences
+        losses, norms = [], []
+        for batch in data:
+            mine = batch if world == 1 else batch[rank:rank + 1]  # one process: both, accumulated
+            step = 0.0
+            for i, seq in enumerate(mine):
+                loss = engine(seq[None, :-1], seq[None, 1:])
+                engine.backward(loss)
+                step += loss.item() / len(mine)
+                if i == len(mine) - 1:
+                    norms.append(grad_norm(engine.module, ParallelState.build(cfg.layout)))
+                engine.step()
+            t = torch.tensor(step)
+            dist.all_reduce(t)
+            losses.append(t.item() / world)
+        weights = {}
+        for name, p in engine.module.named_parameters():
+            w = p.detach()
+            if getattr(p, 'ep_group', None) is not None:        # gather every rank's experts
+                parts = [torch.empty_like(w) for _ in range(dist.get_world_size(p.ep_group))]
+                dist.all_gather(parts, w.contiguous(), group=p.ep_group)
+                w = torch.cat(parts)
+            weights[name] = w.clone()
+        if rank == 0:
+            torch.save({'losses': losses, 'norms': norms, 'weights': weights}, f'{out}/{ep}.pt')
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ep2_trains_like_one_process(tmp_path):
+    "EP 2 on 2 gloo processes (ZeRO 0, fp32, clipping): the one-process losses, gradient norms and trained weights"
+    for world, ep in ((1, 1), (2, 2)):
+        _spawn(_train_worker, world, tmp_path, free_port(), ep)
+    one, two = torch.load(tmp_path / '1.pt'), torch.load(tmp_path / '2.pt')
+    assert two['losses'] == pytest.approx(one['losses'], rel=1e-5, abs=0)
+    assert two['norms'] == pytest.approx(one['norms'], rel=1e-5, abs=0)
+    assert min(one['norms']) > 0.05                               # every step clipped
+    assert one['weights'].keys() == two['weights'].keys()
+    for name, w in one['weights'].items():
+        assert (two['weights'][name] - w).abs().max().item() < 1e-5, name
