@@ -73,6 +73,10 @@ def staged_output(out_dir: str | Path, needed: int | None = None):
 # %% ../nbs/12d_interop.ipynb #20dc3903
 def _hf_names(cfg: ModelConfig, where: str = 'the model') -> list:
     "The parameter table, with a refusal when no Hugging Face architecture computes `cfg`"
+    if hf_family(cfg) is None and cfg.moe_experts:
+        raise CheckpointError(f'{where} has experts with position {cfg.position}, norm {cfg.norm} and activation '
+                              f'{cfg.activation}; the Hugging Face MoE families (Mixtral, Qwen3-MoE, OLMoE) need '
+                              'rotary, rmsnorm and swiglu')
     if hf_family(cfg) is None:
         raise CheckpointError(f'{where} mixes the GPT-2 and Llama families (position {cfg.position}, norm {cfg.norm}, '
                               f'activation {cfg.activation}); no Hugging Face architecture computes it')

@@ -285,6 +285,9 @@ def test_the_cli_refuses_to_export_a_shared_expert_in_one_sentence(tiny_data, tm
     r = run_here('checkpoint', 'export', run, tmp_path / 'hf', '--to', 'hf')
     assert r.returncode == 2 and 'moe-shared-ffn = 16 with the other choices' in r.stderr, r.stderr
     assert 'Traceback' not in r.stderr + r.stdout and not (tmp_path / 'hf').exists()
+    gelu = ModelConfig(layers=1, hidden=32, heads=4, seq_len=16, vocab=96, moe_experts=4)      # GPT-2's blocks
+    with pytest.raises(CheckpointError, match='MoE families .* need rotary, rmsnorm and swiglu'):
+        interop.to_hf(GPT(gelu).state_dict(), gelu)
     capped = dataclasses.replace(cfg, moe_shared_ffn=0, moe_capacity_factor=1.0)       # exported, with a warning
     run = interop.write_run({k: v for k, v in GPT(capped).state_dict().items()}, capped, tok, tmp_path / 'capped',
                             'a random MoE with a capacity factor')
