@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, ParallelConfig, TrainConfig, parse_size
+from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, MOE_PRESETS, ParallelConfig, TrainConfig, parse_size
 from gptkit.estimate import (
     Estimate,
     GiB,
@@ -40,7 +40,8 @@ ModelOpt, LayoutOpt, HardwareOpt = in_panel(MODEL), in_panel(LAYOUT), in_panel(H
 def estimate(
     params: Annotated[Optional[str], ModelOpt('Model size such as 13B; picks the nearest GPT-3 preset.')] = None,
     preset: Annotated[Optional[str], ModelOpt(
-        f"{', '.join(GPT3_PRESETS)} (or tiny, small); {', '.join(LLAMA_PRESETS)}.")] = None,
+        f"{', '.join(GPT3_PRESETS)} (or tiny, small); {', '.join(LLAMA_PRESETS)}; "
+        f"mixture of experts: {', '.join(MOE_PRESETS)}.")] = None,
     layers: Annotated[Optional[int], ModelOpt('Transformer layers.')] = None,
     hidden: Annotated[Optional[int], ModelOpt('Hidden size.')] = None,
     heads: Annotated[Optional[int], ModelOpt('Attention heads.')] = None,
@@ -57,6 +58,7 @@ def estimate(
     tp: Annotated[int, LayoutOpt('Tensor-parallel degree.')] = 1,
     pp: Annotated[int, LayoutOpt('Pipeline-parallel degree.')] = 1,
     dp: Annotated[Optional[int], LayoutOpt('Data-parallel degree [default: gpus / (tp x pp)].')] = None,
+    ep: Annotated[int, LayoutOpt('Expert-parallel degree: MoE experts split over this many data-parallel ranks.')] = 1,
     zero: Annotated[int, LayoutOpt('ZeRO stage 0-3.')] = 0,
     balance: Annotated[str, LayoutOpt(
         "Pipeline stages balanced by 'layers' (equal counts) or 'parameters'.")] = 'layers',
@@ -84,14 +86,13 @@ def estimate(
                                       sliding_window=sliding_window,
                                       make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     device = get_gpu(gpu, None if gpu_memory is None else round(gpu_memory * GiB), gpu_tflops)
-    n_tokens = parse_size(tokens, 'tokens')
-    batch = global_batch or (base.global_batch if base else None)
+    n_tokens, batch = parse_size(tokens, 'tokens'), global_batch or (base.global_batch if base else None)
     if search:
         results = run_search(model, device, gpus or gpus_per_node, gpus_per_node, precision=precision, flash=flash,
                              tokens=n_tokens, mfu=mfu, top=top, **({'global_batch': batch} if batch else {}))
         _report_search(results, note, gpus or gpus_per_node, device.name, as_json)
         return
-    par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero,
+    par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero, ep=ep,
                          sequence_parallel=sequence_parallel, offload=offload, balance=balance)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
                         flash=flash)
@@ -136,6 +137,25 @@ def _table(title: str) -> Table:
     return t
 
 
+def _params_table(e: Estimate, d: dict) -> Table:
+    "The parameters: total (and active, MoE), embeddings, transformer, unpadded, the most loaded rank"
+    mo, par = e.model, e.parallel
+    p = _table('Parameters')
+    p.add_row('total', f'{e.params.total:,}', fmt.count(e.params.total))
+    if mo.moe_experts:
+        p.add_row('  active', f'{e.params.active:,}', f'{fmt.count(e.params.active)} a token: {mo.moe_top_k} of '
+                  f'{mo.moe_experts} experts' + (f', every {mo.moe_every} layers' if mo.moe_every > 1 else '')
+                  + (f', shared expert {mo.moe_shared_ffn}' if mo.moe_shared_ffn else ''))
+    p.add_row('  embeddings', f'{e.params.embedding:,}',
+              f'vocabulary {e.model.vocab} padded to {e.params.vocab_padded}')
+    p.add_row('  transformer', f'{e.params.transformer:,}', f'{e.model.layers} layers + final norm')
+    p.add_row('total, vocabulary unpadded', f'{e.params.unpadded:,}', '')
+    p.add_row('most loaded rank', f'{e.params.per_rank_max:,}',
+              f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
+              + (' ...' if par.pp > 8 else ''))
+    return p
+
+
 def _print_estimate(e: Estimate, note: str):
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
@@ -144,23 +164,17 @@ def _print_estimate(e: Estimate, note: str):
               f'sequence {mo.seq_len}, vocabulary {mo.vocab}')
     out.print(f'[bold]architecture[/]: {family(mo)}')
     stages = ' (stages by parameters)' if par.pp > 1 and par.balance == 'parameters' else ''
-    out.print(f'[bold]layout[/]: {gpus} x {e.gpu.name}, tp {par.tp} pp {par.pp}{stages} dp {par.dp}, ZeRO {par.zero}'
+    experts = f' ep {par.ep}' if mo.moe_experts else ''
+    out.print(f'[bold]layout[/]: {gpus} x {e.gpu.name}, tp {par.tp} pp {par.pp}{stages} dp {par.dp}{experts}, '
+              f'ZeRO {par.zero}'
               f'{", sequence parallel" if par.sequence_parallel else ""}, recompute {tr.recompute}, '
               f'{"flash" if tr.flash else "unfused"} attention, {tr.precision}, micro-batch {tr.micro_batch}, '
               f'global batch {e.batch}, offload {par.offload}\n')
-    p = _table('Parameters')
-    p.add_row('total', f'{e.params.total:,}', fmt.count(e.params.total))
-    p.add_row('  embeddings', f'{e.params.embedding:,}',
-              f'vocabulary {e.model.vocab} padded to {e.params.vocab_padded}')
-    p.add_row('  transformer', f'{e.params.transformer:,}', f'{e.model.layers} layers + final norm')
-    p.add_row('total, vocabulary unpadded', f'{e.params.unpadded:,}', '')
-    p.add_row('most loaded rank', f'{e.params.per_rank_max:,}',
-              f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
-              + (' ...' if par.pp > 8 else ''))
-    out.print(p)
+    out.print(_params_table(e, d))
     out.print()
     t = _table(f'Memory per GPU (pipeline stage {m.stage})' if par.pp > 1 else 'Memory per GPU')
-    why = {'weights': f'{tr.precision}, ZeRO {par.zero}', 'gradients': '',
+    why = {'weights': f'{tr.precision}, ZeRO {par.zero}' + (f', experts / ep {par.ep}' if par.ep > 1 else ''),
+           'gradients': '',
            'optimizer': 'Adam: master, fp32 grads, m, v' if tr.precision != 'fp32' else 'Adam m, v',
            'activations': f'Korthikanti et al., recompute {tr.recompute}', 'logits': 'output layer and loss',
            'other': 'CUDA context, workspaces, fragmentation'}
@@ -184,14 +198,16 @@ def _print_estimate(e: Estimate, note: str):
               f'with recompute {tr.recompute}' + (', the dense masked attention' if window else '')
               + f' (model: {fmt.flops(e.model_flops_per_iteration)}'
               + (f', {mo.sliding_window} keys a query' if window else '') + ')')
-    c.add_row('FLOPs per token', fmt.flops(d['flops']['per_token']), '')
+    c.add_row('FLOPs per token', fmt.flops(d['flops']['per_token']),
+              'from the active parameters' if mo.moe_experts else '')
     c.add_row('iterations', f'{e.iterations:,}', f'{fmt.count(e.tokens)} tokens / ({e.batch} x {e.model.seq_len})')
     c.add_row('time at MFU', fmt.duration(e.seconds),
               f'MFU {e.mfu:.0%} of {e.gpu.peak(tr.precision) / 1e12:.0f} TFLOP/s')
     c.add_row('GPU-hours', f'{d["time"]["gpu_hours"]:,.0f}', f'{gpus} GPUs')
     c.add_row('with this layout', fmt.duration(e.layout_seconds),
               f'step {e.step.total:.2f} s: bubble {e.step.bubble_fraction:.1%}, TP comm {e.step.tp_comm:.2f} s, '
-              f'exposed DP comm {e.step.dp_comm:.2f} s')
+              f'exposed DP comm {e.step.dp_comm:.2f} s'
+              + (f', EP all-to-all {e.step.ep_comm:.2f} s' if par.ep > 1 else ''))
     out.print(c)
     if not m.fits:
         out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
@@ -203,17 +219,21 @@ def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
                   f'smaller model.')
         return
     t = Table(title=f'Best layouts for {fmt.text(note)} on {gpus} x {gpu}', title_justify='left', title_style='bold')
-    for col in ('#', 'tp', 'pp', 'dp', 'ZeRO', 'recompute', 'micro', 'GiB/GPU', 'step s', 'bubble', 'days'):
+    moe = results[0].model.moe_experts > 0
+    for col in ('#', 'tp', 'pp', 'dp', *(('ep',) if moe else ()), 'ZeRO', 'recompute', 'micro', 'GiB/GPU', 'step s',
+                'bubble', 'days'):
         t.add_column(col, justify='right')
     for i, e in enumerate(results, 1):
-        t.add_row(str(i), str(e.parallel.tp), str(e.parallel.pp), str(e.parallel.dp), str(e.parallel.zero),
+        t.add_row(str(i), str(e.parallel.tp), str(e.parallel.pp), str(e.parallel.dp),
+                  *((str(e.parallel.ep),) if moe else ()), str(e.parallel.zero),
                   e.train.recompute,
                   str(e.train.micro_batch), f'{e.memory.total / GiB:.1f}', f'{e.step.total:.2f}',
                   f'{e.step.bubble_fraction:.1%}',
                   f'{e.layout_seconds / 86400:,.1f}')
     out.print(t)
-    out.print('[dim]Sequence parallelism on when tp > 1. Time: compute at the assumed MFU, plus TP communication and '
-              'exposed data-parallel traffic, stretched by the pipeline bubble (see nbs/01_estimate.ipynb).[/]')
+    out.print('[dim]Sequence parallelism on when tp > 1. Time: compute at the assumed MFU, plus TP communication, '
+              'exposed data-parallel traffic' + (' and the MoE all-to-alls' if moe else '')
+              + ', stretched by the pipeline bubble (see nbs/01_estimate.ipynb).[/]')
     out.print(f'\n[bold]As gptkit train options[/] (on {gpus} processes; dp = processes / (tp x pp)):')
     for i, e in enumerate(results, 1):
         out.print(f'{i:>2}  {train_flags(e.parallel, e.train)}', soft_wrap=True, highlight=False)

@@ -1128,6 +1128,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'gptkit.runconfig._yaml': ('runconfig.html#_yaml', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig._yaml_size': ('runconfig.html#_yaml_size', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.apply_sets': ('runconfig.html#apply_sets', 'gptkit/runconfig.py'),
+                                  'gptkit.runconfig.ep_engine_problems': ('runconfig.html#ep_engine_problems', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.ep_problems': ('runconfig.html#ep_problems', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.ep_training_problems': ('runconfig.html#ep_training_problems', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.from_dict': ('runconfig.html#from_dict', 'gptkit/runconfig.py'),

@@ -21,6 +21,7 @@ from gptkit.config import (
     parse_size,
 )
 
+from . import moe_estimate as moe_est
 from .errors import ConfigError, check
 from .layout import BatchPlan, Layout, validate_layout
 from .params import layer_numel, param_table, stage_extras, stage_layers
@@ -32,8 +33,8 @@ __all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUN
            'layer_activations', 'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens',
            'logits_bytes', 'kv_cache_bytes', 'overhead_bytes', 'window_mask_bytes', 'stage_activation_bytes', 'Memory',
            'memory_per_gpu', 'flops_per_iteration', 'model_flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time',
-           'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel',
-           'candidate_layouts', 'search', 'memory_breakdown']
+           'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel', 'search',
+           'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #5c0bac2e
 GiB = 2**30
@@ -87,6 +88,7 @@ class StageParams:
     replicated: int     # tensors every tp rank holds whole
     tied_copy: int      # last stage only (pp > 1): its copy of the tied word-embedding shard
     largest_layer: int  # the biggest single layer on this rank (what ZeRO-3 gathers at once)
+    experts: int = 0    # of `replicated`: the routed experts of its MoE layers (all E; EP divides them)
 
     @property
     def per_rank(self) -> int:
@@ -102,6 +104,7 @@ class ParamCount:
     vocab_padded: int
     tp: int
     stages: tuple[StageParams, ...]
+    active: int = 0     # what one token goes through: `total` less the E - k routed experts it skips (MoE)
 
     @property
     def per_rank_max(self) -> int:
@@ -112,6 +115,7 @@ def count_params(model: ModelConfig, tp: int = 1, pp: int = 1, balance: str = 'l
     "Parameters in total and per TP rank of each pipeline stage (split by `balance`), read from the parameter table"
     V = model.padded_vocab(tp)
     split, rep = layer_numel(model, tp)
+    routed = moe_est.routed_numel(model)
     stages = []
     for (lo, hi), extras in zip(stage_layers(model, pp, balance), stage_extras(model, pp)):
         own = [p for p in extras if p.name != 'head.weight' or not model.tie_embeddings]   # an untied head is its own
@@ -119,13 +123,15 @@ def count_params(model: ModelConfig, tp: int = 1, pp: int = 1, balance: str = 'l
             split=(hi - lo) * split + sum(p.shard_numel(tp, V) for p in own if p.tp != 'replicated'),
             replicated=(hi - lo) * rep + sum(p.numel for p in own if p.tp == 'replicated'),
             tied_copy=sum(p.shard_numel(tp, V) for p in extras if p.name == 'head.weight' and p not in own),
-            largest_layer=max([split + rep] + [p.shard_numel(tp, V) for p in extras])))
+            largest_layer=max([split + rep] + [p.shard_numel(tp, V) for p in extras]),
+            experts=routed * sum(model.moe_layer(i) for i in range(lo, hi))))
     table = param_table(model)
     embedding = sum(p.shard_numel(1, V) for p in table if p.name in ('wte.weight', 'wpe.weight', 'head.weight'))
     total = sum(p.shard_numel(1, V) for p in table)
     padding = (V - model.vocab) * model.hidden * (1 if model.tie_embeddings else 2)
     return ParamCount(total=total, unpadded=total - padding, embedding=embedding,
-                      transformer=total - embedding, vocab_padded=V, tp=tp, stages=tuple(stages))
+                      transformer=total - embedding, vocab_padded=V, tp=tp, stages=tuple(stages),
+                      active=moe_est.active_params(model, total))
 
 # %% ../nbs/01_estimate.ipynb #be5f1ee8
 def narayanan_params(model: ModelConfig, tp: int = 1) -> float:
@@ -134,15 +140,16 @@ def narayanan_params(model: ModelConfig, tp: int = 1) -> float:
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 def closed_form_params(model: ModelConfig, tp: int = 1) -> int:
-    "Parameters by formula, any family: per layer QKV h(a d + 2 kv d), a d h, MLP 2hf or 3hf, biases, norms; embeddings"
-    l, h, V, f, d = model.layers, model.hidden, model.padded_vocab(tp), model.ffn, model.head_dim
+    "Parameters by formula, any family: per layer QKV h(a d + 2 kv d), a d h, biases, norms; the MLPs (01a); embeddings"
+    l, h, V, d = model.layers, model.hidden, model.padded_vocab(tp), model.head_dim
     qd, kvd = model.heads * d, model.kv * d
-    mats = h * (qd + 2 * kvd) + qd * h + (3 if model.gated else 2) * h * f
-    biases = (qd + 2 * kvd if model.attn_bias else 0) + (h + (2 if model.gated else 1) * f + h if model.bias else 0)
+    mats = h * (qd + 2 * kvd) + qd * h
+    biases = (qd + 2 * kvd if model.attn_bias else 0) + (h if model.bias else 0)
     norm = h if model.norm == 'rmsnorm' else 2 * h
-    biases += 2 * d if model.qk_norm else 0       # Qwen3's per-head query and key norms: head-wide weights
+    # query and key norms: per head, head-wide weights (Qwen3); across all heads (OLMoE)
+    biases += ((model.heads + model.kv) * d if model.qk_norm_all else 2 * d) if model.qk_norm else 0
     embeddings = V * h * (1 if model.tie_embeddings else 2) + (model.seq_len * h if model.position == 'learned' else 0)
-    return l * (mats + biases + 2 * norm) + norm + embeddings
+    return l * (mats + biases + 2 * norm) + moe_est.mlp_params(model) + norm + embeddings
 
 # %% ../nbs/01_estimate.ipynb #6f177931
 def state_bytes(precision: str) -> tuple[int, int, int]:
@@ -209,7 +216,8 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     # q, k, v and the attention output, against h: grouped-query keeps fewer K/V heads, head_size widens them all
     attn = 2 * (a + model.kv) * model.head_dim / h
     # GELU and fc2 inputs; SwiGLU's [gate; up], silu(gate) and product (its Triton kernel: [gate; up] and product)
-    mlp = ((3 if model.kernels == 'triton' else 4) if model.gated else 2) * f / h
+    width = (3 if model.kernels == 'triton' else 4) if model.gated else 2
+    mlp = moe_est.mean_mlp_factor(model, width, element, t) if model.moe_experts else width * f / h   # 01a
     split = (attn + mlp) * element                            # q, k, v and attention output; the MLP's
     base = sbh * ((replicated + gathered) / ts + split / t) + 2 * stats * s * b / ts   # + two norms' fp32 statistics
     base += s * b * qk_norm_bytes(model, element) / t         # QK norms: split with their heads
@@ -340,7 +348,10 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
     params = params or count_params(model, par.tp, par.pp, par.balance)
     worst = None
     for i, st in enumerate(params.stages):
-        w, g, o = model_states(st.per_rank, st.largest_layer, par, train.precision)
+        w, g, o = model_states(st.per_rank - st.experts, st.largest_layer, par, train.precision)
+        if st.experts:   # E / ep experts a rank, ZeRO over the dp / ep ranks holding the same ones
+            ew, eg, eo = model_states(st.experts // par.ep, 0, moe_est.expert_group(par), train.precision)
+            w, g, o = w + ew, g + eg, o + eo
         act, lg = stage_activation_bytes(model, par, train, i)
         rest = w + g + o + act + lg
         mem = Memory(w, g, o, act, lg, overhead_bytes(rest), capacity, i)
@@ -353,13 +364,13 @@ def flops_per_iteration(model: ModelConfig, batch: int, recompute: str = 'none',
                         keys: float | None = None) -> float:
     """FLOPs of one training step on `batch` sequences, counting the forward passes `recompute` repeats; each query
     scored against `keys` keys (None: the whole sequence, as the dense attention kernel computes it, window or not)"""
-    s, h, f, l, V = model.seq_len, model.hidden, model.ffn, model.layers, model.padded_vocab(tp)
+    s, h, l, V = model.seq_len, model.hidden, model.layers, model.padded_vocab(tp)
     qd, kvd = model.heads * model.head_dim, model.kv * model.head_dim   # query and K/V widths (any head_size)
     attention = 4 * s * (s if keys is None else keys) * qd    # q k^T, then the scores times v
-    layer = batch * (2 * s * (h * (qd + 2 * kvd) + qd * h + (3 if model.gated else 2) * h * f) + attention)
+    layer = batch * (2 * s * (h * (qd + 2 * kvd) + qd * h) + attention)
     passes = {'none': 3, 'selective': 3, 'full': 4}[recompute]
     extra = batch * attention * l if recompute == 'selective' else 0
-    return passes * l * layer + extra + 3 * 2 * batch * s * h * V
+    return passes * (l * layer + batch * s * moe_est.mlp_flops(model)) + extra + 3 * 2 * batch * s * h * V
 
 def model_flops_per_iteration(model: ModelConfig, batch: int, tp: int = 1) -> float:
     "Model FLOPs of a step, what MFU counts: no recomputation; under a sliding window, each query's `window` keys only"
@@ -373,10 +384,11 @@ class StepTime:
     tp_comm: float
     dp_comm: float          # the data-parallel traffic time not hidden behind compute
     bubble_fraction: float
+    ep_comm: float = 0.0    # the MoE layers' all-to-all (dispatch and combine), not overlapped
 
     @property
     def total(self) -> float:
-        return (self.compute + self.tp_comm + self.dp_comm) * (1 + self.bubble_fraction)
+        return (self.compute + self.tp_comm + self.dp_comm + self.ep_comm) * (1 + self.bubble_fraction)
 
 # %% ../nbs/01_estimate.ipynb #b6c6a96e
 def dp_bytes(params: int, par: ParallelConfig, micro_batches: int, precision: str) -> float:
@@ -389,7 +401,7 @@ def dp_bytes(params: int, par: ParallelConfig, micro_batches: int, precision: st
 
 def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: GPU, mfu: float,
               gpus_per_node: int = 8, params: ParamCount | None = None) -> StepTime:
-    "Estimated seconds per step: compute at `mfu`, TP all-reduces, exposed DP traffic, the 1F1B bubble"
+    "Estimated seconds per step: compute at `mfu`, TP all-reduces, exposed DP traffic, EP all-to-alls, the 1F1B bubble"
     params = params or count_params(model, par.tp, par.pp, par.balance)
     plan = _plan(model, par, train)
     batch, m = plan.global_batch, plan.accumulation
@@ -399,14 +411,20 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
     act_bytes = 2 * model.seq_len * train.micro_batch * model.hidden * (2 if train.precision == 'fp32' else 1)
     tp_bytes = m * (model.layers // par.pp) * per_layer * 2 * act_bytes * (par.tp - 1) / par.tp
     bandwidth = gpu.link if par.world_size <= gpus_per_node else gpu.network
-    dp_time = dp_bytes(params.per_rank_max, par, m, train.precision) / bandwidth
-    return StepTime(compute, tp_bytes / gpu.link, max(0.0, dp_time - compute), (par.pp - 1) / m)
+    st = max(params.stages, key=lambda x: x.per_rank)     # experts: their own data-parallel group of dp / ep
+    dp_time = (dp_bytes(st.per_rank - st.experts, par, m, train.precision)
+               + dp_bytes(st.experts // par.ep, moe_est.expert_group(par), m, train.precision)) / bandwidth
+    ep_time = moe_est.all_to_all_seconds(model, par, train, m, max(x.experts for x in params.stages), gpu,
+                                         gpus_per_node)
+    return StepTime(compute, tp_bytes / gpu.link, max(0.0, dp_time - compute), (par.pp - 1) / m, ep_time)
 
 # %% ../nbs/01_estimate.ipynb #c5fb1054
 def train_flags(par: ParallelConfig, train: TrainConfig) -> str:
     "The `gptkit train` options that select this layout (every setting the estimate assumed, spelled out)"
     flags = [f'--tp {par.tp}', f'--pp {par.pp}', f'--set parallel.zero={par.zero}',
              f'--set parallel.sequence_parallel={str(par.sequence_parallel).lower()}']
+    if par.ep > 1:
+        flags.append(f'--set parallel.ep={par.ep}')
     if par.offload != 'none':
         flags.append(f'--set parallel.offload={par.offload}')
     if par.pp > 1 and par.balance != 'layers':
@@ -461,7 +479,8 @@ class Estimate:
                        'train_flags': train_flags(self.parallel, self.train)},
             'gpu': {'name': self.gpu.name, 'memory': self.gpu.memory,
                     'peak_flops': self.gpu.peak(self.train.precision)},
-            'params': {'total': p.total, 'unpadded': p.unpadded, 'embedding': p.embedding, 'transformer': p.transformer,
+            'params': {'total': p.total, 'active': p.active,
+                       'unpadded': p.unpadded, 'embedding': p.embedding, 'transformer': p.transformer,
                        'vocab': self.model.vocab, 'vocab_padded': p.vocab_padded, 'per_rank_max': p.per_rank_max,
                        'per_stage': [s.per_rank for s in p.stages]},
             'memory': {'weights': round(m.weights), 'gradients': round(m.gradients), 'optimizer': round(m.optimizer),
@@ -474,6 +493,7 @@ class Estimate:
                      'days': self.seconds / 86400, 'gpu_hours': self.seconds * gpus / 3600,
                      'step_seconds': self.step.total, 'bubble_fraction': self.step.bubble_fraction,
                      'tp_comm_seconds': self.step.tp_comm, 'dp_comm_seconds': self.step.dp_comm,
+                     'ep_comm_seconds': self.step.ep_comm,
                      'layout_days': self.layout_seconds / 86400},
         }
 
@@ -489,6 +509,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
         problems.append(('tokens', f'{{key}} must be positive, not {tokens!r}'))
     check(problems)
     validate_layout(model, par, train, gpus_per_node)
+    check(moe_est.ep_problems(model, par))
     params = count_params(model, par.tp, par.pp, par.balance)
     batch = _plan(model, par, train).global_batch
     return Estimate(model, par, train, gpu, tokens, mfu, params,
@@ -535,31 +556,6 @@ def data_parallel(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | N
         raise ConfigError([('gpus', f'{{key}} {gpus} is not tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}')])
     return dp
 
-# %% ../nbs/01_estimate.ipynb #7d8befd6
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
-
-def candidate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, global_batch: int, precision: str = 'bf16',
-                      flash: bool = True, micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)):
-    "Every (ParallelConfig, TrainConfig) that is valid for `gpus` GPUs"
-    for tp in _divisors(model.heads):
-        for pp in _divisors(model.layers):
-            degrees = ParallelConfig(tp=tp, pp=pp, sequence_parallel=tp > 1)
-            try:
-                layout = Layout.build(degrees, gpus, model, gpus_per_node)
-            except ConfigError:
-                continue                         # these degrees do not split these GPUs or this model
-            for zero in ((0, 1) if pp > 1 else (0, 1, 2, 3)):
-                par = ParallelConfig(tp=tp, pp=pp, dp=layout.dp, zero=zero, sequence_parallel=tp > 1)
-                if par.problems():
-                    continue                      # a combination gptkit refuses to train
-                for mb in micro_batches:
-                    train = TrainConfig(micro_batch=mb, global_batch=global_batch, precision=precision, flash=flash)
-                    if BatchPlan.problems(train, layout.dp):
-                        continue
-                    for rc in ('none', 'selective', 'full'):
-                        yield par, dataclasses.replace(train, recompute=rc)
-
 # %% ../nbs/01_estimate.ipynb #910cf1de
 def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, global_batch: int = 512,
            precision: str = 'bf16', flash: bool = True, tokens: int = 300 * 10**9, mfu: float = 0.4,
@@ -570,7 +566,7 @@ def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, glob
            if isinstance(v, bool) or not isinstance(v, int) or v <= 0])
     params = {}
     found = []
-    for par, train in candidate_layouts(model, gpus, gpus_per_node, global_batch, precision, flash):
+    for par, train in moe_est.candidate_layouts(model, gpus, gpus_per_node, global_batch, precision, flash):
         key = (par.tp, par.pp, par.balance)
         if key not in params:
             params[key] = count_params(model, par.tp, par.pp, par.balance)

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from gptkit.config import GPT3_PRESETS, LLAMA, PRESETS, ModelConfig, ParallelConfig, TrainConfig
+from gptkit.params import param_table
 from gptkit.estimate import (
     GPUS,
     closed_form_params,
@@ -231,3 +232,115 @@ def test_cli_estimate_of_the_new_presets(name, words):
     windowed = CliRunner().invoke(app, ['estimate', '--preset', name, '--sliding-window', '1024'])
     text = ' '.join(windowed.output.split())
     assert 'sliding window 1024' in text and '1024 keys a query' in text, text
+
+
+# issue 32, item 4: mixture-of-experts models in the estimator
+MOE = dict(layers=2, hidden=32, heads=4, seq_len=16, vocab=128, moe_experts=4, moe_ffn_hidden=24)
+
+
+@pytest.mark.parametrize('name,total,active', [('mixtral-8x7b', 46.7e9, 12.9e9), ('qwen3-30b-a3b', 30.5e9, 3.3e9),
+                                               ('olmoe-1b-7b', 6.9e9, 1.3e9)])
+def test_moe_total_and_active_parameters_near_the_published_ones(name, total, active):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gptkit_cli.main import app
+    model = PRESETS[name].model
+    c = count_params(model)
+    per_expert = sum(p.numel for p in param_table(model) if '.mlp.experts.' in p.name) // model.moe_experts
+    assert c.active == c.total - per_expert * (model.moe_experts - model.moe_top_k)
+    assert abs(c.total / total - 1) < 0.005 and abs(c.active / active - 1) < 0.02   # 12.88B, 3.35B, 1.28B measured
+    got = json.loads(CliRunner().invoke(app, ['estimate', '--preset', name, '--json']).output)
+    assert (got['params']['total'], got['params']['active']) == (c.total, c.active)
+    text = ' '.join(CliRunner().invoke(app, ['estimate', '--preset', name]).output.split())
+    assert f'active {c.active:,}' in text and 'from the active parameters' in text, text
+
+
+@pytest.mark.parametrize('cfg', [ModelConfig(**MOE, **LLAMA, moe_every=2, moe_shared_ffn=40),
+                                 ModelConfig(**MOE, moe_top_k=1)], ids=['swiglu_every2_shared', 'gelu_bias_k1'])
+def test_moe_flops_equal_pytorchs_count(cfg):
+    # dropless top-k: each expert runs once on its tokens, the router and the shared expert on all of them
+    assert counted_flops(cfg, 2) == flops_per_iteration(cfg, 2) == model_flops_per_iteration(cfg, 2)
+    dense = dataclasses.replace(cfg, moe_experts=0)
+    assert flops_per_iteration(cfg, 2) < flops_per_iteration(dense, 2) or cfg.moe_top_k > 1
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_moe_activation_bytes_equal_what_autograd_keeps(dtype):
+    import torch
+
+    from gptkit.model import make_mlp
+    from gptkit.moe_estimate import moe_activation_bytes
+    cfg = dataclasses.replace(PRESETS['moe-tiny'].model, moe_shared_ffn=64, kernels='torch')
+    dt = getattr(torch, dtype)
+
+    def kept(tokens):
+        torch.manual_seed(0)
+        layer = make_mlp(cfg, 0).to(dt).train()
+        for p in layer.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        x = torch.randn(tokens, cfg.hidden, dtype=dt, requires_grad=True)
+        skip = {t.untyped_storage().data_ptr() for t in (x, *layer.parameters())}
+        seen = {}
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: seen.__setitem__(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) or t,
+                lambda t: t):
+            layer(x)
+        return sum(n for ptr, n in seen.items() if ptr not in skip)
+    assert (kept(512) - kept(256)) / 256 == moe_activation_bytes(cfg, 2 if dtype == 'bfloat16' else 4, 4)
+    dense = dataclasses.replace(cfg, moe_experts=0)      # an MoE layer keeps more than the dense one it replaces
+    assert layer_activations(cfg, 1).base > layer_activations(dense, 1).base
+
+
+def test_ep_divides_the_expert_states_and_adds_the_all_to_all():
+    from gptkit.moe_estimate import all_to_all_bytes, routed_numel
+    model = PRESETS['mixtral-8x7b'].model
+    train = TrainConfig(micro_batch=1, global_batch=64, recompute='full')
+    experts = routed_numel(model) * 32
+    one, two = (estimate(model, ParallelConfig(pp=1, dp=8, zero=z, ep=ep), train) for z, ep in ((0, 1), (0, 2)))
+    assert one.memory.weights - two.memory.weights == experts * 2 / 2          # bf16 weights: half the experts
+    assert one.memory.optimizer - two.memory.optimizer == experts * 16 / 2     # ZeRO 0: their Adam states too
+    z1, z1ep = (memory_per_gpu(model, ParallelConfig(dp=8, zero=1, ep=ep), train) for ep in (1, 4))
+    assert z1.optimizer == z1ep.optimizer           # ZeRO 1: E / ep experts over dp / ep ranks, the same share
+    assert z1.gradients - z1ep.gradients == experts * 2 * 3 / 4
+    assert one.step.ep_comm == 0 and two.step.ep_comm == pytest.approx(
+        8 * all_to_all_bytes(model, 1, 2, 32, 'full') / GPUS['a100-80gb'].link)      # 8 micro-batches, one node
+    assert all_to_all_bytes(model, 1, 2, 32) == 4 * 32 * model.seq_len * 2 * model.hidden * 2 / 2
+    wide = estimate(model, ParallelConfig(dp=8, zero=1, ep=8), train, gpus_per_node=4)   # EP over two nodes
+    assert wide.step.ep_comm == pytest.approx(
+        8 * all_to_all_bytes(model, 1, 8, 32, 'full') / GPUS['a100-80gb'].network)
+    assert '--set parallel.ep=8' in wide.to_dict()['layout']['train_flags']
+
+
+def test_search_tries_every_ep_and_finds_the_ones_that_fit():
+    from gptkit.estimate import get_gpu
+    from gptkit.moe_estimate import candidate_layouts
+    model = ModelConfig(layers=2, hidden=512, heads=8, seq_len=128, vocab=1024, moe_experts=8, moe_ffn_hidden=2048,
+                        **LLAMA)
+    train = TrainConfig(micro_batch=1, global_batch=8)
+    mems = {}
+    for par, tr in candidate_layouts(model, 8, 8, 8):
+        m = memory_per_gpu(model, par, tr).total
+        mems[par.ep] = min(mems.get(par.ep, m), m)
+    assert sorted(mems) == [1, 2, 4, 8] and mems[8] < mems[1]
+    gpu = get_gpu('a100-80gb', memory=round((mems[1] + mems[8]) / 2))   # only some EP layout fits
+    best = search(model, gpu, 8, global_batch=8, top=50)
+    assert best and all(e.parallel.ep > 1 and e.memory.fits for e in best)
+    assert not estimate(model, ParallelConfig(dp=8), train, gpu).memory.fits
+
+
+@pytest.mark.parametrize('args,words', [(['--ep', '3'], '--ep 3 must divide the 8 experts'),
+                                        (['--ep', '16', '--gpus', '8'], '--ep 16 must divide the 8 experts'),
+                                        (['--ep', '4', '--gpus', '2'], '--ep 4 must divide the data-parallel degree 2'),
+                                        (['--ep', '0'], '--ep must be a positive whole number'),
+                                        (['--ep', '2', '--zero', '3', '--gpus', '2'], '--zero 3 cannot shard'),
+                                        (['--preset', '1.3b', '--ep', '2', '--gpus', '2'], 'needs a mixture-of-experts')])
+def test_cli_refuses_a_bad_ep_naming_the_flag(args, words):
+    from typer.testing import CliRunner
+
+    from gptkit_cli.main import app
+    preset = [] if '--preset' in args else ['--preset', 'mixtral-8x7b']
+    r = CliRunner().invoke(app, ['estimate', *preset, *args])
+    text = ' '.join(r.output.split())
+    assert r.exit_code == 2 and words in text and 'Traceback' not in text, text
