@@ -18,7 +18,8 @@ from .ops import swiglu
 
 # %% auto #0
 __all__ = ['Router', 'StackedLinear', 'Experts', 'capacity', 'dispatch', 'load_balancing_loss', 'z_loss', 'AuxLoss', 'LossScale',
-           'MoE', 'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats', 'expert_load']
+           'MoE', 'moe_kernels', 'grouped_linear', 'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats',
+           'expert_load']
 
 # %% ../nbs/07d_moe.ipynb #4e473a4b
 class Router(nn.Module):
@@ -133,11 +134,13 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])                              # [T, h]
         logits, probs, weights, chosen = self.router(x)
-        order, counts, kept = dispatch(chosen, self.num_experts, capacity(x.shape[0], self.cfg))
-        token = order // self.top_k                               # each kept assignment's token
-        y = self.experts(x[token], kept.tolist())                 # [kept, h], grouped by expert
-        y = y.float() * weights.reshape(-1)[order, None]          # times its fp32 routing weight
-        out = x.new_zeros(x.shape).index_add(0, token, y.to(x.dtype))
+        cap = capacity(x.shape[0], self.cfg)
+        kernels = moe_kernels(self.cfg.kernels, x) if cap is None else None
+        if kernels is None:
+            out, counts, kept = self.routed(x, weights, chosen, cap)
+        else:
+            out, counts = self.routed_kernels(kernels, x, weights, chosen)
+            kept = counts
         aux, z = load_balancing_loss(probs, counts, self.top_k), z_loss(logits)
         if self.training and torch.is_grad_enabled() and (self.aux_coef or self.z_coef):
             out = AuxLoss.apply(out, self.aux_coef * aux + self.z_coef * z, self)
@@ -147,6 +150,36 @@ class MoE(nn.Module):
         if self.shared is not None:
             out = out + self.shared(x)
         return out.view(shape)
+
+    def routed(self, x, weights, chosen, cap: int | None):
+        "Each token's sum of its experts' outputs times their weights (torch), the per-expert counts, those kept"
+        order, counts, kept = dispatch(chosen, self.num_experts, cap)
+        token = order // self.top_k                               # each kept assignment's token
+        y = self.experts(x[token], kept.tolist())                 # [kept, h], grouped by expert
+        y = y.float() * weights.reshape(-1)[order, None]          # times its fp32 routing weight
+        return x.new_zeros(x.shape).index_add(0, token, y.to(x.dtype)), counts, kept
+
+    def routed_kernels(self, kernels, x, weights, chosen):
+        "The same, dropless, with `gptkit.kernels_moe`: permute, a grouped GEMM per layer, the weighted unpermute"
+        rows, order, counts = kernels.permute(x, chosen, self.num_experts)
+        e = self.experts
+        h = grouped_linear(kernels, rows, e.fc1, counts)
+        h = swiglu(h) if e.gated else F.gelu(h, approximate=e.approximate)
+        return kernels.unpermute(grouped_linear(kernels, h, e.fc2, counts), order, weights, x.shape[0]), counts
+
+def moe_kernels(mode: str, x):
+    "`gptkit.kernels_moe` when the `model.kernels` switch picks Triton for tensor `x`; None: the torch code runs"
+    if mode == 'torch' or (mode == 'auto' and not x.is_cuda):
+        return None    # decided without importing Triton
+    from gptkit import kernels, kernels_moe
+    return kernels_moe if kernels.use_triton(mode, x) else None
+
+def grouped_linear(kernels, rows, layer: StackedLinear, counts):
+    "`layer` on `rows` grouped by expert (`counts` each), as one grouped GEMM (and the bias of each row's expert)"
+    y = kernels.grouped_gemm(rows, layer.weight.transpose(1, 2), counts)
+    if layer.bias is None:
+        return y
+    return y + layer.bias.repeat_interleave(counts, dim=0, output_size=rows.shape[0])
 
 # %% ../nbs/07d_moe.ipynb #b0dfcfc9
 def moe_layers(model: nn.Module) -> list[MoE]:

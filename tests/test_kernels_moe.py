@@ -185,6 +185,35 @@ def test_triton_empty_batch():
     assert torch.equal(w.grad, torch.zeros_like(w)) and x.grad.shape == (0, 8)
 
 
+@triton_here
+@pytest.mark.parametrize('activation,bias', [('swiglu', False), ('gelu', True)])
+def test_triton_moe_layer_matches_its_torch_path(activation, bias):
+    "gptkit.moe's dropless layer with model.kernels='triton' gives the torch path's output and every gradient"
+    import dataclasses
+
+    from gptkit.config import ModelConfig
+    from gptkit.moe import MoE, moe_kernels
+    cfg = ModelConfig(layers=1, hidden=16, heads=2, activation=activation, bias=bias, moe_experts=4, moe_top_k=2,
+                      moe_ffn_hidden=8, kernels='triton')
+    torch.manual_seed(0)
+    fast = MoE(cfg).to(DEV)
+    for p in fast.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    slow = MoE(dataclasses.replace(cfg, kernels='torch')).to(DEV)
+    slow.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 5, 16, device=DEV)
+    assert moe_kernels(cfg.kernels, x) is M and moe_kernels('torch', x) is None      # the kernels run, against torch
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = fast(xa), slow(xb)
+    g = torch.randn_like(ya)
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.allclose(ya, yb, atol=1e-5), (ya - yb).abs().max()
+    assert torch.allclose(xa.grad, xb.grad, atol=1e-5), (xa.grad - xb.grad).abs().max()
+    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5), (name, (p.grad - q.grad).abs().max())
+
+
 def test_triton_kernels_in_the_interpreter():
     "Runs the test_triton_* tests above in a fresh process with Triton's interpreter on from the start"
     if RUNS_TRITON or DEV == 'cuda':
