@@ -80,13 +80,14 @@ def inspect(path: CheckpointPath,
 @handles_errors
 def export(path: CheckpointPath,
            out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
-           to: Annotated[str, Opt('--to', help="hf (a transformers GPT2LMHeadModel or LlamaForCausalLM folder) "
-                                                "or megatron (Megatron-LM's legacy layout).")],
+           to: Annotated[str, Opt('--to', help="hf (a transformers folder: GPT-2, Llama, Qwen2/3, Mistral, "
+                                                "Mixtral, Qwen3-MoE or OLMoE) or megatron (Megatron-LM's legacy "
+                                                "layout).")],
            max_shard_size: Annotated[Optional[str], Opt(help='hf: the most bytes per weights file (5GB when not '
                                                              'given; 500MB, 2GiB or a number of bytes); a bigger '
                                                              'model is written in shards with their index, '
                                                              'model.safetensors.index.json.')] = None):
-    """Write a gptkit checkpoint as a Hugging Face folder (GPT-2 or Llama) or a Megatron-LM legacy checkpoint."""
+    """Write a gptkit checkpoint as a Hugging Face folder (its model family's) or a Megatron-LM legacy checkpoint."""
     fmt = _format(to, 'to')
     if max_shard_size is not None and fmt != 'hf':
         raise ConfigError([('max_shard_size', '{key} is only used with --to hf')])
