@@ -305,7 +305,11 @@ def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: Train
                            mask: float = 1, peak: bool = True) -> tuple[float, float]:
     "(activations, output layer and loss) bytes on one rank of pipeline `stage` for its micro-batches in flight"
     e = activation_element_bytes(train.precision)
-    layer = layer_activations(model, train.micro_batch, par.tp, par.sequence_parallel, train.flash, e, mask)
+    def layer_of(m):
+        return layer_activations(m, train.micro_batch, par.tp, par.sequence_parallel, train.flash, e, mask)
+    layer = layer_of(model)     # the mean layer; full recomputation's peak rebuilds the largest, an MoE one
+    if train.recompute == 'full' and model.moe_experts and model.moe_every > 1:
+        layer = layer._replace(base=layer_of(dataclasses.replace(model, moe_every=1)).base)
     k = min(par.pp - stage, _plan(model, par, train).accumulation)
     ends, rebuild = stage_moments(layer, model.layers // par.pp, k, train.recompute)
     emb = (k * embedding_activations(model, train.micro_batch, par.tp, par.sequence_parallel, mask)
