@@ -367,7 +367,8 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
 def flops_per_iteration(model: ModelConfig, batch: int, recompute: str = 'none', tp: int = 1,
                         keys: float | None = None) -> float:
     """FLOPs of one training step on `batch` sequences, counting the forward passes `recompute` repeats; each query
-    scored against `keys` keys (None: the whole sequence, as the dense attention kernel computes it, window or not)"""
+    scored against `keys` keys (None: the whole sequence, as the dense attention kernel computes it, window or not);
+    the MLPs as `moe_estimate.mlp_flops` counts them (an MoE layer: its router, k routed experts, shared expert)"""
     s, h, l, V = model.seq_len, model.hidden, model.layers, model.padded_vocab(tp)
     qd, kvd = model.heads * model.head_dim, model.kv * model.head_dim   # query and K/V widths (any head_size)
     attention = 4 * s * (s if keys is None else keys) * qd    # q k^T, then the scores times v

@@ -355,3 +355,16 @@ def test_moe_activations_of_a_whole_step_near_the_measured_ones(recompute, preci
     train = TrainConfig(micro_batch=2, precision=precision, recompute=recompute, flash=True)
     got = measure(model, train).peak
     assert abs(predict(model, ParallelConfig(), train) / got - 1) < 0.05
+
+
+def test_an_ep_layout_reads_back_through_gptkit_trains_options():
+    import shlex
+
+    from gptkit.estimate import train_flags
+    from gptkit.runconfig import resolve
+    e = estimate(PRESETS['moe-tiny'].model, ParallelConfig(dp=4, ep=2, zero=1), TrainConfig(micro_batch=2))
+    args = shlex.split(train_flags(e.parallel, e.train))
+    sets = [v for a, v in zip(args, args[1:]) if a == '--set']
+    assert 'parallel.ep=2' in sets
+    cfg = resolve('moe-tiny', sets=sets, overrides={'parallel': {'tp': 1, 'pp': 1}})
+    assert (cfg.parallel.ep, cfg.parallel.zero) == (2, 1)
