@@ -14,9 +14,9 @@ import socket
 from dataclasses import dataclass
 
 from .config import OptimConfig
-from .errors import ConfigError
+from .errors import ConfigError, check
 from .layout import BatchPlan
-from .runconfig import RunConfig
+from .runconfig import RunConfig, ep_engine_problems
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +219,7 @@ def compile_model(cfg: RunConfig, model):
 def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override: dict | None = None, mpu=None,
                  iters: int | None = None):
     "(DeepSpeed engine, its config) for `model`, stepping as `plan` says (default `cfg.plan`); `iters`: schedule length"
+    check(ep_engine_problems(cfg.parallel, cfg.train))
     import deepspeed
     plan = plan or cfg.plan
     config = ds_config(cfg, plan, override)

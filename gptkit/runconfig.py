@@ -20,8 +20,9 @@ from .files import read_text, write_atomic
 from .layout import BatchPlan, Layout, validate_layout
 
 # %% auto #0
-__all__ = ['SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES', 'CONFIG_DEPTH', 'RunConfig', 'ep_problems', 'ep_training_problems',
-           'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'save_config']
+__all__ = ['SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES', 'CONFIG_DEPTH', 'RunConfig', 'ep_problems', 'ep_engine_problems',
+           'ep_training_problems', 'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve',
+           'save_config']
 
 # %% ../nbs/00d_runconfig.ipynb #08994896
 SECTIONS = ('model', 'data', 'parallel', 'train', 'optim')
@@ -67,7 +68,8 @@ class RunConfig:
         run = dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, dp=layout.dp))
         # refuse a global batch that these replicas cannot split
         _section_keys(lambda: BatchPlan.build(run.train, layout, run.model.seq_len))
-        check(ep_problems(run.model, run.parallel, layout.dp) + ep_training_problems(run.parallel))
+        check(ep_problems(run.model, run.parallel, layout.dp) + ep_engine_problems(run.parallel, run.train)
+              + ep_training_problems(run.parallel))
         return run
 
 # %% ../nbs/00d_runconfig.ipynb #de8410d6
@@ -122,6 +124,24 @@ def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) 
     if dp is not None and dp % ep:
         out.append(('parallel.ep', f'{{key}} {ep} must divide the data-parallel size {dp} (processes / (tp x pp)): '
                                    'the experts are split over ranks of a data-parallel group'))
+    return out
+
+def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
+    "Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32 without TP or PP"
+    if par.ep == 1:
+        return []
+    out = []
+    if par.tp > 1 or par.pp > 1:
+        out.append(('parallel.ep', f'{{key}} {par.ep} runs without tensor or pipeline parallelism in gptkit (this run: '
+                                   f'tp {par.tp}, pp {par.pp}); set parallel.tp=1 and parallel.pp=1, or parallel.ep=1'))
+    if par.zero != 0:
+        out.append(('parallel.zero', f'{{key}} {par.zero} cannot be combined with parallel.ep above 1 yet '
+                                     '(DeepSpeed\'s ZeRO optimizers group expert parameters for its own MoE layers '
+                                     'only); use 0'))
+    if train.precision != 'fp32':
+        out.append(('train.precision', f'{{key}} {train.precision} cannot be combined with parallel.ep above 1 yet '
+                                       '(DeepSpeed\'s bf16 and fp16 optimizers group expert parameters for its own MoE '
+                                       'layers only); use fp32'))
     return out
 
 def ep_training_problems(par: ParallelConfig) -> list[tuple[str, str]]:

@@ -139,7 +139,7 @@ def test_ep2_layer_equals_the_one_process_layer_and_the_control_fails(tmp_path):
 
 TRAIN_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=16',
               'model.vocab=64', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',
-              'train.micro_batch=1', 'train.global_batch=2', 'train.iters=3', 'train.precision=fp32',
+              'train.micro_batch=1', 'train.global_batch=4', 'train.iters=3', 'train.precision=fp32',
               'optim.lr=1e-2', 'optim.warmup=1', 'optim.grad_clip=0.05']
 
 
@@ -155,10 +155,10 @@ def _train_worker(rank, world, init_file, out, port, ep):
         torch.manual_seed(0)
         engine, _ = build_engine(cfg, GPT(cfg.model))
         torch.manual_seed(1)
-        data = torch.randint(0, 64, (3, 2, 17))                  # 3 steps of 2 sequences
+        data = torch.randint(0, 64, (3, 4, 17))                  # 3 steps of 4 sequences
         losses, norms = [], []
         for batch in data:
-            mine = batch if world == 1 else batch[rank:rank + 1]  # one process: both, accumulated
+            mine = batch.chunk(world)[rank]                       # this replica's micro-batches, accumulated
             step = 0.0
             for i, seq in enumerate(mine):
                 loss = engine(seq[None, :-1], seq[None, 1:])
@@ -179,19 +179,38 @@ def _train_worker(rank, world, init_file, out, port, ep):
                 w = torch.cat(parts)
             weights[name] = w.clone()
         if rank == 0:
-            torch.save({'losses': losses, 'norms': norms, 'weights': weights}, f'{out}/{ep}.pt')
+            torch.save({'losses': losses, 'norms': norms, 'weights': weights}, f'{out}/{world}.pt')
     finally:
         dist.destroy_process_group()
 
 
-def test_ep2_trains_like_one_process(tmp_path):
-    "EP 2 on 2 gloo processes (ZeRO 0, fp32, clipping): the one-process losses, gradient norms and trained weights"
-    for world, ep in ((1, 1), (2, 2)):
-        _spawn(_train_worker, world, tmp_path, free_port(), ep)
-    one, two = torch.load(tmp_path / '1.pt'), torch.load(tmp_path / '2.pt')
-    assert two['losses'] == pytest.approx(one['losses'], rel=1e-5, abs=0)
-    assert two['norms'] == pytest.approx(one['norms'], rel=1e-5, abs=0)
+def test_ep2_trains_like_one_process(tmp_path, request):
+    """EP 2 on 2 gloo processes and, with --nb-flags slow (4 processes, 40 s here), EP 2 inside DP 4 (expert gradients
+    averaged over their expert data-parallel group): ZeRO 0, fp32, every step clipped; the one-process losses,
+    gradient norms and trained weights"""
+    worlds = (2, 4) if 'slow' in request.config.getoption('--nb-flags').split() else (2,)
+    for world in (1, *worlds):
+        _spawn(_train_worker, world, tmp_path, free_port(), min(world, 2))
+    one = torch.load(tmp_path / '1.pt')
     assert min(one['norms']) > 0.05                               # every step clipped
-    assert one['weights'].keys() == two['weights'].keys()
-    for name, w in one['weights'].items():
-        assert (two['weights'][name] - w).abs().max().item() < 1e-5, name
+    for world in worlds:
+        got = torch.load(tmp_path / f'{world}.pt')
+        assert got['losses'] == pytest.approx(one['losses'], rel=1e-5, abs=0), world
+        assert got['norms'] == pytest.approx(one['norms'], rel=1e-5, abs=0), world
+        assert one['weights'].keys() == got['weights'].keys()
+        for name, w in one['weights'].items():
+            assert (got['weights'][name] - w).abs().max().item() < 1e-5, (world, name)
+
+
+@pytest.mark.parametrize('sets, said', [
+    (['parallel.zero=1'], 'parallel.zero 1 cannot be combined with parallel.ep above 1 yet'),
+    (['train.precision=bf16'], 'train.precision bf16 cannot be combined with parallel.ep above 1 yet'),
+    (['parallel.pp=2'], 'parallel.ep 2 runs without tensor or pipeline parallelism in gptkit (this run: tp 1, pp 2)'),
+])
+def test_the_engine_refuses_what_it_does_not_run_with_ep(sets, said):
+    "Before DeepSpeed starts (no process group needed): ZeRO 1-3, bf16/fp16, TP or PP with parallel.ep > 1"
+    cfg = resolve('moe-tiny', sets=TRAIN_SETS + ['parallel.ep=2', 'parallel.dp=2', *sets])
+    with pytest.raises(ConfigError, match=said.replace('(', r'\(').replace(')', r'\)')):
+        build_engine(cfg, None)
+    with pytest.raises(ConfigError, match=said.replace('(', r'\(').replace(')', r'\)')):
+        cfg.for_world(cfg.parallel.world_size)
