@@ -25,6 +25,8 @@ from gptkit_cli.app import app, handles_errors, out
 
 Opt = typer.Option
 MODEL, LAYOUT, HW = 'Model', 'Layout', 'Hardware and budget'
+MODEL_DIMS = ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden', 'head_size', 'sliding_window',   # named
+              'make_vocab_size_divisible_by', 'moe_experts', 'moe_top_k', 'moe_ffn_hidden')       # as ModelConfig's
 
 
 def in_panel(panel: str):
@@ -53,6 +55,9 @@ def estimate(
         'Each token attends to this many latest tokens (Mistral) [default: the whole sequence].')] = None,
     make_vocab_size_divisible_by: Annotated[Optional[int], ModelOpt(
         'Pad the vocabulary to a multiple of this x TP [default: 128].')] = None,
+    moe_experts: Annotated[Optional[int], ModelOpt('Routed experts in each MoE layer (0: dense).')] = None,
+    moe_top_k: Annotated[Optional[int], ModelOpt('Experts each token goes through [default: 2].')] = None,
+    moe_ffn_hidden: Annotated[Optional[int], ModelOpt("Each expert's MLP width [default: the MLP width].")] = None,
     gpus: Annotated[Optional[int], LayoutOpt('Number of GPUs [default: tp x pp x dp; one node with --search].')] = None,
     gpus_per_node: Annotated[int, LayoutOpt('GPUs per node; tensor parallelism stays inside one.')] = 8,
     tp: Annotated[int, LayoutOpt('Tensor-parallel degree.')] = 1,
@@ -81,17 +86,14 @@ def estimate(
     as_json: Annotated[bool, Opt('--json', help='Print JSON instead of tables.')] = False,
 ):
     """Parameters, memory per GPU, FLOPs and time to train a GPT, before renting a GPU."""
-    model, base, note = resolve_model(params, preset, layers=layers, hidden=hidden, heads=heads, seq_len=seq_len,
-                                      vocab=vocab, ffn_hidden=ffn_hidden, head_size=head_size,
-                                      sliding_window=sliding_window,
-                                      make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    model, base, note = resolve_model(params, preset, **{k: v for k, v in locals().items() if k in MODEL_DIMS})
     device = get_gpu(gpu, None if gpu_memory is None else round(gpu_memory * GiB), gpu_tflops)
     n_tokens, batch = parse_size(tokens, 'tokens'), global_batch or (base.global_batch if base else None)
     if search:
-        results = run_search(model, device, gpus or gpus_per_node, gpus_per_node, precision=precision, flash=flash,
-                             tokens=n_tokens, mfu=mfu, top=top, **({'global_batch': batch} if batch else {}))
-        _report_search(results, note, gpus or gpus_per_node, device.name, as_json)
-        return
+        return _report_search(run_search(model, device, gpus or gpus_per_node, gpus_per_node, precision=precision,
+                                         flash=flash, tokens=n_tokens, mfu=mfu, top=top,
+                                         **({'global_batch': batch} if batch else {})),
+                              note, gpus or gpus_per_node, device.name, as_json)
     par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero, ep=ep,
                          sequence_parallel=sequence_parallel, offload=offload, balance=balance)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,

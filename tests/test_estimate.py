@@ -335,7 +335,9 @@ def test_search_tries_every_ep_and_finds_the_ones_that_fit():
                                         (['--ep', '4', '--gpus', '2'], '--ep 4 must divide the data-parallel degree 2'),
                                         (['--ep', '0'], '--ep must be a positive whole number'),
                                         (['--ep', '2', '--zero', '3', '--gpus', '2'], '--zero 3 cannot shard'),
-                                        (['--preset', '1.3b', '--ep', '2', '--gpus', '2'], 'needs a mixture-of-experts')])
+                                        (['--preset', '1.3b', '--ep', '2', '--gpus', '2'], 'needs a mixture-of-experts'),
+                                        (['--moe-top-k', '9'], '--moe-top-k = 9 is more than the 8 experts'),
+                                        (['--moe-ffn-hidden', '0'], '--moe-ffn-hidden must be a positive')])
 def test_cli_refuses_a_bad_ep_naming_the_flag(args, words):
     from typer.testing import CliRunner
 
@@ -368,3 +370,19 @@ def test_an_ep_layout_reads_back_through_gptkit_trains_options():
     assert 'parallel.ep=2' in sets
     cfg = resolve('moe-tiny', sets=sets, overrides={'parallel': {'tp': 1, 'pp': 1}})
     assert (cfg.parallel.ep, cfg.parallel.zero) == (2, 1)
+
+
+def test_cli_makes_any_model_a_mixture_of_experts():
+    import json
+
+    from typer.testing import CliRunner
+
+    from gptkit_cli.main import app
+    args = ['estimate', '--preset', '1.3b', '--moe-experts', '8', '--moe-top-k', '1', '--moe-ffn-hidden', '2048']
+    got = json.loads(CliRunner().invoke(app, [*args, '--json']).output)
+    model = dataclasses.replace(PRESETS['1.3b'].model, moe_experts=8, moe_top_k=1, moe_ffn_hidden=2048)
+    c = count_params(model)
+    assert (got['params']['total'], got['params']['active']) == (c.total, c.active) == (closed_form_params(model), c.active)
+    h, layer = 2048, 8 * (2 * 2048 * 2048 + 2048 + 2048) + 8 * 2048      # experts with biases, router
+    assert c.total - count_params(PRESETS['1.3b'].model).total == 24 * (layer - (2 * h * 4 * h + 4 * h + h))
+    assert c.total - c.active == 24 * 7 * (2 * 2048 * 2048 + 2048 + 2048)
