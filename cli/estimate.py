@@ -20,6 +20,7 @@ from gptkit.estimate import (
     search as run_search,
     train_flags,
 )
+from gptkit.runconfig import ep_engine_problems, ep_training_problems
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 
@@ -158,6 +159,12 @@ def _params_table(e: Estimate, d: dict) -> Table:
     return p
 
 
+def not_yet(e: Estimate) -> str:
+    "Why `gptkit train` does not run this expert-parallel layout yet, its own words; '' when it does"
+    return '; '.join(m.replace('{key}', k) for k, m in ep_engine_problems(e.parallel, e.train)
+                     + ep_training_problems(e.parallel))
+
+
 def _print_estimate(e: Estimate, note: str):
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
@@ -213,6 +220,8 @@ def _print_estimate(e: Estimate, note: str):
     out.print(c)
     if not m.fits:
         out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
+    if not_yet(e):
+        out.print(f'\n[yellow]gptkit train does not run this layout yet[/]: {fmt.text(not_yet(e))}')
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
@@ -239,3 +248,5 @@ def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
     out.print(f'\n[bold]As gptkit train options[/] (on {gpus} processes; dp = processes / (tp x pp)):')
     for i, e in enumerate(results, 1):
         out.print(f'{i:>2}  {train_flags(e.parallel, e.train)}', soft_wrap=True, highlight=False)
+        if not_yet(e):
+            out.print(f'    [yellow]not yet[/]: {fmt.text(not_yet(e))}', soft_wrap=True, highlight=False)

@@ -386,3 +386,20 @@ def test_cli_makes_any_model_a_mixture_of_experts():
     h, layer = 2048, 8 * (2 * 2048 * 2048 + 2048 + 2048) + 8 * 2048      # experts with biases, router
     assert c.total - count_params(PRESETS['1.3b'].model).total == 24 * (layer - (2 * h * 4 * h + 4 * h + h))
     assert c.total - c.active == 24 * 7 * (2 * 2048 * 2048 + 2048 + 2048)
+
+
+def test_cli_says_when_gptkit_train_does_not_run_an_ep_layout_yet():
+    "the estimate prices what DeepSpeed's MoE can run; gptkit's engine's own limits (gptkit.runconfig) are printed"
+    from typer.testing import CliRunner
+
+    from gptkit.runconfig import ep_engine_problems, ep_training_problems
+    from gptkit_cli.main import app
+    par, train = ParallelConfig(pp=4, dp=8, zero=1, ep=2), TrainConfig(micro_batch=1, global_batch=512)
+    problems = ep_engine_problems(par, train) + ep_training_problems(par)
+    args = ['estimate', '--preset', 'mixtral-8x7b', '--gpus', '32', '--pp', '4', '--zero', '1', '--ep', '2']
+    text = ' '.join(CliRunner().invoke(app, args).output.split())
+    assert ('gptkit train does not run this layout yet' in text) == bool(problems), text
+    assert all(' '.join(m.replace('{key}', k).split()) in text for k, m in problems), text
+    dense = ' '.join(CliRunner().invoke(app, ['estimate', '--preset', 'mixtral-8x7b', '--gpus', '32', '--pp', '4',
+                                              '--zero', '1']).output.split())
+    assert 'does not run this layout' not in dense
