@@ -127,13 +127,13 @@ def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) 
     return out
 
 def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
-    "Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32 without TP or PP"
+    "Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32, with PP, without TP"
     if par.ep == 1:
         return []
     out = []
-    if par.tp > 1 or par.pp > 1:
-        out.append(('parallel.ep', f'{{key}} {par.ep} runs without tensor or pipeline parallelism in gptkit (this run: '
-                                   f'tp {par.tp}, pp {par.pp}); set parallel.tp=1 and parallel.pp=1, or parallel.ep=1'))
+    if par.tp > 1:
+        out.append(('parallel.ep', f'{{key}} {par.ep} runs without tensor parallelism in gptkit (this run: '
+                                   f'tp {par.tp}); set parallel.tp=1 or parallel.ep=1'))
     if par.zero != 0:
         out.append(('parallel.zero', f'{{key}} {par.zero} cannot be combined with parallel.ep above 1 yet '
                                      '(DeepSpeed\'s ZeRO optimizers group expert parameters for its own MoE layers '

@@ -11,14 +11,15 @@ import torch.multiprocessing as mp
 from torch import nn
 from typer.testing import CliRunner
 
-from gptkit.config import ModelConfig
+from gptkit.config import ModelConfig, ParallelConfig, TrainConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.expert_parallel import AllToAll, ExpertParallelMoE
 from gptkit.model import GPT
 from gptkit.moe import MoE
-from gptkit.parallel import ParallelState, grad_norm
-from gptkit.runconfig import from_dict, resolve
+from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
+from gptkit.runconfig import ep_engine_problems, from_dict, resolve
+from gptkit.train import _step
 from gptkit_cli.main import app
 
 MOE = {'layers': 2, 'hidden': 32, 'heads': 4, 'seq_len': 16, 'vocab': 64, 'moe_experts': 4, 'moe_top_k': 2}
@@ -112,6 +113,7 @@ def _layer_worker(rank, world, init_file, out):
             found[i] = _layer_errors(ExpertParallelMoE, layer, dist.group.WORLD, rank, world)
             found[f'control {i}'] = _layer_errors(_NoReturnMoE, layer, dist.group.WORLD, rank, world)
         torch.save(found, f'{out}/{rank}.pt')
+        dist.barrier()                                            # no rank leaves while its peer still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -143,33 +145,30 @@ TRAIN_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_he
               'optim.lr=1e-2', 'optim.warmup=1', 'optim.grad_clip=0.05']
 
 
-def _train_worker(rank, world, init_file, out, port, ep):
-    "Three steps of a tiny MoE through gptkit's DeepSpeed engine: losses, norms and the whole trained weights"
+def _train_worker(rank, world, init_file, out, port, ep, pp):
+    "Three steps of a tiny MoE through gptkit's engine and training step: losses, norms and the whole trained weights"
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_distributed()
     try:
-        cfg = resolve('moe-tiny', sets=TRAIN_SETS + [f'parallel.ep={ep}'])
-        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world))
+        cfg = resolve('moe-tiny', sets=TRAIN_SETS + [f'parallel.ep={ep}', f'parallel.pp={pp}'])
+        cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world // pp))
         torch.manual_seed(0)
-        engine, _ = build_engine(cfg, GPT(cfg.model))
+        parallel = ParallelState.build(cfg.layout)
+        model = parallelize(GPT(cfg.model), parallel, 'none', cfg.train.seed)
+        engine, _ = build_engine(cfg, model, mpu=DeepSpeedMPU(parallel) if pp > 1 else None)
         torch.manual_seed(1)
         data = torch.randint(0, 64, (3, 4, 17))                  # 3 steps of 4 sequences
         losses, norms = [], []
         for batch in data:
-            mine = batch.chunk(world)[rank]                       # this replica's micro-batches, accumulated
-            step = 0.0
-            for i, seq in enumerate(mine):
-                loss = engine(seq[None, :-1], seq[None, 1:])
-                engine.backward(loss)
-                step += loss.item() / len(mine)
-                if i == len(mine) - 1:
-                    norms.append(grad_norm(engine.module, ParallelState.build(cfg.layout)))
-                engine.step()
-            t = torch.tensor(step)
-            dist.all_reduce(t)
-            losses.append(t.item() / world)
+            mine = batch.chunk(world // pp)[parallel.dp_rank]     # this replica's micro-batches, accumulated
+            loss, _, norm = _step(engine, parallel, [(s[None, :-1], s[None, 1:]) for s in mine], True,
+                                  cfg.optim.grad_clip)
+            t = torch.tensor(loss)
+            dist.all_reduce(t)                                    # the last stages' sums
+            losses.append(t.item() / 4)
+            norms.append(norm)
         weights = {}
         for name, p in engine.module.named_parameters():
             w = p.detach()
@@ -178,39 +177,50 @@ def _train_worker(rank, world, init_file, out, port, ep):
                 dist.all_gather(parts, w.contiguous(), group=p.ep_group)
                 w = torch.cat(parts)
             weights[name] = w.clone()
+        stages = [None] * world
+        dist.all_gather_object(stages, weights)                   # every stage's part of the model
         if rank == 0:
-            torch.save({'losses': losses, 'norms': norms, 'weights': weights}, f'{out}/{world}.pt')
+            whole = {k: v for part in stages for k, v in part.items()}
+            torch.save({'losses': losses, 'norms': norms, 'weights': whole}, f'{out}/{world}x{pp}.pt')
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 def test_ep2_trains_like_one_process(tmp_path, request):
-    """EP 2 on 2 gloo processes and, with --nb-flags slow (4 processes, 40 s here), EP 2 inside DP 4 (expert gradients
-    averaged over their expert data-parallel group): ZeRO 0, fp32, every step clipped; the one-process losses,
-    gradient norms and trained weights"""
-    worlds = (2, 4) if 'slow' in request.config.getoption('--nb-flags').split() else (2,)
-    for world in (1, *worlds):
-        _spawn(_train_worker, world, tmp_path, free_port(), min(world, 2))
-    one = torch.load(tmp_path / '1.pt')
+    """gptkit's training step on EP 2 (2 gloo processes) and, with --nb-flags slow (4 processes, about 40 s each here),
+    EP 2 inside DP 4 (expert gradients averaged over their expert data-parallel group) and EP 2 x PP 2: ZeRO 0, fp32,
+    every step clipped; the one-process losses, gradient norms and trained weights"""
+    slow = 'slow' in request.config.getoption('--nb-flags').split()
+    layouts = ((2, 1), (4, 1), (4, 2)) if slow else ((2, 1),)
+    for world, pp in ((1, 1), *layouts):
+        _spawn(_train_worker, world, tmp_path, free_port(), min(world // pp, 2), pp)
+    one = torch.load(tmp_path / '1x1.pt')
     assert min(one['norms']) > 0.05                               # every step clipped
-    for world in worlds:
-        got = torch.load(tmp_path / f'{world}.pt')
-        assert got['losses'] == pytest.approx(one['losses'], rel=1e-5, abs=0), world
-        assert got['norms'] == pytest.approx(one['norms'], rel=1e-5, abs=0), world
+    for world, pp in layouts:
+        got = torch.load(tmp_path / f'{world}x{pp}.pt')
+        assert got['losses'] == pytest.approx(one['losses'], rel=1e-5, abs=0), (world, pp)
+        assert got['norms'] == pytest.approx(one['norms'], rel=1e-5, abs=0), (world, pp)
         assert one['weights'].keys() == got['weights'].keys()
         for name, w in one['weights'].items():
-            assert (got['weights'][name] - w).abs().max().item() < 1e-5, (world, name)
+            assert (got['weights'][name] - w).abs().max().item() < 1e-5, (world, pp, name)
 
 
 @pytest.mark.parametrize('sets, said', [
     (['parallel.zero=1'], 'parallel.zero 1 cannot be combined with parallel.ep above 1 yet'),
     (['train.precision=bf16'], 'train.precision bf16 cannot be combined with parallel.ep above 1 yet'),
-    (['parallel.pp=2'], 'parallel.ep 2 runs without tensor or pipeline parallelism in gptkit (this run: tp 1, pp 2)'),
 ])
 def test_the_engine_refuses_what_it_does_not_run_with_ep(sets, said):
-    "Before DeepSpeed starts (no process group needed): ZeRO 1-3, bf16/fp16, TP or PP with parallel.ep > 1"
+    "Before DeepSpeed starts (no process group needed): ZeRO 1-3 or bf16/fp16 with parallel.ep > 1"
     cfg = resolve('moe-tiny', sets=TRAIN_SETS + ['parallel.ep=2', 'parallel.dp=2', *sets])
     with pytest.raises(ConfigError, match=said.replace('(', r'\(').replace(')', r'\)')):
         build_engine(cfg, None)
     with pytest.raises(ConfigError, match=said.replace('(', r'\(').replace(')', r'\)')):
         cfg.for_world(cfg.parallel.world_size)
+
+
+def test_ep_with_tensor_parallelism_is_refused_by_the_engine_check():
+    "The model refuses TP for MoE layers today; the engine's check says so for expert parallelism on its own"
+    found = ep_engine_problems(ParallelConfig(tp=2, dp=2, ep=2), TrainConfig(precision='fp32'))
+    assert found == [('parallel.ep', '{key} 2 runs without tensor parallelism in gptkit (this run: tp 2); set '
+                                     'parallel.tp=1 or parallel.ep=1')]
