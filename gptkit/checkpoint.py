@@ -37,6 +37,7 @@ from gptkit.store import (
 )
 
 from .errors import ConfigError
+from .expert_parallel import ep_layers, own_experts, whole_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
 from .model import GPT
@@ -54,8 +55,13 @@ __all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 
 
 # %% ../nbs/12b_checkpoint.ipynb #fab65e32
 def model_shapes(model) -> dict[str, list[int]]:
-    "Parameter name -> shape, as saved in state.json"
-    return {n: list(getattr(p, 'ds_shape', p.shape)) for n, p in model.named_parameters()}
+    "Parameter name -> shape, as saved in state.json (an expert weight split over an expert group: every rank's rows)"
+    out = {}
+    for n, p in model.named_parameters():
+        out[n] = list(getattr(p, 'ds_shape', p.shape))
+        if getattr(p, 'ep_group', None) is not None:
+            out[n][0] *= dist.get_world_size(p.ep_group)
+    return out
 
 def check_shapes(saved: dict, model, where: str):
     "Raise a `CheckpointError` listing every name or shape that differs between `saved` and `model` (or its shapes)"
@@ -115,6 +121,18 @@ def _not_written(e: BaseException, engine, root: Path, final: Path) -> Checkpoin
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
     return CheckpointError(f'could not write checkpoint {final}: {why}; {kept}')
 
+def _ep(module) -> int:
+    "The expert-parallel degree `module` runs with (1: every expert on every rank)"
+    return max([layer.ep for _, layer in ep_layers(module)], default=1)
+
+def _put_experts(folder: Path, experts: dict):
+    "Give DeepSpeed's model states in `folder` every expert (it holds this rank's), as one process holds them"
+    f = folder / 'mp_rank_00_model_states.pt'
+    states = read_torch_file(f)
+    states['module'].update(experts)
+    torch.save(states, folder / f'.{f.name}.tmp')
+    os.replace(folder / f'.{f.name}.tmp', f)
+
 def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
          layout: Layout | None = None, shapes: dict | None = None) -> Path:
@@ -133,6 +151,9 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
         barrier()
         engine.save_checkpoint(str(root), tag=tmp.name, client_state=client, save_latest=False)
         torch.save(rng_state(), tmp / f'rng_rank_{rank:03d}.pt')
+        experts = whole_experts(engine.module)           # every rank takes part; rank 0 writes them
+        if experts and rank == 0:
+            _put_experts(tmp, experts)
         barrier()
         if rank == 0:
             save_config(cfg, tmp / 'config.json')
@@ -141,7 +162,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
                 shutil.copytree(tokenizer_dir, tmp / 'tokenizer')
             world = dist.get_world_size() if dist.is_initialized() else 1
             state = {'iteration': iteration, **{k: client[k] for k in ('consumed_samples', 'tokens') if k in client},
-                     'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(),
+                     'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(), 'ep': _ep(engine.module),
                      'shapes': shapes or model_shapes(engine.module), 'files': manifest(tmp)}
             write_atomic(tmp / 'state.json', state_text(state))
             fsync_dir(tmp)
@@ -352,6 +373,26 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     log.info('%s holds weights only: the optimizer starts fresh at step %d', folder, it)
     return folder, {'iteration': it, 'consumed_samples': state.get('consumed_samples', 0)}
 
+def _own_experts(src: dict, dst):
+    "DeepSpeed's `custom_load_fn`: the one-process weights of a checkpoint into an expert-parallel model"
+    dst.load_state_dict(own_experts(src, dst), strict=True)
+
+def _load_other_ep(engine, folder: Path, was: int, rank: int) -> tuple:
+    "(path, client state) of `folder`, saved on `was` expert-parallel ranks, on another degree: weights, a fresh Adam"
+    moe = engine.has_moe_layers        # off for the load: DeepSpeed would look for optimizer files of this degree
+    engine.has_moe_layers = False
+    try:
+        with deepspeed_reads_safely():
+            out = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
+                                         load_optimizer_states=False, load_lr_scheduler_states=True,
+                                         custom_load_fn=_own_experts)
+    finally:
+        engine.has_moe_layers = moe
+    if rank == 0:
+        log.info('%s was saved with parallel.ep %d and resumes with %d: its weights and learning-rate schedule are '
+                 'loaded, the optimizer (Adam moments) starts fresh', folder, was, _ep(engine.module))
+    return out
+
 def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None, shapes: dict | None = None,
          parallel=None) -> dict:
     "Restore model, optimizer, schedule and random states from `folder`, on any data-parallel size; its state.json"
@@ -365,10 +406,13 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
     was, now = saved_layout(state, folder / 'state.json').dp, engine.dp_world_size
     if was != now and partitioned(folder):
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
+    elif state.get('ep', 1) != _ep(engine.module):
+        path, client = _load_other_ep(engine, folder, state.get('ep', 1), rank)
     else:
         with deepspeed_reads_safely():
             path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
-                                                  load_optimizer_states=True, load_lr_scheduler_states=True)
+                                                  load_optimizer_states=True, load_lr_scheduler_states=True,
+                                                  custom_load_fn=_own_experts if _ep(engine.module) > 1 else None)
         if was != now and rank == 0:
             log.info('resuming a checkpoint from %d data-parallel ranks on %d: '
                      'its optimizer states are not partitioned and load unchanged', was, now)

@@ -18,7 +18,7 @@ from .parallel import ParallelState, grad_norm
 
 # %% auto #0
 __all__ = ['EP_GROUP_NAME', 'exchange', 'AllToAll', 'regroup', 'local_experts', 'ExpertParallelMoE', 'ep_rank_groups', 'apply_ep',
-           'attach_engine']
+           'attach_engine', 'ep_layers', 'whole_experts', 'own_experts']
 
 # %% ../nbs/08a_expert_parallel.ipynb #5ee7846e
 def _size(group) -> int:
@@ -164,3 +164,28 @@ def attach_engine(engine, clip: float):
                     p.grad.mul_(scale)
     engine.clip_fp32_gradients = clip_global
     return engine
+
+# %% ../nbs/08a_expert_parallel.ipynb #a9c1e0d2
+def ep_layers(module: nn.Module) -> list[tuple[str, ExpertParallelMoE]]:
+    "(path, layer) of every MoE of `module` whose experts are split over more than one rank"
+    return [(n, m) for n, m in module.named_modules() if isinstance(m, ExpertParallelMoE) and m.ep > 1]
+
+def whole_experts(module: nn.Module) -> dict:
+    "State-dict name -> each split expert weight of `module` with every rank's rows, in rank order (collective)"
+    out = {}
+    for path, layer in ep_layers(module):
+        for n, p in layer.experts.named_parameters():
+            parts = [torch.empty_like(p) for _ in range(layer.ep)]
+            dist.all_gather(parts, p.detach().contiguous(), group=layer.group)
+            out[f'{path}.experts.{n}'] = torch.cat(parts)
+    return out
+
+def own_experts(weights: dict, module: nn.Module) -> dict:
+    "`weights` (the one-process state dict) with each split expert weight cut to the rows this rank of `module` holds"
+    out = dict(weights)
+    for path, layer in ep_layers(module):
+        for n, p in layer.experts.named_parameters():
+            key, rows = f'{path}.experts.{n}', p.shape[0]
+            out[key] = weights[key][layer.ep_rank * rows:(layer.ep_rank + 1) * rows]
+    return out
+

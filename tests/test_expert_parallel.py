@@ -1,5 +1,6 @@
 """Expert parallelism: parallel.ep checked against the model and the processes before any starts, refused where
-training does not run it, and the all-to-all MoE layer equal to the one-process layer on gloo processes."""
+training does not run it, the all-to-all MoE layer equal to the one-process layer on gloo processes, and its
+checkpoints: every expert in the model file, a bitwise resume, a load on one process."""
 import copy
 import dataclasses
 import os
@@ -11,10 +12,11 @@ import torch.multiprocessing as mp
 from torch import nn
 from typer.testing import CliRunner
 
+from gptkit import checkpoint as ckpt
 from gptkit.config import ModelConfig, ParallelConfig, TrainConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
-from gptkit.expert_parallel import AllToAll, ExpertParallelMoE
+from gptkit.expert_parallel import AllToAll, ExpertParallelMoE, whole_experts
 from gptkit.model import GPT
 from gptkit.moe import MoE
 from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
@@ -44,14 +46,19 @@ def test_ep_must_divide_the_data_parallel_size_the_processes_give():
         pp.for_world(2)                                           # pp 2 on two processes leaves dp 1
 
 
-def test_ep_training_is_refused_until_it_runs():
-    "Before the all-to-all reaches the training loop, parallel.ep > 1 is one sentence, not a run silently without EP"
-    run = resolve('moe-tiny', sets=['parallel.ep=2'])
-    with pytest.raises(ConfigError, match='parallel.ep 2: gptkit does not train with expert parallelism yet'):
-        run.for_world(2)
+def test_ep_training_runs_and_only_ep_with_pp_is_refused():
+    "EP trains now (its checkpoints hold every expert); with PP each stage would save its own experts: one sentence"
+    assert resolve('moe-tiny', sets=['parallel.ep=2', 'train.precision=fp32']).for_world(2).parallel.dp == 2
+    run = resolve('moe-tiny', sets=['parallel.ep=2', 'parallel.pp=2', 'train.precision=fp32'])
+    with pytest.raises(ConfigError, match='parallel.ep 2 with parallel.pp 2: gptkit does not train this yet'):
+        run.for_world(4)
+    fp32 = ['--set', 'train.precision=fp32']
     r = CliRunner().invoke(app, ['train', '--preset', 'moe-tiny', '--dry-run', '--nproc', '2',
-                                 '--set', 'parallel.ep=2'])
-    assert r.exit_code == 2 and 'parallel.ep 2: gptkit does not train' in ' '.join(r.output.split()), r.output
+                                 '--set', 'parallel.ep=2', *fp32])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ['train', '--preset', 'moe-tiny', '--dry-run', '--nproc', '4',
+                                 '--set', 'parallel.ep=2', '--set', 'parallel.pp=2', *fp32])
+    assert r.exit_code == 2 and 'parallel.pp 2: gptkit does not train this yet' in ' '.join(r.output.split()), r.output
     r = CliRunner().invoke(app, ['train', '--preset', 'tiny', '--dry-run', '--nproc', '2', '--set', 'parallel.ep=2'])
     assert r.exit_code == 2 and 'this model is dense' in ' '.join(r.output.split()), r.output
 
@@ -233,3 +240,105 @@ def test_ep_with_tensor_parallelism_is_refused_by_the_engine_check():
     found = ep_engine_problems(ParallelConfig(tp=2, dp=2, ep=2), TrainConfig(precision='fp32'))
     assert found == [('parallel.ep', '{key} 2 runs without tensor parallelism in gptkit (this run: tp 2); set '
                                      'parallel.tp=1 or parallel.ep=1')]
+
+
+def _ep_engine(ep: int, world: int, seed: int):
+    "gptkit's engine for the tiny MoE of TRAIN_SETS on `world` processes with expert parallelism `ep`"
+    cfg = resolve('moe-tiny', sets=TRAIN_SETS + [f'parallel.ep={ep}', 'train.iters=4'])
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world))
+    torch.manual_seed(seed)
+    parallel = ParallelState.build(cfg.layout)
+    model = parallelize(GPT(cfg.model), parallel, 'none', cfg.train.seed)
+    shapes = ckpt.model_shapes(GPT(cfg.model))
+    engine, ds = build_engine(cfg, model)
+    return cfg, parallel, engine, ds, shapes
+
+
+def _steps(engine, parallel, data, world):
+    "The losses of one step per batch of `data`, this rank's share of each"
+    out = []
+    for batch in data:
+        mine = batch.chunk(world)[parallel.dp_rank]
+        loss, _, _ = _step(engine, parallel, [(s[None, :-1], s[None, 1:]) for s in mine], True, 0.05)
+        out.append(loss)
+    return out
+
+
+def _resume_worker(rank, world, init_file, out, port, ep):
+    """Uninterrupted: 4 steps, a checkpoint after the second. Resumed: an engine seeded otherwise loads it and runs the
+    last 2. Each rank's losses and (gathered) weights of both, and the weights at the checkpoint"""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed()
+    try:
+        torch.manual_seed(1)
+        data = torch.randint(0, 64, (4, 4, 17))
+        cfg, parallel, engine, ds, shapes = _ep_engine(ep, world, 0)
+        first = _steps(engine, parallel, data[:2], world)
+        saved = whole(engine.module)
+        folder = ckpt.save(engine, f'{out}/ckpt', 2, {'iteration': 2, 'consumed_samples': 8}, cfg, ds, None, rank,
+                           layout=parallel.layout, shapes=shapes)
+        rest = _steps(engine, parallel, data[2:], world)
+        full = whole(engine.module)
+        cfg, parallel, engine, ds, shapes = _ep_engine(ep, world, 5)
+        state = ckpt.load(engine, folder, rank, parallel.layout, shapes, parallel)
+        loaded = whole(engine.module)
+        again = _steps(engine, parallel, data[2:], world)
+        torch.save({'losses': first + rest, 'resumed': first + again, 'saved': saved, 'loaded': loaded,
+                    'full': full, 'after': whole(engine.module), 'iteration': state['iteration']},
+                   f'{out}/{rank}.pt')
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_worker(rank, world, init_file, out, port, folder):
+    "The EP 2 checkpoint resumed on one process (EP 1): its weights, and the loss of the next step's batch"
+    os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed()
+    try:
+        torch.manual_seed(1)
+        data = torch.randint(0, 64, (4, 4, 17))
+        cfg, parallel, engine, ds, shapes = _ep_engine(1, 1, 5)
+        state = ckpt.load(engine, folder, 0, parallel.layout, shapes, parallel)
+        loaded = whole(engine.module)
+        losses = _steps(engine, parallel, data[2:3], 1)
+        torch.save({'loaded': loaded, 'losses': losses, 'iteration': state['iteration']}, f'{out}/0.pt')
+    finally:
+        dist.destroy_process_group()
+
+
+def whole(module):
+    "Every parameter of `module` as one process holds it (experts gathered over their group)"
+    return {k: v.clone() for k, v in {**dict(module.named_parameters()), **whole_experts(module)}.items()}
+
+
+@pytest.mark.parametrize('world', [2, 4])
+def test_an_ep2_checkpoint_holds_every_expert_and_resumes_bit_for_bit(tmp_path, world, request):
+    """Saved on EP 2 (2 gloo processes; with --nb-flags slow also EP 2 inside DP 4): the model file holds all 4 experts
+    in the one-process layout (load_model reads it as any checkpoint), state.json the one-process shapes; resumed on
+    the same layout the losses and weights are bitwise the uninterrupted run's; resumed on one process (EP 1) the
+    weights are the saved ones (the optimizer starts fresh) and the next step's loss the run's"""
+    if world == 4 and 'slow' not in request.config.getoption('--nb-flags').split():
+        pytest.skip('slow: run with --nb-flags slow')
+    found = _spawn(_resume_worker, world, tmp_path, free_port(), 2)
+    for got in found:
+        assert got['iteration'] == 2
+        assert got['resumed'] == got['losses']                           # bit for bit
+        assert all(torch.equal(got['loaded'][k], w) for k, w in got['saved'].items())
+        assert all(torch.equal(got['after'][k], w) for k, w in got['full'].items())
+    saved, fc1 = found[0]['saved'], [k for k in found[0]['saved'] if k.endswith('experts.fc1.weight')]
+    assert fc1 and all(saved[k].shape[0] == 4 for k in fc1)
+    loaded = ckpt.load_model(tmp_path / 'ckpt')
+    plain = dict(loaded.model.named_parameters())
+    assert plain.keys() == saved.keys()
+    assert all(torch.equal(plain[k], w) for k, w in saved.items())
+    assert loaded.state['ep'] == 2 and all(loaded.state['shapes'][k][0] == 4 for k in fc1)
+    for f in tmp_path.glob('[0-9]*.pt'):
+        f.unlink()
+    one = _spawn(_one_worker, 1, tmp_path, free_port(), str(loaded.folder))[0]
+    assert one['iteration'] == 2 and one['loaded'].keys() == saved.keys()
+    assert all(torch.equal(one['loaded'][k], w) for k, w in saved.items())
+    assert one['losses'][0] == pytest.approx(sum(f['losses'][2] for f in found), rel=1e-5)
