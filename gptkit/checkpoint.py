@@ -364,7 +364,7 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     tp, p = (1, None) if parallel is None else (parallel.layout.tp, parallel)
     mp = 0 if p is None else p.tp_rank + tp * p.pp_rank
     shard = read_torch_file(folder / f'mp_rank_{mp:02d}_model_states.pt')['module']
-    engine.module.load_state_dict(shard, strict=True)
+    engine.module.load_state_dict(own_experts(shard, engine.module), strict=True)   # under EP: this rank's experts
     it, sched = state['iteration'], engine.lr_scheduler
     if sched is not None:
         sched.last_epoch = it

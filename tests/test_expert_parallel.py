@@ -17,6 +17,7 @@ from gptkit.config import ModelConfig, ParallelConfig, TrainConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.expert_parallel import AllToAll, ExpertParallelMoE, whole_experts
+from gptkit.interop import reshard
 from gptkit.model import GPT
 from gptkit.moe import MoE
 from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
@@ -266,7 +267,8 @@ def _steps(engine, parallel, data, world):
 
 def _resume_worker(rank, world, init_file, out, port, ep):
     """Uninterrupted: 4 steps, a checkpoint after the second. Resumed: an engine seeded otherwise loads it and runs the
-    last 2. Each rank's losses and (gathered) weights of both, and the weights at the checkpoint"""
+    last 2. Then its `gptkit checkpoint reshard` (weights only) loads on the same layout. Each rank's losses and
+    (gathered) weights of each, and the weights at the checkpoint"""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -285,9 +287,15 @@ def _resume_worker(rank, world, init_file, out, port, ep):
         state = ckpt.load(engine, folder, rank, parallel.layout, shapes, parallel)
         loaded = whole(engine.module)
         again = _steps(engine, parallel, data[2:], world)
+        after = whole(engine.module)
+        if rank == 0:                                    # `gptkit checkpoint reshard`: its weights only, one process
+            reshard(folder, f'{out}/resharded')
+        dist.barrier()
+        cfg, parallel, engine, ds, shapes = _ep_engine(ep, world, 7)
+        ckpt.load(engine, f'{out}/resharded/checkpoints/iter_0000002', rank, parallel.layout, shapes, parallel)
         torch.save({'losses': first + rest, 'resumed': first + again, 'saved': saved, 'loaded': loaded,
-                    'full': full, 'after': whole(engine.module), 'iteration': state['iteration']},
-                   f'{out}/{rank}.pt')
+                    'full': full, 'after': after, 'iteration': state['iteration'],
+                    'resharded': whole(engine.module)}, f'{out}/{rank}.pt')
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -320,7 +328,8 @@ def test_an_ep2_checkpoint_holds_every_expert_and_resumes_bit_for_bit(tmp_path, 
     """Saved on EP 2 (2 gloo processes; with --nb-flags slow also EP 2 inside DP 4): the model file holds all 4 experts
     in the one-process layout (load_model reads it as any checkpoint), state.json the one-process shapes; resumed on
     the same layout the losses and weights are bitwise the uninterrupted run's; resumed on one process (EP 1) the
-    weights are the saved ones (the optimizer starts fresh) and the next step's loss the run's"""
+    weights are the saved ones (the optimizer starts fresh) and the next step's loss the run's; its `gptkit checkpoint
+    reshard` (weights only) loads on EP 2 with the saved weights"""
     if world == 4 and 'slow' not in request.config.getoption('--nb-flags').split():
         pytest.skip('slow: run with --nb-flags slow')
     found = _spawn(_resume_worker, world, tmp_path, free_port(), 2)
@@ -329,6 +338,7 @@ def test_an_ep2_checkpoint_holds_every_expert_and_resumes_bit_for_bit(tmp_path, 
         assert got['resumed'] == got['losses']                           # bit for bit
         assert all(torch.equal(got['loaded'][k], w) for k, w in got['saved'].items())
         assert all(torch.equal(got['after'][k], w) for k, w in got['full'].items())
+        assert all(torch.equal(got['resharded'][k], w) for k, w in got['saved'].items())   # weights-only, EP 2
     saved, fc1 = found[0]['saved'], [k for k in found[0]['saved'] if k.endswith('experts.fc1.weight')]
     assert fc1 and all(saved[k].shape[0] == 4 for k in fc1)
     loaded = ckpt.load_model(tmp_path / 'ckpt')
