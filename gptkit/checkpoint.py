@@ -151,7 +151,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
         barrier()
         engine.save_checkpoint(str(root), tag=tmp.name, client_state=client, save_latest=False)
         torch.save(rng_state(), tmp / f'rng_rank_{rank:03d}.pt')
-        experts = whole_experts(engine.module)           # every rank takes part; rank 0 writes them
+        experts = whole_experts(engine.module, everywhere=False)   # every rank takes part; rank 0 writes them
         if experts and rank == 0:
             _put_experts(tmp, experts)
         barrier()

@@ -170,14 +170,20 @@ def ep_layers(module: nn.Module) -> list[tuple[str, ExpertParallelMoE]]:
     "(path, layer) of every MoE of `module` whose experts are split over more than one rank"
     return [(n, m) for n, m in module.named_modules() if isinstance(m, ExpertParallelMoE) and m.ep > 1]
 
-def whole_experts(module: nn.Module) -> dict:
-    "State-dict name -> each split expert weight of `module` with every rank's rows, in rank order (collective)"
+def whole_experts(module: nn.Module, everywhere: bool = True) -> dict:
+    """State-dict name -> each split expert weight of `module` with every rank's rows, in rank order (collective); with
+    `everywhere` False only the first rank of each expert group receives them (the others return {})"""
     out = {}
     for path, layer in ep_layers(module):
         for n, p in layer.experts.named_parameters():
-            parts = [torch.empty_like(p) for _ in range(layer.ep)]
-            dist.all_gather(parts, p.detach().contiguous(), group=layer.group)
-            out[f'{path}.experts.{n}'] = torch.cat(parts)
+            w = p.detach().contiguous()
+            parts = [torch.empty_like(w) for _ in range(layer.ep)] if everywhere or layer.ep_rank == 0 else None
+            if everywhere:
+                dist.all_gather(parts, w, group=layer.group)
+            else:
+                dist.gather(w, parts, dst=dist.get_global_rank(layer.group, 0), group=layer.group)
+            if parts is not None:
+                out[f'{path}.experts.{n}'] = torch.cat(parts)
     return out
 
 def own_experts(weights: dict, module: nn.Module) -> dict:
