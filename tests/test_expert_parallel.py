@@ -279,6 +279,10 @@ def _resume_worker(rank, world, init_file, out, port, ep):
         cfg, parallel, engine, ds, shapes = _ep_engine(ep, world, 0)
         first = _steps(engine, parallel, data[:2], world)
         saved = whole(engine.module)
+        engine.module.eval()
+        with torch.no_grad():
+            logits = engine.module(data[0, :, :-1])              # the EP model's, every rank on the same tokens
+        engine.module.train()
         folder = ckpt.save(engine, f'{out}/ckpt', 2, {'iteration': 2, 'consumed_samples': 8}, cfg, ds, None, rank,
                            layout=parallel.layout, shapes=shapes)
         rest = _steps(engine, parallel, data[2:], world)
@@ -295,7 +299,7 @@ def _resume_worker(rank, world, init_file, out, port, ep):
         ckpt.load(engine, f'{out}/resharded/checkpoints/iter_0000002', rank, parallel.layout, shapes, parallel)
         torch.save({'losses': first + rest, 'resumed': first + again, 'saved': saved, 'loaded': loaded,
                     'full': full, 'after': after, 'iteration': state['iteration'],
-                    'resharded': whole(engine.module)}, f'{out}/{rank}.pt')
+                    'resharded': whole(engine.module), 'logits': logits}, f'{out}/{rank}.pt')
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -326,10 +330,10 @@ def whole(module):
 @pytest.mark.parametrize('world', [2, 4])
 def test_an_ep2_checkpoint_holds_every_expert_and_resumes_bit_for_bit(tmp_path, world, request):
     """Saved on EP 2 (2 gloo processes; with --nb-flags slow also EP 2 inside DP 4): the model file holds all 4 experts
-    in the one-process layout (load_model reads it as any checkpoint), state.json the one-process shapes; resumed on
-    the same layout the losses and weights are bitwise the uninterrupted run's; resumed on one process (EP 1) the
-    weights are the saved ones (the optimizer starts fresh) and the next step's loss the run's; its `gptkit checkpoint
-    reshard` (weights only) loads on EP 2 with the saved weights"""
+    in the one-process layout (load_model reads it as any checkpoint, with the EP model's logits), state.json the
+    one-process shapes; resumed on the same layout the losses and weights are bitwise the uninterrupted run's; resumed
+    on one process (EP 1) the weights are the saved ones (the optimizer starts fresh) and the next step's loss the
+    run's; its `gptkit checkpoint reshard` (weights only) loads on EP 2 with the saved weights"""
     if world == 4 and 'slow' not in request.config.getoption('--nb-flags').split():
         pytest.skip('slow: run with --nb-flags slow')
     found = _spawn(_resume_worker, world, tmp_path, free_port(), 2)
@@ -345,6 +349,10 @@ def test_an_ep2_checkpoint_holds_every_expert_and_resumes_bit_for_bit(tmp_path, 
     plain = dict(loaded.model.named_parameters())
     assert plain.keys() == saved.keys()
     assert all(torch.equal(plain[k], w) for k, w in saved.items())
+    torch.manual_seed(1)
+    with torch.no_grad():                                         # what generation and evaluation run on
+        logits = loaded.model(torch.randint(0, 64, (4, 4, 17))[0, :, :-1])
+    assert (logits - found[0]['logits']).abs().max().item() < 1e-5
     assert loaded.state['ep'] == 2 and all(loaded.state['shapes'][k][0] == 4 for k in fc1)
     for f in tmp_path.glob('[0-9]*.pt'):
         f.unlink()
