@@ -21,14 +21,14 @@ except ImportError:      # a CPU install without Triton: the references and the 
     triton = tl = None
 _INTERPRETED = triton is not None and triton.knobs.runtime.interpret   # read as the kernels below are defined
 
-def _jit(fn):
+def triton_jit(fn):
     "`triton.jit` where Triton is installed; without it the kernel stays a plain function that nothing launches"
     return fn if triton is None else triton.jit(fn)
 
 # %% auto #0
-__all__ = ['ELEMENTWISE_BLOCK', 'NORM_MAX_COLUMNS', 'ROTARY_MAX_HALF', 'NORM_BWD_ROWS', 'CE_BLOCK', 'interpreted', 'use_triton',
-           'bias_gelu_reference', 'BiasGelu', 'bias_gelu', 'norm_launch', 'rotary_block', 'LayerNormFn', 'layer_norm',
-           'RMSNormFn', 'rms_norm', 'SwiGLUFn', 'swiglu', 'rotary_table_rows', 'RotaryFn', 'apply_rotary',
+__all__ = ['ELEMENTWISE_BLOCK', 'NORM_MAX_COLUMNS', 'ROTARY_MAX_HALF', 'NORM_BWD_ROWS', 'CE_BLOCK', 'triton_jit', 'interpreted',
+           'use_triton', 'bias_gelu_reference', 'BiasGelu', 'bias_gelu', 'norm_launch', 'rotary_block', 'LayerNormFn',
+           'layer_norm', 'RMSNormFn', 'rms_norm', 'SwiGLUFn', 'swiglu', 'rotary_table_rows', 'RotaryFn', 'apply_rotary',
            'ChunkedCrossEntropy', 'chunked_cross_entropy', 'cross_entropy_reference']
 
 # %% ../nbs/09_kernels.ipynb #6e133414
@@ -55,7 +55,7 @@ def bias_gelu_reference(x, bias, approximate: str = 'none'):
     "GELU(x + bias) in torch: what the MLP computes without the kernel"
     return F.gelu(x + bias, approximate=approximate)
 
-@_jit
+@triton_jit
 def _gelu(z, TANH: tl.constexpr):
     if TANH:
         u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
@@ -64,7 +64,7 @@ def _gelu(z, TANH: tl.constexpr):
         y = 0.5 * z * (1 + tl.math.erf(z * 0.7071067811865476))
     return y
 
-@_jit
+@triton_jit
 def _gelu_grad(z, TANH: tl.constexpr):
     if TANH:
         u = 0.7978845608028654 * (z + 0.044715 * z * z * z)
@@ -74,7 +74,7 @@ def _gelu_grad(z, TANH: tl.constexpr):
         d = 0.5 * (1 + tl.math.erf(z * 0.7071067811865476)) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
     return d
 
-@_jit
+@triton_jit
 def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, n, cols, TANH: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -82,7 +82,7 @@ def _bias_gelu_fwd(x_ptr, b_ptr, y_ptr, n, cols, TANH: tl.constexpr, BLOCK: tl.c
          + tl.load(b_ptr + offs % cols, mask=mask, other=0.0).to(tl.float32))
     tl.store(y_ptr + offs, _gelu(z, TANH).to(y_ptr.dtype.element_ty), mask=mask)
 
-@_jit
+@triton_jit
 def _bias_gelu_bwd(g_ptr, x_ptr, b_ptr, dz_ptr, n, cols, TANH: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -134,7 +134,7 @@ def rotary_block(half: int) -> int:
     return max(_pow2(half), 16)
 
 # %% ../nbs/09_kernels.ipynb #5c330c83
-@_jit
+@triton_jit
 def _layer_norm_fwd(x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, cols, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -149,7 +149,7 @@ def _layer_norm_fwd(x_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, cols, eps, B
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
 
-@_jit
+@triton_jit
 def _layer_norm_bwd(dy_ptr, x_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, rows, cols,
                     ROWS: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -213,7 +213,7 @@ def layer_norm(x, weight, bias, eps: float = 1e-5):
     return LayerNormFn.apply(x, weight, bias, eps)
 
 # %% ../nbs/09_kernels.ipynb #09a0a002
-@_jit
+@triton_jit
 def _rms_norm_fwd(x_ptr, y_ptr, w_ptr, r_ptr, cols, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -224,7 +224,7 @@ def _rms_norm_fwd(x_ptr, y_ptr, w_ptr, r_ptr, cols, eps, BLOCK: tl.constexpr):
     tl.store(y_ptr + row * cols + offs, (x * r * w).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(r_ptr + row, r)
 
-@_jit
+@triton_jit
 def _rms_norm_bwd(dy_ptr, x_ptr, w_ptr, r_ptr, dx_ptr, dw_ptr, rows, cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
@@ -275,7 +275,7 @@ def rms_norm(x, weight, eps: float = 1e-5):
         return ops.rms_norm(x, weight, eps)
     return RMSNormFn.apply(x, weight, eps)
 
-@_jit
+@triton_jit
 def _swiglu_fwd(y_ptr, out_ptr, n, f, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -284,7 +284,7 @@ def _swiglu_fwd(y_ptr, out_ptr, n, f, BLOCK: tl.constexpr):
     u = tl.load(y_ptr + src + f, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=mask)
 
-@_jit
+@triton_jit
 def _swiglu_bwd(d_ptr, y_ptr, dy_ptr, n, f, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -320,7 +320,7 @@ def swiglu(y):
     "silu(gate) * up of y = [gate; up] with the fused Triton kernel"
     return SwiGLUFn.apply(y)
 
-@_jit
+@triton_jit
 def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, heads, seq, per_batch, half, SIGN: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)                       # one (batch, head, position) of x [b, heads, seq, 2 half]
     pos = row % seq
@@ -370,7 +370,7 @@ def apply_rotary(x, cos, sin):
     return RotaryFn.apply(x, cos, sin)
 
 # %% ../nbs/09_kernels.ipynb #260b5bbe
-@_jit
+@triton_jit
 def _ce_fwd(z_ptr, t_ptr, lse_ptr, picked_ptr, columns, real, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = z_ptr + row * columns
@@ -389,7 +389,7 @@ def _ce_fwd(z_ptr, t_ptr, lse_ptr, picked_ptr, columns, real, BLOCK: tl.constexp
     tl.store(lse_ptr + row, m + tl.log(s))
     tl.store(picked_ptr + row, picked)
 
-@_jit
+@triton_jit
 def _ce_bwd(z_ptr, t_ptr, lse_ptr, scale_ptr, columns, real, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = z_ptr + row * columns

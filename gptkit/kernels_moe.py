@@ -10,17 +10,13 @@ from __future__ import annotations
 import torch
 
 from .errors import GptkitError
-from .kernels import interpreted
+from .kernels import interpreted, triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:      # a CPU install without Triton: the torch references still work
     triton = tl = None
-
-def _jit(fn):
-    "`triton.jit` where Triton is installed; without it the kernel stays a plain function that nothing launches"
-    return fn if triton is None else triton.jit(fn)
 
 # %% auto #0
 __all__ = ['MOE_ROW_BLOCK', 'GEMM_TILE', 'routing', 'permute_reference', 'sorted_rows', 'unpermute_reference',
@@ -112,7 +108,7 @@ def gemm_tiles(counts, rows: int, bm: int):
     return e, start, torch.where(real, offsets[e + 1], 0)
 
 # %% ../nbs/09c_kernels_moe.ipynb #4164ef64
-@_jit
+@triton_jit
 def _moe_gather(src_ptr, order_ptr, dst_ptr, cols, k, BLOCK: tl.constexpr):
     "Sorted row i of dst is row order[i] // k of src"
     i = tl.program_id(0).to(tl.int64)
@@ -122,7 +118,7 @@ def _moe_gather(src_ptr, order_ptr, dst_ptr, cols, k, BLOCK: tl.constexpr):
         mask = offs < cols
         tl.store(dst_ptr + i * cols + offs, tl.load(src_ptr + src * cols + offs, mask=mask), mask=mask)
 
-@_jit
+@triton_jit
 def _moe_combine(src_ptr, rows_ptr, w_ptr, dst_ptr, cols, k, WEIGHTED: tl.constexpr, BLOCK: tl.constexpr):
     "Token t of dst: the sum over its k slots of (weight times) the sorted row of each slot, in fp32"
     t = tl.program_id(0).to(tl.int64)
@@ -138,7 +134,7 @@ def _moe_combine(src_ptr, rows_ptr, w_ptr, dst_ptr, cols, k, WEIGHTED: tl.conste
             acc += v
         tl.store(dst_ptr + t * cols + offs, acc.to(dst_ptr.dtype.element_ty), mask=mask)
 
-@_jit
+@triton_jit
 def _moe_unpermute_bwd(dy_ptr, ys_ptr, order_ptr, w_ptr, dys_ptr, dw_ptr, cols, k, BLOCK: tl.constexpr):
     "Sorted row i = (t, s): d y_sorted[i] = weights[t, s] dy[t], d weights[t, s] = dy[t] . y_sorted[i]"
     i = tl.program_id(0).to(tl.int64)
@@ -212,7 +208,7 @@ def unpermute(y_sorted, order, weights, tokens: int):
     return UnpermuteFn.apply(y_sorted, order, weights.to(y_sorted.dtype), tokens)
 
 # %% ../nbs/09c_kernels_moe.ipynb #17addbd9
-@_jit
+@triton_jit
 def _grouped_gemm(x_ptr, w_ptr, y_ptr, tile_expert_ptr, tile_start_ptr, tile_end_ptr, inner, outer,
                   stride_we, stride_wi, stride_wo, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                   UPCAST: tl.constexpr):
@@ -237,7 +233,7 @@ def _grouped_gemm(x_ptr, w_ptr, y_ptr, tile_expert_ptr, tile_start_ptr, tile_end
         tl.store(y_ptr + rows[:, None] * outer + cols[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=(rows < end)[:, None] & (cols < outer)[None, :])
 
-@_jit
+@triton_jit
 def _grouped_gemm_dw(x_ptr, dy_ptr, dw_ptr, offsets_ptr, inner, outer, BM: tl.constexpr, BN: tl.constexpr,
                      BK: tl.constexpr, UPCAST: tl.constexpr):
     "One [BM, BN] tile of dw[e] = x_e^T dy_e, summed over the expert's segment of rows, BK rows a step"

@@ -10,17 +10,13 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .kernels import ROTARY_MAX_HALF, rotary_block, rotary_table_rows
+from .kernels import ROTARY_MAX_HALF, rotary_block, rotary_table_rows, triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:      # a CPU install without Triton: the torch reference still works
     triton = tl = None
-
-def _jit(fn):
-    "`triton.jit` where Triton is installed; without it the kernel stays a plain function that nothing launches"
-    return fn if triton is None else triton.jit(fn)
 
 # %% auto #0
 __all__ = ['QK_TILE', 'QK_BWD_TILES', 'qk_rows', 'QKNormRotaryFn', 'qk_norm_rotary_reference', 'qk_norm_rotary']
@@ -34,7 +30,7 @@ def qk_rows(half: int) -> int:
     return max(QK_TILE // (2 * rotary_block(half)), 1)
 
 # %% ../nbs/09b_kernels_qk.ipynb #4c7d9eea
-@_jit
+@triton_jit
 def _qk_tile(tile, rows, heads, seq, stride_b, stride_h, stride_s, per_batch, half, ROWS: tl.constexpr,
              BLOCK: tl.constexpr):
     "Offsets of a tile's first halves in x (strided), in the contiguous output and in the tables; and its mask"
@@ -49,7 +45,7 @@ def _qk_tile(tile, rows, heads, seq, stride_b, stride_h, stride_s, per_batch, ha
     dst = (row * 2 * half)[:, None] + cols[None, :]
     return src[:, None] + cols[None, :], dst, table[:, None] + cols[None, :], mask
 
-@_jit
+@triton_jit
 def _qk_norm_rotary_fwd(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rows, heads, seq, stride_b, stride_h, stride_s,
                         per_batch, half, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     src, dst, table, mask = _qk_tile(tl.program_id(0), rows, heads, seq, stride_b, stride_h, stride_s, per_batch,
@@ -67,7 +63,7 @@ def _qk_norm_rotary_fwd(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rows, heads, seq,
     tl.store(y_ptr + dst, (z1 * c1 - z2 * s1).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(y_ptr + dst + half, (z2 * c2 + z1 * s2).to(y_ptr.dtype.element_ty), mask=mask)
 
-@_jit
+@triton_jit
 def _qk_norm_rotary_bwd(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, dx_ptr, dw_ptr, rows, heads, seq, stride_b, stride_h,
                         stride_s, per_batch, half, eps, TILES: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
