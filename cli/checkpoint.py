@@ -58,9 +58,15 @@ def inspect(path: CheckpointPath,
     t.add_row('dtype', ', '.join(info['dtypes']))
     t.add_row('model', f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, context {m['seq_len']}, "
                        f"vocabulary {m['vocab']:,}, {m['activation']}")
-    t.add_row('layout', f"tp {lay['tp']}, pp {lay['pp']}, dp {lay['dp']}, ZeRO {lay['zero']}, "
+    t.add_row('layout', f"tp {lay['tp']}, pp {lay['pp']}, ep {lay.get('ep', 1)}, dp {lay['dp']}, ZeRO {lay['zero']}, "
                         f"world size {lay['world_size']}, {lay['precision']}, micro-batch {lay['micro_batch']}, "
                         f"global batch {lay['global_batch']}")
+    ex = info.get('experts')
+    if ex:
+        saved = 'all saved' if ex.get('whole', True) else '[yellow]not all saved[/]'
+        t.add_row('experts', f"{ex['experts']} in each of {ex['moe_layers']} MoE layers, top {ex['top_k']}, "
+                             f"{ex['expert_parameters']:,} weights; {ex['per_rank']} per rank at ep {ex['ep']}, "
+                             f"{saved}")
     t.add_row('tokenizer',
               'none saved' if tok is None else f"{tok['vocab_size']:,} entries, end of document = {tok['eod']}")
     t.add_row('files', f"{len(info['files'])}, {_size(info['bytes'])}")

@@ -37,7 +37,8 @@ from gptkit.store import (
 )
 
 from .errors import ConfigError
-from .expert_parallel import ep_layers, own_experts, whole_experts
+from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_own_experts, save_experts
+from .expert_parallel import own_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
 from .model import GPT
@@ -121,18 +122,6 @@ def _not_written(e: BaseException, engine, root: Path, final: Path) -> Checkpoin
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
     return CheckpointError(f'could not write checkpoint {final}: {why}; {kept}')
 
-def _ep(module) -> int:
-    "The expert-parallel degree `module` runs with (1: every expert on every rank)"
-    return max([layer.ep for _, layer in ep_layers(module)], default=1)
-
-def _put_experts(folder: Path, experts: dict):
-    "Give DeepSpeed's model states in `folder` every expert (it holds this rank's), as one process holds them"
-    f = folder / 'mp_rank_00_model_states.pt'
-    states = read_torch_file(f)
-    states['module'].update(experts)
-    torch.save(states, folder / f'.{f.name}.tmp')
-    os.replace(folder / f'.{f.name}.tmp', f)
-
 def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
          layout: Layout | None = None, shapes: dict | None = None) -> Path:
@@ -151,9 +140,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
         barrier()
         engine.save_checkpoint(str(root), tag=tmp.name, client_state=client, save_latest=False)
         torch.save(rng_state(), tmp / f'rng_rank_{rank:03d}.pt')
-        experts = whole_experts(engine.module, everywhere=False)   # every rank takes part; rank 0 writes them
-        if experts and rank == 0:
-            _put_experts(tmp, experts)
+        save_experts(engine, tmp)      # under EP: every expert of each stage into its model file (chapter 12g)
         barrier()
         if rank == 0:
             save_config(cfg, tmp / 'config.json')
@@ -162,7 +149,8 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
                 shutil.copytree(tokenizer_dir, tmp / 'tokenizer')
             world = dist.get_world_size() if dist.is_initialized() else 1
             state = {'iteration': iteration, **{k: client[k] for k in ('consumed_samples', 'tokens') if k in client},
-                     'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(), 'ep': _ep(engine.module),
+                     'world_size': world, 'layout': (layout or Layout(dp=world)).to_dict(),
+                     'ep': ep_degree(engine.module),
                      'shapes': shapes or model_shapes(engine.module), 'files': manifest(tmp)}
             write_atomic(tmp / 'state.json', state_text(state))
             fsync_dir(tmp)
@@ -373,26 +361,6 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     log.info('%s holds weights only: the optimizer starts fresh at step %d', folder, it)
     return folder, {'iteration': it, 'consumed_samples': state.get('consumed_samples', 0)}
 
-def _own_experts(src: dict, dst):
-    "DeepSpeed's `custom_load_fn`: the one-process weights of a checkpoint into an expert-parallel model"
-    dst.load_state_dict(own_experts(src, dst), strict=True)
-
-def _load_other_ep(engine, folder: Path, was: int, rank: int) -> tuple:
-    "(path, client state) of `folder`, saved on `was` expert-parallel ranks, on another degree: weights, a fresh Adam"
-    moe = engine.has_moe_layers        # off for the load: DeepSpeed would look for optimizer files of this degree
-    engine.has_moe_layers = False
-    try:
-        with deepspeed_reads_safely():
-            out = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
-                                         load_optimizer_states=False, load_lr_scheduler_states=True,
-                                         custom_load_fn=_own_experts)
-    finally:
-        engine.has_moe_layers = moe
-    if rank == 0:
-        log.info('%s was saved with parallel.ep %d and resumes with %d: its weights and learning-rate schedule are '
-                 'loaded, the optimizer (Adam moments) starts fresh', folder, was, _ep(engine.module))
-    return out
-
 def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None, shapes: dict | None = None,
          parallel=None) -> dict:
     "Restore model, optimizer, schedule and random states from `folder`, on any data-parallel size; its state.json"
@@ -404,15 +372,16 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
         path, client = _load_weights_only(engine, folder, state, parallel)
         return {**state, 'client': client}
     was, now = saved_layout(state, folder / 'state.json').dp, engine.dp_world_size
+    ep = ep_degree(engine.module)
     if was != now and partitioned(folder):
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
-    elif state.get('ep', 1) != _ep(engine.module):
-        path, client = _load_other_ep(engine, folder, state.get('ep', 1), rank)
+    elif state.get('ep', 1) != ep:
+        path, client = load_other_ep(engine, folder, state.get('ep', 1), rank)
     else:
         with deepspeed_reads_safely():
             path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
                                                   load_optimizer_states=True, load_lr_scheduler_states=True,
-                                                  custom_load_fn=_own_experts if _ep(engine.module) > 1 else None)
+                                                  custom_load_fn=load_own_experts if ep > 1 else None)
         if was != now and rank == 0:
             log.info('resuming a checkpoint from %d data-parallel ranks on %d: '
                      'its optimizer states are not partitioned and load unchanged', was, now)
@@ -587,9 +556,10 @@ def inspect(path: str | Path) -> dict:
             'consumed_samples': state.get('consumed_samples'), 'parameters': params,
             'parameters_without_padding': params - (rows - m.vocab) * m.hidden, 'dtypes': _saved_dtypes(folder),
             'model': m.to_dict(),
-            'layout': {**lay.to_dict(), 'weights_only': bool(state.get('weights_only')),
+            'layout': {**lay.to_dict(), 'ep': state.get('ep', 1), 'weights_only': bool(state.get('weights_only')),
                        'zero': stage, 'world_size': world,
                        'precision': cfg.train.precision, 'micro_batch': ds.get('train_micro_batch_size_per_gpu'),
                        'global_batch': ds.get('train_batch_size')},
+            'experts': expert_summary(m, state, folder),
             'tokenizer': tok, 'files': files, 'bytes': sum(files.values()), 'config': cfg.to_dict(),
             'stale_temporaries': [str(p) for p in stale_temporaries(folder)]}   # left by a killed writer

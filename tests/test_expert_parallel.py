@@ -47,19 +47,18 @@ def test_ep_must_divide_the_data_parallel_size_the_processes_give():
         pp.for_world(2)                                           # pp 2 on two processes leaves dp 1
 
 
-def test_ep_training_runs_and_only_ep_with_pp_is_refused():
-    "EP trains now (its checkpoints hold every expert); with PP each stage would save its own experts: one sentence"
+def test_ep_trains_alone_and_with_pipeline_stages():
+    "EP trains, with PP too (each stage's checkpoint holds every expert: tests/test_ep_pipeline.py); a dense model not"
     assert resolve('moe-tiny', sets=['parallel.ep=2', 'train.precision=fp32']).for_world(2).parallel.dp == 2
     run = resolve('moe-tiny', sets=['parallel.ep=2', 'parallel.pp=2', 'train.precision=fp32'])
-    with pytest.raises(ConfigError, match='parallel.ep 2 with parallel.pp 2: gptkit does not train this yet'):
-        run.for_world(4)
+    assert run.for_world(4).parallel.dp == 2
     fp32 = ['--set', 'train.precision=fp32']
     r = CliRunner().invoke(app, ['train', '--preset', 'moe-tiny', '--dry-run', '--nproc', '2',
                                  '--set', 'parallel.ep=2', *fp32])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ['train', '--preset', 'moe-tiny', '--dry-run', '--nproc', '4',
                                  '--set', 'parallel.ep=2', '--set', 'parallel.pp=2', *fp32])
-    assert r.exit_code == 2 and 'parallel.pp 2: gptkit does not train this yet' in ' '.join(r.output.split()), r.output
+    assert r.exit_code == 0 and 'does not train' not in r.output, r.output
     r = CliRunner().invoke(app, ['train', '--preset', 'tiny', '--dry-run', '--nproc', '2', '--set', 'parallel.ep=2'])
     assert r.exit_code == 2 and 'this model is dense' in ' '.join(r.output.split()), r.output
 
