@@ -154,3 +154,18 @@ def test_inspect_reports_the_degree_and_every_expert(runs):
     text = ' '.join(r.stdout.split())
     assert r.returncode == 0 and 'ep 2' in text and '4 in each of 2 MoE layers, top 2' in text, r.stdout + r.stderr
     assert '2 per rank at ep 2, all saved' in text, text
+
+
+def test_generation_and_evaluation_read_the_ep_pipeline_checkpoint_as_its_one_process_reshard(runs, tmp_path):
+    "gptkit generate and eval on the EP 2 x PP 2 run give what they give on its `checkpoint reshard` to one process"
+    assert run_here('checkpoint', 'reshard', str(runs / 'full'), str(tmp_path / 'one')).returncode == 0
+    (tmp_path / 'text.txt').write_text('In the beginning God created the heaven and the earth. ' * 4)
+    said = {}
+    for name, path in (('pp', runs / 'full'), ('one', tmp_path / 'one')):
+        g = run_here('generate', '--checkpoint', str(path), '--prompt', 'And God said', '--greedy',
+                     '--max-new-tokens', '8')
+        e = run_here('eval', '--checkpoint', str(path), '--text', str(tmp_path / 'text.txt'), '--json')
+        assert g.returncode == 0 and e.returncode == 0, g.stderr[-2000:] + e.stderr[-2000:]
+        said[name] = g.stdout, json.loads(e.stdout)['perplexity']['loss']
+    assert said['pp'][0] == said['one'][0] and 'And God said' in said['pp'][0]
+    assert said['pp'][1] == pytest.approx(said['one'][1], rel=1e-6)
