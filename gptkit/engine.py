@@ -6,6 +6,7 @@ AdamW groups and the learning-rate schedule."""
 # %% ../nbs/10_engine.ipynb #1c0c8efe
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -226,12 +227,16 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
     if cfg.parallel.ep > 1:                       # before DeepSpeed broadcasts the weights: experts per expert group
         from .expert_parallel import apply_ep
         apply_ep(model, cfg.layout.groups('dp'), cfg.parallel.ep)
-    groups = param_groups(model, cfg.optim.weight_decay)
+    groups, experts = param_groups(model, cfg.optim.weight_decay), contextlib.nullcontext()
+    if cfg.parallel.ep > 1:                       # expert parameters in groups of their own, for an engine that knows
+        from .expert_parallel import expert_groups, knows_experts
+        groups, experts = expert_groups(groups), knows_experts()
     optimizer = None if 'optimizer' in config else make_optimizer(cfg, groups, device_type())
     schedule = Schedule(cfg.optim, plan.iters if iters is None else iters)
     scheduler = None if 'scheduler' in config else schedule.scheduler
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
-                                      lr_scheduler=scheduler, config=config, mpu=mpu)
+    with experts:
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
+                                          lr_scheduler=scheduler, config=config, mpu=mpu)
     if cfg.parallel.ep > 1:
         from .expert_parallel import attach_engine
         attach_engine(engine, config['gradient_clipping'])

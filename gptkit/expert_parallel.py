@@ -6,7 +6,9 @@ sent to the rank holding their expert and back with an all-to-all of uneven size
 # %% ../nbs/08a_expert_parallel.ipynb #297d7d62
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 
 import torch
 import torch.distributed as dist
@@ -18,7 +20,8 @@ from .parallel import ParallelState, grad_norm
 
 # %% auto #0
 __all__ = ['EP_GROUP_NAME', 'exchange', 'AllToAll', 'regroup', 'local_experts', 'ExpertParallelMoE', 'ep_rank_groups', 'apply_ep',
-           'attach_engine', 'ep_layers', 'whole_experts', 'own_experts']
+           'expert_groups', 'expert_engine', 'knows_experts', 'attach_engine', 'ep_layers', 'whole_experts',
+           'own_experts']
 
 # %% ../nbs/08a_expert_parallel.ipynb #5ee7846e
 def _size(group) -> int:
@@ -152,17 +155,54 @@ def apply_ep(model: nn.Module, dp_groups: list[list[int]], ep: int) -> nn.Module
         setattr(parent, leaf, layer)
     return model
 
+def expert_groups(groups: list[dict]) -> list[dict]:
+    """The optimizer's `groups` with the expert parameters moved to groups of their own, one per expert group and
+    setting (`moe` True, `name` the expert group's), as DeepSpeed's ZeRO optimizers reduce and partition them"""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    named = [{**g, 'params': list(g['params']), 'name': g.get('name', f'group_{i}')} for i, g in enumerate(groups)]
+    return [g for g in split_params_into_different_moe_groups_for_optimizer(named) if g['params']]
+
+@functools.cache
+def expert_engine():
+    "DeepSpeed's engine, told before it builds its optimizer that the model holds expert parameters"
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    class ExpertEngine(DeepSpeedEngine):
+        def _configure_distributed_model(self, model):
+            super()._configure_distributed_model(model)
+            self.has_moe_layers = True        # DeepSpeed sets it for its own MoE modules only
+    return ExpertEngine
+
+@contextlib.contextmanager
+def knows_experts():
+    "Inside, `deepspeed.initialize` builds an `expert_engine` (its ZeRO optimizer then takes the expert groups)"
+    import deepspeed
+    plain = deepspeed.DeepSpeedEngine
+    deepspeed.DeepSpeedEngine = expert_engine()
+    try:
+        yield
+    finally:
+        deepspeed.DeepSpeedEngine = plain
+
 def attach_engine(engine, clip: float):
-    "Tell DeepSpeed's `engine` it holds MoE parameters (reduced per expert group) and make it clip by the global norm"
+    """Make DeepSpeed's `engine` clip by the global norm, each expert counted once, where its own clip does not (ZeRO 0:
+    fp32's averages per-rank norms, bf16's leaves the experts out); ZeRO 1-2 count them right"""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
     engine.has_moe_layers = True
+    norm = lambda: grad_norm(engine.module, ParallelState(Layout(), 0))   # one process's view, experts summed
     def clip_global():
-        norm = grad_norm(engine.module, ParallelState(Layout(), 0))   # one process's view, experts summed
-        scale = min(1.0, clip / (norm + 1e-6))
+        scale = min(1.0, clip / (norm() + 1e-6))
         if scale < 1.0:
             for p in engine.module.parameters():
                 if p.grad is not None:
                     p.grad.mul_(scale)
     engine.clip_fp32_gradients = clip_global
+    opt = engine.optimizer
+    if isinstance(opt, FP16_UnfusedOptimizer):            # bf16 at ZeRO 0: the norm of the 16-bit gradients
+        plain = opt.unscale_and_clip_grads
+        def unscale_and_clip(total_norm, apply_scale=True):
+            opt._global_grad_norm = norm()
+            return plain(opt._global_grad_norm, apply_scale)
+        opt.unscale_and_clip_grads = unscale_and_clip
     return engine
 
 # %% ../nbs/08a_expert_parallel.ipynb #a9c1e0d2

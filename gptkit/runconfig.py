@@ -127,21 +127,29 @@ def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) 
     return out
 
 def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
-    "Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32, with PP, without TP"
+    """Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32 with PP, and ZeRO 0-2 in
+    fp32 or bf16 without it, all without TP"""
     if par.ep == 1:
         return []
     out = []
     if par.tp > 1:
         out.append(('parallel.ep', f'{{key}} {par.ep} runs without tensor parallelism in gptkit (this run: '
                                    f'tp {par.tp}); set parallel.tp=1 or parallel.ep=1'))
-    if par.zero != 0:
-        out.append(('parallel.zero', f'{{key}} {par.zero} cannot be combined with parallel.ep above 1 yet '
-                                     '(DeepSpeed\'s ZeRO optimizers group expert parameters for its own MoE layers '
-                                     'only); use 0'))
-    if train.precision != 'fp32':
-        out.append(('train.precision', f'{{key}} {train.precision} cannot be combined with parallel.ep above 1 yet '
-                                       '(DeepSpeed\'s bf16 and fp16 optimizers group expert parameters for its own MoE '
-                                       'layers only); use fp32'))
+    model_parallel = par.tp > 1 or par.pp > 1
+    if par.zero == 3:
+        out.append(('parallel.zero', '{key} 3 cannot be combined with parallel.ep above 1 (ZeRO 3 splits each '
+                                     'parameter over the whole data-parallel group, whose ranks hold different '
+                                     'experts); use 0, 1 or 2'))
+    elif par.zero and model_parallel:
+        out.append(('parallel.zero', f'{{key}} {par.zero} with parallel.ep above 1 runs without tensor and pipeline '
+                                     f'parallelism in gptkit (this run: tp {par.tp}, pp {par.pp}); use 0'))
+    if train.precision == 'fp16':
+        out.append(('train.precision', '{key} fp16 cannot be combined with parallel.ep above 1 (DeepSpeed trains fp16 '
+                                       'on GPUs only, and gptkit\'s expert-parallel tests run on CPU processes); use '
+                                       'bf16 or fp32'))
+    elif train.precision == 'bf16' and model_parallel:
+        out.append(('train.precision', f'{{key}} bf16 with parallel.ep above 1 runs without tensor and pipeline '
+                                       f'parallelism in gptkit (this run: tp {par.tp}, pp {par.pp}); use fp32'))
     return out
 
 def ep_training_problems(par: ParallelConfig) -> list[tuple[str, str]]:
