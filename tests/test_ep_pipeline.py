@@ -1,6 +1,7 @@
 """Expert parallelism with pipeline parallelism through gptkit's training loop (EP 2 x PP 2 on four gloo processes):
-checkpoints hold every expert of every stage, resume bit for bit, load on one process with the EP x PP model's logits,
-and resume on another expert-parallel degree (EP 1 x PP 2; EP 2 x PP 1 after `gptkit checkpoint reshard`)."""
+the one-process run's losses, norms and weights; checkpoints that hold every expert of every stage, resume bit for bit,
+load on one process with the EP x PP model's logits (generate and eval read them), and resume on another
+expert-parallel degree (EP 1 x PP 2; EP 2 x PP 1 after `gptkit checkpoint reshard`)."""
 import json
 import os
 import shutil
@@ -169,3 +170,22 @@ def test_generation_and_evaluation_read_the_ep_pipeline_checkpoint_as_its_one_pr
         said[name] = g.stdout, json.loads(e.stdout)['perplexity']['loss']
     assert said['pp'][0] == said['one'][0] and 'And God said' in said['pp'][0]
     assert said['pp'][1] == pytest.approx(said['one'][1], rel=1e-6)
+
+
+def test_ep_pp_trains_like_one_process(runs, tiny_data, tmp_path):
+    "The same run on one process (every expert, no stages, 4 accumulation steps): losses, norms, trained weights (1e-5)"
+    from gptkit.train import train
+    cfg = resolve('moe-tiny', sets=SETS, overrides={'data': {'prefix': tiny_data[0], 'tokenizer': tiny_data[1]}},
+                  out=str(tmp_path / 'one'))
+    env = {k: os.environ.pop(k) for k in DIST_ENV if k in os.environ}
+    try:
+        train(cfg)
+    finally:
+        os.environ.update(env)
+    one, full = _rows(tmp_path / 'one'), _rows(runs / 'full')
+    assert sorted(one) == sorted(full) == [1, 2, 3, 4]
+    for i in one:
+        assert full[i]['loss'] == pytest.approx(one[i]['loss'], rel=1e-5, abs=0), i
+        assert full[i]['grad_norm'] == pytest.approx(one[i]['grad_norm'], rel=1e-5, abs=0), i
+    a, b = ckpt.load_weights(runs / 'full'), ckpt.load_weights(tmp_path / 'one')
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
