@@ -16,7 +16,7 @@ from torch import nn
 
 from .layout import Layout
 from .moe import AuxLoss, Experts, MoE, capacity, dispatch, load_balancing_loss, z_loss
-from .parallel import ParallelState, grad_norm
+from .parallel import DeepSpeedMPU, ParallelState, grad_norm
 
 # %% auto #0
 __all__ = ['EP_GROUP_NAME', 'exchange', 'AllToAll', 'regroup', 'local_experts', 'ExpertParallelMoE', 'ep_rank_groups', 'apply_ep',
@@ -188,7 +188,9 @@ def attach_engine(engine, clip: float):
     fp32's averages per-rank norms, bf16's leaves the experts out); ZeRO 1-2 count them right"""
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
     engine.has_moe_layers = True
-    norm = lambda: grad_norm(engine.module, ParallelState(Layout(), 0))   # one process's view, experts summed
+    mpu = getattr(engine, 'mpu', None)          # under TP or PP gptkit's DeepSpeedMPU: the TP shards summed too
+    state = mpu.p if isinstance(mpu, DeepSpeedMPU) else ParallelState(Layout(), 0)   # else one process's view
+    norm = lambda: grad_norm(engine.module, state)                        # experts summed over their group
     def clip_global():
         scale = min(1.0, clip / (norm() + 1e-6))
         if scale < 1.0:

@@ -51,9 +51,9 @@ class Layout:
         "What makes this layout impossible for `model` on nodes of `gpus_per_node` GPUs"
         out = []
         if model is not None:
-            if self.tp > 1 and (model.moe_experts or model.qk_norm_all):
-                what = 'mixture-of-experts layers' if model.moe_experts else 'QK norms across all heads (qk_norm_all)'
-                out.append(('tp', f'{{key}} {self.tp}: tensor parallelism does not split {what} yet; use tp 1'))
+            if self.tp > 1 and model.qk_norm_all:     # MoE layers run whole on every TP rank (gptkit.parallel)
+                out.append(('tp', f'{{key}} {self.tp}: tensor parallelism does not split QK norms across all heads '
+                                  '(qk_norm_all) yet; use tp 1'))
             elif model.heads % self.tp:
                 out.append(('tp', f'{{key}} {self.tp} must divide model.heads {model.heads}'))
             elif model.ffn % self.tp:

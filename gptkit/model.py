@@ -209,10 +209,9 @@ class GPT(nn.Module):
     "The decoder: token embeddings (and learned positions), pre-norm blocks, final norm, tied or own output layer"
     def __init__(self, cfg: ModelConfig, recompute: str = 'none', tp: int = 1):
         super().__init__()
-        if tp > 1 and (cfg.moe_experts or cfg.qk_norm_all):
-            what = 'mixture-of-experts layers' if cfg.moe_experts else 'QK norms across all heads (qk_norm_all)'
-            raise ConfigError([('parallel.tp', f'{{key}} {tp}: tensor parallelism does not split {what} yet; '
-                                               'train this model with parallel.tp 1')])
+        if tp > 1 and cfg.qk_norm_all:     # MoE layers are replicated under TP (gptkit.parallel.apply_tp)
+            raise ConfigError([('parallel.tp', f'{{key}} {tp}: tensor parallelism does not split QK norms across all '
+                                               'heads (qk_norm_all) yet; train this model with parallel.tp 1')])
         self.cfg, self.vocab = cfg, cfg.vocab
         self.wte = nn.Embedding(cfg.padded_vocab(tp), cfg.hidden)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position == 'learned' else None

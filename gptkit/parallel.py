@@ -28,6 +28,7 @@ from gptkit.tensor_parallel import (
     regroup_qkv,
     ungroup_glu,
     ungroup_qkv,
+    whole_sequence_mlp,
 )
 
 from .errors import ConfigError, check
@@ -172,9 +173,9 @@ def _resized_embedding(emb: nn.Embedding, rows: int) -> nn.Embedding:
         out.weight[:n] = emb.weight[:n]
     return out
 
-def _tp_linears(cfg) -> list[Param]:
-    "The table's rows of the weights, in one block, of the linear layers that tensor parallelism cuts"
-    return [p for p in layer_table(cfg, 0) if p.name.endswith('.weight') and p.tp in ('column', 'row')]
+def _tp_linears(cfg, layer: int) -> list[Param]:
+    "The table's rows of the weights of block `layer`'s linear layers that tensor parallelism cuts (none of an MoE's)"
+    return [p for p in layer_table(cfg, layer) if p.name.endswith('.weight') and p.tp in ('column', 'row')]
 
 def _tp_linear(p: Param, linear: nn.Linear, g, tp: int, sequence_parallel: bool) -> nn.Module:
     "The parallel form of the block's `linear`, whose weight is the table's row `p`"
@@ -206,9 +207,8 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
     model.wte = VocabParallelEmbedding(_resized_embedding(model.wte, rows), g)
     own = None if cfg.tie_embeddings else _pad_rows(model.head.weight.detach(), rows).chunk(tp)[parallel.tp_rank]
     model.head = ParallelOutputLayer(cfg.vocab, rows // tp, g, sequence_parallel, own)
-    linears = _tp_linears(cfg)
-    for block in model.blocks.values():
-        for p in linears:
+    for i, block in model.blocks.items():
+        for p in _tp_linears(cfg, int(i)):        # MoE layers (`moe_table`: replicated) run whole on every rank
             path = p.name.split('.', 2)[2].removesuffix('.weight')
             parent, leaf = block.get_submodule(path.rsplit('.', 1)[0]), path.rsplit('.', 1)[1]
             setattr(parent, leaf, _tp_linear(p, getattr(parent, leaf), g, tp, sequence_parallel))
@@ -220,6 +220,8 @@ def apply_tp(model, parallel: ParallelState, sequence_parallel: bool = False, se
         if sequence_parallel:
             block.ln1, block.ln2 = SequenceParallelNorm(block.ln1, g), SequenceParallelNorm(block.ln2, g)
             block.drop = TrackedDropout(cfg.dropout, tracker)
+            if cfg.moe_layer(int(i)):              # the MoE on the whole sequence (tensor_parallel chapter)
+                whole_sequence_mlp(block, g)
     if sequence_parallel:
         model.drop = nn.Sequential(ScatterToSequence(g), TrackedDropout(cfg.dropout, tracker))
         model.ln_f = SequenceParallelNorm(model.ln_f, g)

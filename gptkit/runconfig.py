@@ -127,15 +127,11 @@ def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) 
     return out
 
 def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
-    """Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32 with PP, and ZeRO 0-2 in
-    fp32 or bf16 without it, all without TP"""
+    """Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0 in fp32 with TP, SP and PP, and
+    ZeRO 0-2 in fp32 or bf16 without them"""
     if par.ep == 1:
         return []
-    out = []
-    if par.tp > 1:
-        out.append(('parallel.ep', f'{{key}} {par.ep} runs without tensor parallelism in gptkit (this run: '
-                                   f'tp {par.tp}); set parallel.tp=1 or parallel.ep=1'))
-    model_parallel = par.tp > 1 or par.pp > 1
+    out, model_parallel = [], par.tp > 1 or par.pp > 1
     if par.zero == 3:
         out.append(('parallel.zero', '{key} 3 cannot be combined with parallel.ep above 1 (ZeRO 3 splits each '
                                      'parameter over the whole data-parallel group, whose ranks hold different '

@@ -12,14 +12,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .model import RMSNorm
+from .model import Block, RMSNorm
 from .ops import rms_norm
 
 # %% auto #0
 __all__ = ['copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear', 'RowParallelLinear',
            'scatter_to_sequence', 'gather_from_sequence', 'reduce_scatter_to_sequence', 'VocabParallelEmbedding',
            'vocab_parallel_cross_entropy', 'SequenceParallelNorm', 'HeadParallelNorm', 'ScatterToSequence',
-           'ParallelOutputLayer', 'regroup_qkv', 'ungroup_qkv', 'regroup_glu', 'ungroup_glu', 'QKVParallelLinear']
+           'ParallelOutputLayer', 'gather_sequence_whole', 'WholeSequenceMLPBlock', 'whole_sequence_mlp', 'regroup_qkv',
+           'ungroup_qkv', 'regroup_glu', 'ungroup_glu', 'QKVParallelLinear']
 
 # %% ../nbs/07c_tensor_parallel.ipynb #08126f5f
 def _size(group) -> int:
@@ -238,7 +239,8 @@ class _VocabParallelCE(torch.autograd.Function):
         total = e.sum(-1)
         local = target - start
         mine = (local >= 0) & (local < z.shape[-1])
-        picked = z.gather(-1, local.clamp(0, z.shape[-1] - 1)[..., None]).squeeze(-1) * mine
+        picked = z.gather(-1, local.clamp(0, z.shape[-1] - 1)[..., None]).squeeze(-1)
+        picked = picked.where(mine, 0.0)     # not a product: a block of padding columns only holds -inf
         total, picked = _all_reduce(total, group), _all_reduce(picked, group)
         ctx.save_for_backward(e / total[..., None], local, mine)
         return m + total.log() - picked
@@ -305,6 +307,35 @@ class ParallelOutputLayer(nn.Module):
         x = gather_from_sequence(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
         return chunked_cross_entropy(x, weight, targets, self.real, _rank(self.group) * weight.shape[0], self.group,
                                      use_triton=use_triton)
+
+# %% ../nbs/07c_tensor_parallel.ipynb #b7e4a1c3
+class _GatherSequenceWhole(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather(x, group, 1)
+    @staticmethod
+    def backward(ctx, g):
+        return _split(g, ctx.group, 1), None
+
+def gather_sequence_whole(x, group=None):
+    "All-gather of the sequence forward, for an op every rank runs whole; this rank's part of the gradient backward"
+    return _GatherSequenceWhole.apply(x, group)
+
+class WholeSequenceMLPBlock(Block):
+    """A block whose MLP (a mixture of experts) runs on the whole sequence under sequence parallelism: the normed
+    slices gathered before it, this rank's slice of its output kept after; every rank computes the same MLP"""
+    group = None
+    def forward(self, x, cache=None, rope=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rope))
+        whole = self.mlp(gather_sequence_whole(self.ln2(x), self.group))
+        return x + self.drop(scatter_to_sequence(whole, self.group))
+
+def whole_sequence_mlp(block: Block, group=None) -> Block:
+    "`block` (in place) running its MLP on the whole sequence of `group`'s slices: its class changed, its modules kept"
+    block.__class__, block.group = WholeSequenceMLPBlock, group
+    return block
+
 
 # %% ../nbs/07c_tensor_parallel.ipynb #5f10c92a
 def regroup_qkv(t, heads: int, tp: int, kv_heads: int | None = None):

@@ -222,11 +222,12 @@ def test_ep2_trains_like_one_process(tmp_path, request):
             assert (got['weights'][name] - w).abs().max().item() < 1e-5, (world, pp, name)
 
 
-def test_ep_with_tensor_parallelism_is_refused_by_the_engine_check():
-    "The model refuses TP for MoE layers today; the engine's check says so for expert parallelism on its own"
-    found = ep_engine_problems(ParallelConfig(tp=2, dp=2, ep=2), TrainConfig(precision='fp32'))
-    assert found == [('parallel.ep', '{key} 2 runs without tensor parallelism in gptkit (this run: tp 2); set '
-                                     'parallel.tp=1 or parallel.ep=1')]
+def test_ep_with_tensor_parallelism_passes_the_engine_check():
+    "EP composes with TP and SP in gptkit's engine (tests/test_ep_tp.py trains EP 2 x TP 2 like one process)"
+    par = ParallelConfig(tp=2, dp=2, ep=2, sequence_parallel=True)
+    assert ep_engine_problems(par, TrainConfig(precision='fp32')) == []
+    run = from_dict({'model': MOE, 'parallel': {'ep': 2, 'tp': 2}, 'train': {'precision': 'fp32'}})
+    assert run.for_world(4).parallel.dp == 2
 
 
 def _ep_engine(ep: int, world: int, seed: int):

@@ -193,8 +193,10 @@ def test_generation_with_the_cache_equals_the_full_pass():
 
 
 def test_bad_choices_are_refused_naming_the_key():
-    with pytest.raises(ConfigError, match='parallel.tp 2: tensor parallelism does not split mixture-of-experts'):
-        GPT(PRESETS['moe-tiny'].model, tp=2)
+    assert GPT(PRESETS['moe-tiny'].model, tp=2).wte.num_embeddings == 50432    # MoE layers run whole under TP
+    with pytest.raises(ConfigError, match=r'parallel.tp 2: tensor parallelism does not split QK norms across all '
+                                          r'heads \(qk_norm_all\)'):
+        GPT(ModelConfig(**SMALL, qk_norm=True, qk_norm_all=True), tp=2)
     with pytest.raises(ConfigError, match='qk_norm_all chooses how qk_norm normalizes: it needs qk_norm true'):
         ModelConfig(**SMALL, qk_norm_all=True)
     with pytest.raises(ConfigError, match='qk_norm_all must be true or false'):

@@ -1,0 +1,233 @@
+"""Mixture-of-experts layers under tensor parallelism (issue 32, items 2 and 6): the MoE runs whole on every TP rank
+(with sequence parallelism on the gathered sequence), so on gloo processes the losses, the load-balancing and z-losses'
+gradients and the trained weights equal one process's; an MoE checkpoint generates and evaluates under TP 2 as on
+one process; expert parallelism composes with TP (EP 2 x TP 2) in gptkit's engine and training step."""
+import copy
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_parallel_model import spawn
+
+from gptkit.config import LLAMA, ModelConfig
+from gptkit.engine import build_engine, free_port, init_distributed
+from gptkit.evaluate import evaluate
+from gptkit.expert_parallel import AllToAll, ep_layers
+from gptkit.generate import Generator
+from gptkit.interop import write_run
+from gptkit.model import GPT
+from gptkit.moe import moe_stats
+from gptkit.parallel import (
+    DeepSpeedMPU,
+    Layout,
+    ParallelState,
+    apply_tp,
+    merge_weights,
+    one_f_one_b,
+    parallelize,
+    pipeline_stage,
+    shard_weights,
+    stage_input_shape,
+)
+from gptkit.runconfig import resolve
+from gptkit.sampling import Sampling
+from gptkit.tensor_parallel import WholeSequenceMLPBlock
+from gptkit.tokenizer import load
+from gptkit.train import _step
+
+LOSSES = dict(moe_aux_loss_coef=0.1, moe_z_loss_coef=0.01)
+BASE = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=200, tie_embeddings=False,
+                   moe_experts=4, moe_top_k=2, moe_ffn_hidden=24, **LOSSES, **LLAMA)
+MODELS = {   # SwiGLU top 2 on every layer; a dense layer then an MoE with a shared expert; GELU top 1 with a capacity
+    'every': BASE,
+    'mixed_shared': dataclasses.replace(BASE, moe_every=2, moe_shared_ffn=16),
+    'gelu_capacity': ModelConfig(layers=2, hidden=32, heads=4, seq_len=16, vocab=200, dropout=0.0, moe_experts=4,
+                                 moe_top_k=1, moe_capacity_factor=1.0, **LOSSES),
+}
+
+
+def _model_errors(cfg, ps, sp: bool, micro: int = 2) -> dict:
+    """Largest loss, MoE-statistics, gradient and trained-weight differences between `cfg` on layout `ps` (TP, SP) and
+    one process over 2 SGD steps of `micro` accumulated micro-batches (each one forward on both: the MoE losses are
+    per forward)"""
+    torch.manual_seed(0)
+    plain = GPT(cfg)
+    ref = copy.deepcopy(plain)
+    model = pipeline_stage(apply_tp(plain, ps, sequence_parallel=sp), ps)
+    data = torch.randint(0, cfg.vocab, (2, 4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    errs = {'loss': 0.0, 'stats': 0.0, 'grad': 0.0}
+    for batch in data:
+        chunks = [(x[:, :-1], x[:, 1:]) for x in batch.chunk(micro)]
+        def backward(loss, last):
+            (loss / micro if last else loss).backward()
+        losses = one_f_one_b(model, backward, chunks, ps, stage_input_shape(cfg, len(batch) // micro, ps.layout.tp, sp),
+                             torch.float32, 'cpu')
+        got_stats = moe_stats(model)                             # the last micro-batch's
+        want = []
+        for x, y in chunks:
+            want.append(ref(x, y))
+            (want[-1] / micro).backward()
+        want_stats = moe_stats(ref)
+        errs['stats'] = max([errs['stats']] + [abs(got_stats[k] - v) for k, v in want_stats.items()])
+        errs['loss'] = max(errs['loss'], abs(torch.stack(losses).mean().item() - torch.stack(want).mean().item()))
+        grads = shard_weights({n: p.grad for n, p in ref.named_parameters()}, cfg, ps.layout, ps.tp_rank, ps.pp_rank)
+        mine = {n: p.grad for n, p in model.named_parameters()}
+        assert sorted(grads) == sorted(mine), (sorted(grads), sorted(mine))
+        errs['grad'] = max(errs['grad'], max((mine[n] - grads[n]).abs().max().item() for n in grads))
+        with torch.no_grad():                                   # the same SGD step on both
+            for m in (model, ref):
+                for p in m.parameters():
+                    p -= 0.5 * p.grad
+                    p.grad = None
+    shards = [None] * dist.get_world_size()
+    dist.all_gather_object(shards, ((ps.tp_rank, ps.pp_rank), {n: t.detach() for n, t in model.state_dict().items()}))
+    merged = merge_weights(dict(shards[:ps.layout.tp]), cfg, ps.layout.tp)
+    errs['weights'] = max((merged[n] - t).abs().max().item() for n, t in ref.state_dict().items())
+    errs['whole_blocks'] = sum(type(b) is WholeSequenceMLPBlock for b in model.blocks.values())
+    return errs
+
+
+PROMPTS = ['In the beginning God created', 'And']
+
+
+def _outputs(gen: Generator) -> dict:
+    "Logits of two prompts' first tokens and 12 greedy tokens each"
+    rows = [gen.tok.encode(p) for p in PROMPTS]
+    with torch.inference_mode():
+        logits = gen.logits(torch.tensor([rows[0][:5], rows[0][1:6]]))
+    greedy = Sampling(max_new_tokens=12, greedy=True, stop_at_eod=False)
+    tokens = [[c.token for c in gen.stream(PROMPTS, greedy) if c.index == i and c.token is not None]
+              for i in range(len(PROMPTS))]
+    return {'logits': logits.tolist(), 'greedy': tokens}
+
+
+def _tp_worker(rank, world, init_file, out, ckpt):
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
+    try:
+        tp = ParallelState.build(Layout(tp=2))
+        errs = {(name, sp): _model_errors(cfg, tp, sp) for name, cfg in MODELS.items() for sp in (False, True)}
+        gen = Generator.from_checkpoint(ckpt, device='cpu', tp=world)             # gptkit generate/serve --tp 2
+        got = _outputs(gen)
+        got['eval'] = evaluate(ckpt, max_documents=1, tp=world).perplexity.loss   # gptkit eval --tp 2
+        torch.save({'errors': errs, 'generated': got}, f'{out}/{rank}.pt')
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope='module')
+def moe_checkpoint(tiny_data, tmp_path_factory):
+    "A random tiny MoE run folder (a dense layer, then an MoE with a shared expert)"
+    tok = load(tiny_data[1])
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(MODELS['mixed_shared'], vocab=tok.vocab_size, seq_len=64)
+    return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('moe') / 'run', 'a random tiny MoE')
+
+
+def test_moe_under_tp_and_sp_equals_one_process_and_generates_under_tp(moe_checkpoint, tmp_path):
+    """TP 2 with and without SP on 2 gloo processes: losses, the MoE statistics, every gradient (load-balancing and
+    z-losses included) and trained weights at 1e-5; the MoE checkpoint's logits, greedy tokens and held-out loss under
+    TP 2 are the one process's"""
+    want = _outputs(Generator.from_checkpoint(moe_checkpoint, device='cpu'))
+    want['eval'] = evaluate(moe_checkpoint, max_documents=1).perplexity.loss
+    spawn(_tp_worker, 2, str(tmp_path / 'init'), str(tmp_path), str(moe_checkpoint))
+    for rank in range(2):
+        found = torch.load(tmp_path / f'{rank}.pt')
+        for (name, sp), e in found['errors'].items():
+            assert max(e['loss'], e['stats'], e['grad'], e['weights']) < 1e-5, (rank, name, sp, e)
+            assert e['whole_blocks'] == (sp and MODELS[name].layers // MODELS[name].moe_every), (rank, name, sp, e)
+        got = found['generated']
+        torch.testing.assert_close(torch.tensor(got['logits']), torch.tensor(want['logits']), rtol=1e-5, atol=1e-5)
+        assert got['greedy'] == want['greedy'] and all(len(t) == 12 for t in got['greedy'])
+        assert got['eval'] == pytest.approx(want['eval'], rel=1e-6)
+    json.dumps(want)     # plain data
+
+
+class _NoReturn(AllToAll):
+    "The control: rows go to the experts' ranks, but no gradient comes back to the rank that sent them"
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_zeros(sum(ctx.send), *grad.shape[1:]), None, None, None
+
+
+TRAIN_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=16',
+              'model.vocab=64', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',
+              'train.micro_batch=1', 'train.global_batch=4', 'train.iters=3', 'train.precision=fp32',
+              'optim.lr=1e-2', 'optim.warmup=1', 'optim.grad_clip=0.05']
+
+
+def _run(tp: int, ep: int, sp: bool, control: bool = False) -> dict:
+    "Three clipped steps of moe-tiny shrunk (TRAIN_SETS) through gptkit's engine and step: losses, norms, whole weights"
+    cfg = resolve('moe-tiny', sets=TRAIN_SETS + [f'parallel.ep={ep}', f'parallel.tp={tp}',
+                                                 f'parallel.sequence_parallel={str(sp).lower()}'])
+    world = dist.get_world_size()
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world // tp))
+    torch.manual_seed(0)
+    parallel = ParallelState.build(cfg.layout)
+    model = parallelize(GPT(cfg.model), parallel, 'none', cfg.train.seed)
+    engine, _ = build_engine(cfg, model, mpu=DeepSpeedMPU(parallel) if tp > 1 else None)
+    for _, layer in ep_layers(engine.module):
+        layer.exchange = _NoReturn if control else AllToAll
+    data = torch.randint(0, 64, (3, 4, 17), generator=torch.Generator().manual_seed(1))   # 3 steps of 4 sequences
+    losses, norms = [], []
+    for batch in data:
+        mine = batch.chunk(parallel.layout.dp)[parallel.dp_rank]   # this replica's micro-batches, accumulated
+        loss, _, norm = _step(engine, parallel, [(s[None, :-1], s[None, 1:]) for s in mine], True,
+                              cfg.optim.grad_clip)
+        t = torch.tensor(loss)
+        dist.all_reduce(t)                                         # the first TP ranks' sums
+        losses.append(t.item() / 4)
+        norms.append(norm)
+    weights = {}
+    for name, p in engine.module.named_parameters():
+        w = p.detach()
+        if getattr(p, 'ep_group', None) is not None:             # every rank's experts
+            parts = [torch.empty_like(w) for _ in range(dist.get_world_size(p.ep_group))]
+            dist.all_gather(parts, w.contiguous(), group=p.ep_group)
+            w = torch.cat(parts)
+        weights[name] = w.clone()
+    shards = [None] * world
+    dist.all_gather_object(shards, (parallel.tp_rank, parallel.dp_rank, weights))
+    whole = merge_weights({(t, 0): w for t, d, w in shards if d == 0}, cfg.model, tp)
+    return {'losses': losses, 'norms': norms, 'weights': whole}
+
+
+def _train_worker(rank, world, init_file, out, port):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed()
+    try:
+        runs = {'one': _run(1, 1, False)} if world == 1 else {
+            'ep2 x tp2': _run(2, 2, False), 'ep2 x tp2 sp': _run(2, 2, True), 'control': _run(2, 2, False, True)}
+        if rank == 0:
+            torch.save(runs, f'{out}/train{world}.pt')
+        dist.barrier()                                             # no rank leaves while its peers still talk to it
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ep2_x_tp2_trains_like_one_process_and_the_control_does_not(tmp_path):
+    """EP 2 x TP 2 (4 gloo processes, ZeRO 0, fp32, every step clipped), with and without SP: the one-process losses,
+    gradient norms and trained weights (1e-5); with the all-to-all returning no gradient they differ"""
+    for world in (1, 4):
+        spawn(_train_worker, world, str(tmp_path / f'init{world}'), str(tmp_path), free_port())
+    one = torch.load(tmp_path / 'train1.pt')['one']
+    assert min(one['norms']) > 0.05                                # every step clipped
+    runs = torch.load(tmp_path / 'train4.pt')
+    for name in ('ep2 x tp2', 'ep2 x tp2 sp'):
+        got = runs[name]
+        assert got['losses'] == pytest.approx(one['losses'], rel=1e-5, abs=0), name
+        assert got['norms'] == pytest.approx(one['norms'], rel=1e-5, abs=0), name
+        assert one['weights'].keys() == got['weights'].keys()
+        for key, w in one['weights'].items():
+            assert (got['weights'][key] - w).abs().max().item() < 1e-5, (name, key)
+    control = runs['control']
+    assert control['losses'][0] == pytest.approx(one['losses'][0], rel=1e-5)  # the first forward is untouched
+    assert control['norms'][0] != pytest.approx(one['norms'][0], rel=1e-4)     # the gradients are not
+    assert control['losses'][1:] != pytest.approx(one['losses'][1:], rel=1e-4)
+    assert max((control['weights'][k] - w).abs().max().item() for k, w in one['weights'].items()) > 1e-2
