@@ -534,6 +534,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'gptkit/expert_checkpoint.py'),
                                           'gptkit.expert_checkpoint.save_experts': ( 'expert_checkpoint.html#save_experts',
                                                                                      'gptkit/expert_checkpoint.py'),
+                                          'gptkit.expert_checkpoint.saved_ep': ( 'expert_checkpoint.html#saved_ep',
+                                                                                 'gptkit/expert_checkpoint.py'),
                                           'gptkit.expert_checkpoint.schedule_at': ( 'expert_checkpoint.html#schedule_at',
                                                                                     'gptkit/expert_checkpoint.py'),
                                           'gptkit.expert_checkpoint.states_file': ( 'expert_checkpoint.html#states_file',

@@ -37,7 +37,7 @@ from gptkit.store import (
 )
 
 from .errors import ConfigError
-from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_own_experts, save_experts
+from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_own_experts, save_experts, saved_ep
 from .expert_parallel import own_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
@@ -375,8 +375,8 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
     ep = ep_degree(engine.module)
     if was != now and partitioned(folder):
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
-    elif state.get('ep', 1) != ep:
-        path, client = load_other_ep(engine, folder, state.get('ep', 1), rank)
+    elif (was_ep := saved_ep(state, folder / 'state.json')) != ep:
+        path, client = load_other_ep(engine, folder, was_ep, rank)
     else:
         with deepspeed_reads_safely():
             path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,

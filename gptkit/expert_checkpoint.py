@@ -14,19 +14,29 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .errors import shown
 from .expert_parallel import ep_layers, own_experts, whole_experts
+from .store import CheckpointError
 from .torch_files import deepspeed_reads_safely, read_torch_file
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ep_degree', 'states_file', 'put_experts', 'save_experts', 'load_own_experts', 'schedule_at', 'load_other_ep',
-           'expert_summary']
+__all__ = ['log', 'ep_degree', 'saved_ep', 'states_file', 'put_experts', 'save_experts', 'load_own_experts', 'schedule_at',
+           'load_other_ep', 'expert_summary']
 
 # %% ../nbs/12g_expert_checkpoint.ipynb #d9e5d830
 def ep_degree(module) -> int:
     "The expert-parallel degree `module` runs with (1: every expert on every rank)"
     return max([layer.ep for _, layer in ep_layers(module)], default=1)
+
+def saved_ep(state: dict, where: str | Path = 'state.json') -> int:
+    "The expert-parallel degree a checkpoint's state.json (read from `where`) records: 1 when it has none"
+    ep = state.get('ep', 1)
+    if type(ep) is not int or ep < 1:
+        raise CheckpointError(f'{where}: ep must be the whole number of ranks the experts were split over, '
+                              f'not {shown(ep)}')
+    return ep
 
 # %% ../nbs/12g_expert_checkpoint.ipynb #4437a812
 def states_file(folder: str | Path, mp_rank: int = 0) -> Path:
@@ -94,7 +104,10 @@ def expert_summary(model, state: dict, folder: str | Path | None = None) -> dict
     experts = model.moe_experts
     if not experts:
         return None
-    shapes, ep = state.get('shapes') or {}, state.get('ep', 1)
+    where = Path(folder or '.') / 'state.json'
+    shapes, ep = state.get('shapes') or {}, saved_ep(state, where)
+    if experts % ep:
+        raise CheckpointError(f'{where}: ep {ep} does not divide the {experts} experts of each MoE layer')
     names = [n for n in shapes if '.experts.' in n]
     out = {'ep': ep, 'experts': experts, 'per_rank': experts // ep, 'top_k': model.moe_top_k,
            'moe_layers': len({n.split('.experts.')[0] for n in names}),

@@ -189,3 +189,17 @@ def test_ep_pp_trains_like_one_process(runs, tiny_data, tmp_path):
         assert full[i]['grad_norm'] == pytest.approx(one[i]['grad_norm'], rel=1e-5, abs=0), i
     a, b = ckpt.load_weights(runs / 'full'), ckpt.load_weights(tmp_path / 'one')
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+@pytest.mark.parametrize('ep, said', [(0, 'ep must be the whole number of ranks the experts were split over, not 0'),
+                                      ('2', "ep must be the whole number of ranks the experts were split over, not '2'"),
+                                      (3, 'ep 3 does not divide the 4 experts of each MoE layer')])
+def test_a_damaged_ep_in_state_json_is_refused_in_one_sentence(runs, tmp_path, ep, said):
+    folder = tmp_path / 'run' / 'checkpoints' / 'iter_0000004'
+    shutil.copytree(runs / 'full' / 'checkpoints' / 'iter_0000004', folder)
+    state = json.loads((folder / 'state.json').read_text())
+    (folder / 'state.json').write_text(store.state_text({**state, 'ep': ep}))
+    with pytest.raises(store.CheckpointError, match=f"state.json: {said}"):
+        ckpt.inspect(folder)
+    r = run_here('checkpoint', 'inspect', str(folder))
+    assert r.returncode == 1 and said in ' '.join(r.stderr.split()) and 'Traceback' not in r.stderr, r.stderr
