@@ -76,11 +76,13 @@ def _ds_override(path: Optional[Path]) -> dict | None:
 def _summary(cfg: RunConfig):
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
     params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
+    experts = f' (ep {p.ep}: {m.moe_experts // p.ep} of {m.moe_experts} experts per rank)' if p.ep > 1 else ''
     out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: {params:,} parameters ({m.layers} layers, '
               f'hidden {m.hidden}, '
               f'{m.heads} heads, '
               f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {p.zero}, recompute {t.recompute} | '
-              f'tp {p.tp} x pp {p.pp} x dp {p.dp} | {plan.iters:,} steps of {plan.global_batch} x {m.seq_len} = '
+              f'tp {p.tp} x pp {p.pp} x dp {p.dp}{experts} | '
+              f'{plan.iters:,} steps of {plan.global_batch} x {m.seq_len} = '
               f'{plan.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out '
               f'{fmt.text(cfg.out)}')
 
