@@ -13,7 +13,7 @@ from gptkit import checkpoint as ckpt
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.model import GPT
-from gptkit.parallel import ParallelState, parallelize
+from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
 from gptkit.runconfig import resolve
 from gptkit.train import _step
 
@@ -21,9 +21,10 @@ SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2'
         'model.vocab=64', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',
         'train.micro_batch=1', 'train.global_batch=4', 'train.iters=4', 'optim.lr=1e-2', 'optim.warmup=1',
         'optim.grad_clip=0.05']
-ONE = [('fp32', 0), ('bf16', 0), ('bf16', 2)]          # one process: the references (ZeRO 1 = 2 on one rank)
-FAST = [('fp32', 1), ('fp32', 2), ('bf16', 0), ('bf16', 2)]
-SLOW = FAST + [('bf16', 1)]
+ONE = [('fp32', 0, 1), ('bf16', 0, 1), ('bf16', 2, 1)]   # one process: the references (ZeRO 1 = 2 on one rank)
+FAST = [('fp32', 1, 1), ('fp32', 2, 1), ('bf16', 0, 1), ('bf16', 2, 1)]      # (precision, ZeRO stage, pp)
+SLOW = FAST + [('bf16', 1, 1)]
+PIPE = [('fp32', 1, 2), ('bf16', 0, 2), ('bf16', 1, 2)]  # EP 2 x PP 2 on 4 processes (PP takes ZeRO 0-1)
 
 
 def _slow(request) -> bool:
@@ -46,17 +47,17 @@ def _start(rank, world, port):
     init_distributed()
 
 
-def _engine(precision: str, zero: int, world: int, seed: int = 0):
+def _engine(precision: str, zero: int, world: int, seed: int = 0, pp: int = 1):
     "gptkit's engine for the tiny MoE on `world` processes (EP 2 on more than one), seeded with `seed`"
     ep = 2 if world > 1 else 1
-    cfg = resolve('moe-tiny', sets=SETS + [f'parallel.ep={ep}', f'parallel.zero={zero}',
+    cfg = resolve('moe-tiny', sets=SETS + [f'parallel.ep={ep}', f'parallel.zero={zero}', f'parallel.pp={pp}',
                                            f'train.precision={precision}'])
-    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world))
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world // pp))
     torch.manual_seed(seed)
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(GPT(cfg.model), parallel, 'none', cfg.train.seed)
     shapes = ckpt.model_shapes(GPT(cfg.model))
-    engine, ds = build_engine(cfg, model)
+    engine, ds = build_engine(cfg, model, mpu=DeepSpeedMPU(parallel) if pp > 1 else None)
     return cfg, parallel, engine, ds, shapes
 
 
@@ -86,32 +87,33 @@ def _masters(engine) -> dict:
     return out
 
 
-def _steps(engine, parallel, data, world, precision, zero) -> tuple[list, list]:
+def _steps(engine, parallel, data, precision, zero) -> tuple[list, list]:
     "(mean loss, gradient norm) of one step per batch of `data`, the norm as gptkit's training loop reports it"
-    losses, norms = [], []
+    losses, norms, pp = [], [], parallel.layout.pp
     for batch in data:
-        mine = batch.chunk(world)[parallel.dp_rank]
-        own = precision == 'fp32' and zero == 0
+        mine = batch.chunk(parallel.layout.dp)[parallel.dp_rank]
+        own = zero == 0 and (precision == 'fp32' or pp > 1)
         loss, _, norm = _step(engine, parallel, [(s[None, :-1], s[None, 1:]) for s in mine], own, 0.05)
         t = torch.tensor(loss)
-        dist.all_reduce(t)
+        dist.all_reduce(t)                                        # the last stages' sums
         losses.append(t.item() / len(batch))
         norms.append(norm if own else float(engine.get_global_grad_norm()))
     return losses, norms
 
 
 def _train_worker(rank, world, out, port, cases):
-    "Three steps of each (precision, ZeRO stage) case: losses, norms, the trained weights and fp32 masters, whole"
+    """Three steps of each (precision, ZeRO stage, pp) case: losses, norms, the trained weights and fp32 masters of
+    this rank's stage, every expert gathered"""
     _start(rank, world, port)
     try:
         torch.manual_seed(1)
         data = torch.randint(0, 64, (3, 4, 17))
         found = {}
-        for precision, zero in cases:
-            cfg, parallel, engine, ds, shapes = _engine(precision, zero, world)
-            losses, norms = _steps(engine, parallel, data, world, precision, zero)
+        for precision, zero, pp in cases:
+            cfg, parallel, engine, ds, shapes = _engine(precision, zero, world, pp=pp)
+            losses, norms = _steps(engine, parallel, data, precision, zero)
             weights = {k: v.float() for k, v in _whole(engine, dict(engine.module.named_parameters())).items()}
-            found[precision, zero] = {'losses': losses, 'norms': norms, 'weights': weights,
+            found[precision, zero, pp] = {'losses': losses, 'norms': norms, 'weights': weights,
                                       'masters': _whole(engine, _masters(engine)),
                                       'model': {k: v.detach().clone() for k, v in engine.module.named_parameters()},
                                       'local masters': {k: v.detach().clone() for k, v in _masters(engine).items()}}
@@ -125,42 +127,51 @@ def _rel(a, b) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
+def _merged(ranks: list, case: tuple, what: str) -> dict:
+    "Name -> tensor of every rank's `what` in `case` (pipeline stages hold their own layers), the first holder's"
+    out = {}
+    for rank in ranks:
+        out = {**rank[case][what], **out}
+    return out
+
+
 def test_ep2_with_zero_1_2_and_bf16_trains_like_one_process(tmp_path, request):
-    """EP 2 on 2 gloo processes (with --nb-flags slow also EP 2 inside DP 4, where each expert has two replicas):
-    fp32 at ZeRO 1 and 2 gives the one-process losses, norms and trained weights (1e-5, every step clipped); bf16 at
-    ZeRO 0-2 the one-process bf16 losses within 2e-4 (relative) and its first norm within 1e-4, the fp32 masters the
-    same on every rank holding them, and each rank's model weights its masters rounded to bf16"""
-    worlds, cases = ((2, 4), SLOW) if _slow(request) else ((2,), FAST)
+    """EP 2 on 2 gloo processes (with --nb-flags slow also on 4: EP 2 inside DP 4, where each expert has two replicas,
+    and EP 2 x PP 2): fp32 at ZeRO 1 and 2 gives the one-process losses, norms and trained weights (1e-5, every step
+    clipped); bf16 at ZeRO 0-2 the one-process bf16 losses within 2e-4 (relative) and its first norm within 1e-4, the
+    fp32 masters the same on every rank holding them, and each rank's model weights its masters rounded to bf16"""
+    runs = ((2, SLOW), (4, SLOW + PIPE)) if _slow(request) else ((2, FAST),)
     _spawn(_train_worker, 1, tmp_path, ONE)
     one = torch.load(tmp_path / '1_0.pt')
-    assert min(one['fp32', 0]['norms']) > 0.05                    # every step clipped
-    for world in worlds:
+    assert min(one['fp32', 0, 1]['norms']) > 0.05                 # every step clipped
+    for world, cases in runs:
         _spawn(_train_worker, world, tmp_path, cases)
         ranks = [torch.load(tmp_path / f'{world}_{r}.pt') for r in range(world)]
-        for precision, zero in cases:
-            got = ranks[0][precision, zero]
-            want = one['fp32', 0] if precision == 'fp32' else one['bf16', 0 if zero == 0 else 2]
-            case = (world, precision, zero)
-            assert got['weights'].keys() == want['weights'].keys(), case
+        for precision, zero, pp in cases:
+            case = (precision, zero, pp)
+            got = {**ranks[0][case], 'weights': _merged(ranks, case, 'weights')}
+            want = one['fp32', 0, 1] if precision == 'fp32' else one['bf16', 0 if zero == 0 else 2, 1]
+            assert got['weights'].keys() == want['weights'].keys(), (world, case)
             if precision == 'fp32':
-                assert _rel(got['losses'], want['losses']) < 1e-5, (case, got['losses'], want['losses'])
-                assert _rel(got['norms'], want['norms']) < 1e-5, (case, got['norms'], want['norms'])
+                assert _rel(got['losses'], want['losses']) < 1e-5, (world, case, got['losses'], want['losses'])
+                assert _rel(got['norms'], want['norms']) < 1e-5, (world, case, got['norms'], want['norms'])
                 for name, w in want['weights'].items():
-                    assert (got['weights'][name] - w).abs().max().item() < 1e-5, (case, name)
+                    assert (got['weights'][name] - w).abs().max().item() < 1e-5, (world, case, name)
             else:
                 # the first forward runs the same bf16 weights; after it, the order in which bf16 gradients are
                 # summed differs (EP: over ranks), as in plain data parallelism (DP 2 without EP measured 5.6e-5)
-                assert _rel(got['losses'][:1], want['losses'][:1]) < 1e-6, (case, got['losses'], want['losses'])
-                assert _rel(got['losses'], want['losses']) < 2e-4, (case, got['losses'], want['losses'])
-                assert _rel(got['norms'][:1], want['norms'][:1]) < 1e-4, (case, got['norms'], want['norms'])
+                assert _rel(got['losses'][:1], want['losses'][:1]) < 1e-6, (world, case, got['losses'], want['losses'])
+                assert _rel(got['losses'], want['losses']) < 2e-4, (world, case, got['losses'], want['losses'])
+                assert _rel(got['norms'][:1], want['norms'][:1]) < 1e-4, (world, case, got['norms'], want['norms'])
+            masters = _merged(ranks, case, 'masters')
+            assert masters.keys() == want['weights'].keys(), (world, case)
             for r, rank in enumerate(ranks):                       # fp32 masters: one model, whichever rank holds it
-                mine = rank[precision, zero]
-                assert mine['masters'].keys() == got['masters'].keys()
-                for name, m in got['masters'].items():
-                    assert mine['masters'][name].dtype == torch.float32, (case, name)
-                    assert torch.equal(mine['masters'][name], m), (case, r, name)
+                mine = rank[case]
+                for name, m in mine['masters'].items():
+                    assert m.dtype == torch.float32, (world, case, name)
+                    assert torch.equal(masters[name], m), (world, case, r, name)
                 for name, w in mine['model'].items():
-                    assert torch.equal(mine['local masters'][name].to(w.dtype), w), (case, r, name)
+                    assert torch.equal(mine['local masters'][name].to(w.dtype), w), (world, case, r, name)
 
 
 def _state(engine) -> dict:
@@ -170,30 +181,34 @@ def _state(engine) -> dict:
 
 
 def _resume_worker(rank, world, out, port, cases):
-    """Per (precision, ZeRO stage): 4 steps with a checkpoint after the second, and an engine seeded otherwise resumed
-    from it for the last 2; losses and whole weights and masters of both, the EP model's logits at the checkpoint"""
+    """Per (precision, ZeRO stage, pp): 4 steps with a checkpoint after the second, and an engine seeded otherwise
+    resumed from it for the last 2; losses, whole weights and masters of both; the weights and (without PP) the EP
+    model's logits at the checkpoint"""
     _start(rank, world, port)
     try:
         torch.manual_seed(1)
         data = torch.randint(0, 64, (4, 4, 17))
         found = {}
-        for precision, zero in cases:
-            cfg, parallel, engine, ds, shapes = _engine(precision, zero, world)
-            first, _ = _steps(engine, parallel, data[:2], world, precision, zero)
-            engine.module.eval()
-            with torch.no_grad():
-                logits = engine.module(data[0, :, :-1]).float()
-            engine.module.train()
-            folder = ckpt.save(engine, f'{out}/{precision}_{zero}', 2, {'iteration': 2, 'consumed_samples': 8}, cfg,
-                               ds, None, rank, layout=parallel.layout, shapes=shapes)
-            rest, _ = _steps(engine, parallel, data[2:], world, precision, zero)
+        for precision, zero, pp in cases:
+            cfg, parallel, engine, ds, shapes = _engine(precision, zero, world, pp=pp)
+            first, _ = _steps(engine, parallel, data[:2], precision, zero)
+            logits = None
+            if pp == 1:
+                engine.module.eval()
+                with torch.no_grad():
+                    logits = engine.module(data[0, :, :-1]).float()
+                engine.module.train()
+            saved = _whole(engine, dict(engine.module.named_parameters()))
+            folder = ckpt.save(engine, f'{out}/{precision}_{zero}_{pp}', 2, {'iteration': 2, 'consumed_samples': 8},
+                               cfg, ds, None, rank, layout=parallel.layout, shapes=shapes)
+            rest, _ = _steps(engine, parallel, data[2:], precision, zero)
             full = _state(engine)
-            cfg, parallel, engine, ds, shapes = _engine(precision, zero, world, seed=5)
+            cfg, parallel, engine, ds, shapes = _engine(precision, zero, world, seed=5, pp=pp)
             state = ckpt.load(engine, folder, rank, parallel.layout, shapes, parallel)
-            again, _ = _steps(engine, parallel, data[2:], world, precision, zero)
-            found[precision, zero] = {'losses': first + rest, 'resumed': first + again, 'iteration': state['iteration'],
-                                      'full': full, 'logits': logits,
-                                      'after': _state(engine)}
+            again, _ = _steps(engine, parallel, data[2:], precision, zero)
+            found[precision, zero, pp] = {'losses': first + rest, 'resumed': first + again, 'full': full,
+                                          'after': _state(engine), 'iteration': state['iteration'], 'saved': saved,
+                                          'logits': logits}
         torch.save(found, f'{out}/{world}_{rank}.pt')
         dist.barrier()
     finally:
@@ -202,46 +217,55 @@ def _resume_worker(rank, world, out, port, cases):
 
 def test_an_ep2_zero_checkpoint_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, request):
     """EP 2 on 2 gloo processes at ZeRO 2 in fp32 and ZeRO 1 in bf16 (with --nb-flags slow also ZeRO 1 fp32 and ZeRO 2
-    bf16): DeepSpeed writes each rank's optimizer partition, expert groups included, to its own file; resumed on the
-    same layout the losses and fp32 masters are bitwise the uninterrupted run's; load_model reads the checkpoint on
-    one process, every expert in place, with the EP model's logits"""
-    cases = [('fp32', 2), ('bf16', 1)] + ([('fp32', 1), ('bf16', 2)] if _slow(request) else [])
-    _spawn(_resume_worker, 2, tmp_path, cases)
-    ranks = [torch.load(tmp_path / f'2_{r}.pt') for r in range(2)]
-    for precision, zero in cases:
-        case = (precision, zero)
-        for got in ranks:
-            got = got[case]
-            assert got['iteration'] == 2, case
-            assert got['resumed'] == got['losses'], (case, got['resumed'], got['losses'])      # bit for bit
-            assert got['full'].keys() == got['after'].keys()
-            assert all(torch.equal(got['after'][k], w) for k, w in got['full'].items()), case
-        folder = tmp_path / f'{precision}_{zero}' / ckpt.tag(2)
-        assert sorted(f.name for f in folder.glob('*optim_states.pt')) == [
-            f'{"bf16_" if precision == "bf16" else ""}zero_pp_rank_{r}_mp_rank_00_optim_states.pt' for r in range(2)]
-        loaded = ckpt.load_model(folder, dtype=torch.bfloat16 if precision == 'bf16' else torch.float32)
-        assert loaded.state['ep'] == 2, case
-        fc1 = [k for k in loaded.state['shapes'] if k.endswith('experts.fc1.weight')]
-        assert fc1 and all(loaded.state['shapes'][k][0] == 4 for k in fc1)
-        torch.manual_seed(1)
-        data = torch.randint(0, 64, (4, 4, 17))
-        with torch.no_grad():
-            logits = loaded.model(data[0, :, :-1])
-        assert (logits.float() - ranks[0][case]['logits']).abs().max().item() < 1e-5, case   # bf16: in bf16
+    bf16, and EP 2 x PP 2 at ZeRO 1 on 4 processes): DeepSpeed writes each rank's optimizer partition, expert groups
+    included, to its own file; resumed on the same layout the losses, weights and fp32 masters are bitwise the
+    uninterrupted run's; load_model reads the checkpoint on one process, every expert in place, with the weights and
+    the logits of the EP model"""
+    runs = [(2, [('fp32', 2, 1), ('bf16', 1, 1)])]
+    if _slow(request):
+        runs = [(2, runs[0][1] + [('fp32', 1, 1), ('bf16', 2, 1)]), (4, [('fp32', 1, 2), ('bf16', 1, 2)])]
+    torch.manual_seed(1)
+    data = torch.randint(0, 64, (4, 4, 17))
+    for world, cases in runs:
+        _spawn(_resume_worker, world, tmp_path, cases)
+        ranks = [torch.load(tmp_path / f'{world}_{r}.pt') for r in range(world)]
+        for case in cases:
+            precision, zero, pp = case
+            for got in ranks:
+                got = got[case]
+                assert got['iteration'] == 2, case
+                assert got['resumed'] == got['losses'], (case, got['resumed'], got['losses'])      # bit for bit
+                assert got['full'].keys() == got['after'].keys()
+                assert all(torch.equal(got['after'][k], w) for k, w in got['full'].items()), case
+            folder = tmp_path / f'{precision}_{zero}_{pp}' / ckpt.tag(2)
+            prefix = 'bf16_' if precision == 'bf16' else ''
+            want = [f'{prefix}zero_pp_rank_{r}_mp_rank_{s:02d}_optim_states.pt'
+                    for r in range(world // pp) for s in range(pp)]
+            assert sorted(f.name for f in folder.glob('*optim_states.pt')) == sorted(want), case
+            loaded = ckpt.load_model(folder, dtype=torch.bfloat16 if precision == 'bf16' else torch.float32)
+            assert loaded.state['ep'] == 2, case
+            saved = _merged(ranks, case, 'saved')
+            assert dict(loaded.model.named_parameters()).keys() == saved.keys(), case
+            assert all(torch.equal(p, saved[k]) for k, p in loaded.model.named_parameters()), case
+            if pp == 1:
+                with torch.no_grad():
+                    logits = loaded.model(data[0, :, :-1])
+                assert (logits.float() - ranks[0][case]['logits']).abs().max().item() < 1e-5, case   # bf16: bf16's
 
 
 def test_what_the_engine_still_refuses_with_ep():
-    "ZeRO 3 and fp16 with parallel.ep > 1, and ZeRO 1-2 or bf16 with TP or PP: one sentence naming the key"
+    "ZeRO 3 and fp16 with parallel.ep > 1, and ZeRO 1-2 or bf16 with TP: one sentence naming the key; with PP they run"
     for sets, said in ((['parallel.zero=3'], 'parallel.zero 3 cannot be combined with parallel.ep above 1'),
                        (['train.precision=fp16'], 'train.precision fp16 cannot be combined with parallel.ep above 1'),
-                       (['parallel.zero=1', 'parallel.pp=2'], 'parallel.zero 1 with parallel.ep above 1 runs without '
-                                                             'tensor and pipeline parallelism in gptkit'),
-                       (['train.precision=bf16', 'parallel.pp=2'], 'train.precision bf16 with parallel.ep above 1 '
-                                                                   'runs without tensor and pipeline parallelism')):
+                       (['parallel.zero=1', 'parallel.tp=2'], 'parallel.zero 1 with parallel.ep above 1 runs without '
+                                                             'tensor parallelism in gptkit'),
+                       (['train.precision=bf16', 'parallel.tp=2'], 'train.precision bf16 with parallel.ep above 1 '
+                                                                   'runs without tensor parallelism')):
         cfg = resolve('moe-tiny', sets=SETS + ['parallel.ep=2', 'parallel.dp=2', *sets])
         with pytest.raises(ConfigError, match=said):
             build_engine(cfg, None)
         with pytest.raises(ConfigError, match=said):
             cfg.for_world(cfg.parallel.world_size)
-    for sets in (['parallel.zero=2', 'train.precision=bf16'], ['parallel.zero=1', 'train.precision=fp32']):
-        assert resolve('moe-tiny', sets=SETS + ['parallel.ep=2', *sets]).for_world(2).parallel.dp == 2
+    for sets, world in ((['parallel.zero=2', 'train.precision=bf16'], 2), (['parallel.zero=1'], 2),
+                        (['parallel.zero=1', 'parallel.pp=2', 'train.precision=bf16'], 4)):
+        assert resolve('moe-tiny', sets=SETS + ['parallel.ep=2', *sets]).for_world(world).parallel.dp == 2
