@@ -49,7 +49,9 @@ class StackedLinear(nn.Module):
         parts = x.split(counts)                              # expert e's rows
         weights = self.weight.unbind(0)                      # one backward (a stack), not E full-size zero gradients
         biases = self.bias.unbind(0) if self.bias is not None else [None] * len(weights)
-        return torch.cat([F.linear(p, w, b) for p, w, b in zip(parts, weights, biases)])
+        ys = [F.linear(p, w, b) for p, w, b, n in zip(parts, weights, biases, counts) if n]   # idle experts: no call
+        # no rows at all (an expert-parallel rank sent none): one empty call keeps x and the weights in the graph
+        return torch.cat(ys) if ys else F.linear(x, weights[0], biases[0])
 
 class Experts(nn.Module):
     "E expert MLPs, stacked: h -> ffn -> GELU -> h, or SwiGLU with fc1's rows [gate; up] (as `gptkit.model.MLP`)"
@@ -141,14 +143,16 @@ class MoE(nn.Module):
         else:
             out, counts = self.routed_kernels(kernels, x, weights, chosen)
             kept = counts
+        if self.shared is not None:
+            out = out + self.shared(x)
+        if not (self.training or torch.is_grad_enabled()):
+            return out.view(shape)                                # inference: no losses or statistics to log
         aux, z = load_balancing_loss(probs, counts, self.top_k), z_loss(logits)
         if self.training and torch.is_grad_enabled() and (self.aux_coef or self.z_coef):
             out = AuxLoss.apply(out, self.aux_coef * aux + self.z_coef * z, self)
         assigned = chosen.numel()
         self.stats = {'aux_loss': aux.detach(), 'z_loss': z.detach(), 'load': counts.detach(),
                       'dropped': 1 - kept.sum().detach() / assigned}
-        if self.shared is not None:
-            out = out + self.shared(x)
         return out.view(shape)
 
     def routed(self, x, weights, chosen, cap: int | None):
