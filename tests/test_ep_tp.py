@@ -51,14 +51,14 @@ MODELS = {   # SwiGLU top 2 on every layer; a dense layer then an MoE with a sha
 }
 
 
-def _model_errors(cfg, ps, sp: bool, micro: int = 2) -> dict:
+def _model_errors(cfg, ps, sp: bool, micro: int = 2, recompute: str = 'none') -> dict:
     """Largest loss, MoE-statistics, gradient and trained-weight differences between `cfg` on layout `ps` (TP, SP) and
     one process over 2 SGD steps of `micro` accumulated micro-batches (each one forward on both: the MoE losses are
     per forward)"""
     torch.manual_seed(0)
     plain = GPT(cfg)
     ref = copy.deepcopy(plain)
-    model = pipeline_stage(apply_tp(plain, ps, sequence_parallel=sp), ps)
+    model = pipeline_stage(apply_tp(plain, ps, sequence_parallel=sp), ps).set_recompute(recompute)
     data = torch.randint(0, cfg.vocab, (2, 4, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
     errs = {'loss': 0.0, 'stats': 0.0, 'grad': 0.0}
     for batch in data:
@@ -112,6 +112,7 @@ def _tp_worker(rank, world, init_file, out, ckpt):
     try:
         tp = ParallelState.build(Layout(tp=2))
         errs = {(name, sp): _model_errors(cfg, tp, sp) for name, cfg in MODELS.items() for sp in (False, True)}
+        errs['mixed_shared', 'full recompute'] = _model_errors(MODELS['mixed_shared'], tp, True, recompute='full')
         whole, parallel.whole_sequence_mlp = parallel.whole_sequence_mlp, lambda block, group: block
         try:                                     # the control: under SP each rank's MoE on its own slice only
             errs['control'] = _model_errors(MODELS['every'], tp, True)
@@ -148,7 +149,8 @@ def test_moe_under_tp_and_sp_equals_one_process_and_generates_under_tp(moe_check
         assert control['whole_blocks'] == 0 and min(control['stats'], control['grad'], control['weights']) > 1e-3
         for (name, sp), e in found['errors'].items():
             assert max(e['loss'], e['stats'], e['grad'], e['weights']) < 1e-5, (rank, name, sp, e)
-            assert e['whole_blocks'] == (sp and MODELS[name].layers // MODELS[name].moe_every), (rank, name, sp, e)
+            moe_blocks = MODELS[name].layers // MODELS[name].moe_every
+            assert e['whole_blocks'] == (moe_blocks if sp else 0), (rank, name, sp, e)     # sp: True or a recompute
         got = found['generated']
         torch.testing.assert_close(torch.tensor(got['logits']), torch.tensor(want['logits']), rtol=1e-5, atol=1e-5)
         assert got['greedy'] == want['greedy'] and all(len(t) == 12 for t in got['greedy'])
