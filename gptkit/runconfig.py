@@ -127,8 +127,7 @@ def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) 
     return out
 
 def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
-    """Expert-parallel layouts gptkit's DeepSpeed engine does not run: it runs ZeRO 0-2 in fp32 or bf16 with PP, and
-    ZeRO 0 in fp32 with TP and SP"""
+    "Expert-parallel layouts gptkit's DeepSpeed engine does not run (it runs ZeRO 0-2, fp32 or bf16, TP, SP, PP)"
     if par.ep == 1:
         return []
     out = []
@@ -136,16 +135,10 @@ def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[st
         out.append(('parallel.zero', '{key} 3 cannot be combined with parallel.ep above 1 (ZeRO 3 splits each '
                                      'parameter over the whole data-parallel group, whose ranks hold different '
                                      'experts); use 0, 1 or 2'))
-    elif par.zero and par.tp > 1:
-        out.append(('parallel.zero', f'{{key}} {par.zero} with parallel.ep above 1 runs without tensor parallelism in '
-                                     f'gptkit (this run: tp {par.tp}); use 0'))
     if train.precision == 'fp16':
         out.append(('train.precision', '{key} fp16 cannot be combined with parallel.ep above 1 (DeepSpeed trains fp16 '
                                        'on GPUs only, and gptkit\'s expert-parallel tests run on CPU processes); use '
                                        'bf16 or fp32'))
-    elif train.precision == 'bf16' and par.tp > 1:
-        out.append(('train.precision', f'{{key}} bf16 with parallel.ep above 1 runs without tensor parallelism in '
-                                       f'gptkit (this run: tp {par.tp}); use fp32'))
     return out
 
 def ep_training_problems(par: ParallelConfig) -> list[tuple[str, str]]:
