@@ -4,7 +4,6 @@ gradients and the trained weights equal one process's; an MoE checkpoint generat
 one process; expert parallelism composes with TP (EP 2 x TP 2) in gptkit's engine and training step."""
 import copy
 import dataclasses
-import json
 import os
 
 import pytest
@@ -12,7 +11,8 @@ import torch
 import torch.distributed as dist
 from test_parallel_model import spawn
 
-from gptkit import parallel
+from gptkit import checkpoint as ckpt, parallel
+from gptkit.checkpoint import load_model
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.evaluate import evaluate
@@ -93,20 +93,22 @@ def _model_errors(cfg, ps, sp: bool, micro: int = 2, recompute: str = 'none') ->
 
 
 PROMPTS = ['In the beginning God created', 'And']
+HELD_OUT = ('In the beginning God created the heaven and the earth. And the earth was without form, and void; and '
+            'darkness was upon the face of the deep. And the Spirit of God moved upon the face of the waters.\n')
 
 
 def _outputs(gen: Generator) -> dict:
-    "Logits of two prompts' first tokens and 12 greedy tokens each"
+    "Logits of two prompts' first tokens and 8 greedy tokens each"
     rows = [gen.tok.encode(p) for p in PROMPTS]
     with torch.inference_mode():
         logits = gen.logits(torch.tensor([rows[0][:5], rows[0][1:6]]))
-    greedy = Sampling(max_new_tokens=12, greedy=True, stop_at_eod=False)
+    greedy = Sampling(max_new_tokens=8, greedy=True, stop_at_eod=False)
     tokens = [[c.token for c in gen.stream(PROMPTS, greedy) if c.index == i and c.token is not None]
               for i in range(len(PROMPTS))]
     return {'logits': logits.tolist(), 'greedy': tokens}
 
 
-def _tp_worker(rank, world, init_file, out, ckpt):
+def _tp_worker(rank, world, init_file, out, ckpts, text):
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
@@ -118,9 +120,10 @@ def _tp_worker(rank, world, init_file, out, ckpt):
             errs['control'] = _model_errors(MODELS['every'], tp, True)
         finally:
             parallel.whole_sequence_mlp = whole
-        gen = Generator.from_checkpoint(ckpt, device='cpu', tp=world)             # gptkit generate/serve --tp 2
-        got = _outputs(gen)
-        got['eval'] = evaluate(ckpt, max_documents=1, tp=world).perplexity.loss   # gptkit eval --tp 2
+        got = {}
+        for c in ckpts:
+            got[c] = _outputs(Generator.from_checkpoint(c, device='cpu', tp=world))     # generate/serve --tp 2
+            got[c]['eval'] = evaluate(c, text, tp=world).perplexity.loss                 # gptkit eval --tp 2
         torch.save({'errors': errs, 'generated': got}, f'{out}/{rank}.pt')
         dist.barrier()
     finally:
@@ -136,28 +139,6 @@ def moe_checkpoint(tiny_data, tmp_path_factory):
     return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('moe') / 'run', 'a random tiny MoE')
 
 
-def test_moe_under_tp_and_sp_equals_one_process_and_generates_under_tp(moe_checkpoint, tmp_path):
-    """TP 2 with and without SP on 2 gloo processes: losses, the MoE statistics, every gradient (load-balancing and
-    z-losses included) and trained weights at 1e-5; the MoE checkpoint's logits, greedy tokens and held-out loss under
-    TP 2 are the one process's"""
-    want = _outputs(Generator.from_checkpoint(moe_checkpoint, device='cpu'))
-    want['eval'] = evaluate(moe_checkpoint, max_documents=1).perplexity.loss
-    spawn(_tp_worker, 2, str(tmp_path / 'init'), str(tmp_path), str(moe_checkpoint))
-    for rank in range(2):
-        found = torch.load(tmp_path / f'{rank}.pt')
-        control = found['errors'].pop('control')
-        assert control['whole_blocks'] == 0 and min(control['stats'], control['grad'], control['weights']) > 1e-3
-        for (name, sp), e in found['errors'].items():
-            assert max(e['loss'], e['stats'], e['grad'], e['weights']) < 1e-5, (rank, name, sp, e)
-            moe_blocks = MODELS[name].layers // MODELS[name].moe_every
-            assert e['whole_blocks'] == (moe_blocks if sp else 0), (rank, name, sp, e)     # sp: True or a recompute
-        got = found['generated']
-        torch.testing.assert_close(torch.tensor(got['logits']), torch.tensor(want['logits']), rtol=1e-5, atol=1e-5)
-        assert got['greedy'] == want['greedy'] and all(len(t) == 12 for t in got['greedy'])
-        assert got['eval'] == pytest.approx(want['eval'], rel=1e-6)
-    json.dumps(want)     # plain data
-
-
 class _NoReturn(AllToAll):
     "The control: rows go to the experts' ranks, but no gradient comes back to the rank that sent them"
     @staticmethod
@@ -166,21 +147,24 @@ class _NoReturn(AllToAll):
 
 
 TRAIN_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=16',
-              'model.vocab=64', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',
+              'model.vocab=512', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',
               'train.micro_batch=1', 'train.global_batch=4', 'train.iters=3', 'train.precision=fp32',
               'optim.lr=1e-2', 'optim.warmup=1', 'optim.grad_clip=0.05']
 
 
-def _run(tp: int, ep: int, sp: bool, control: bool = False) -> dict:
-    "Three clipped steps of moe-tiny shrunk (TRAIN_SETS) through gptkit's engine and step: losses, norms, whole weights"
+def _run(tp: int, ep: int, sp: bool, control: bool = False, save: tuple | None = None) -> dict:
+    """Three clipped steps of moe-tiny shrunk (TRAIN_SETS) through gptkit's engine and step: losses, norms, whole
+    weights; `save` (folder, tokenizer): a checkpoint of the run there, as gptkit train writes it"""
     cfg = resolve('moe-tiny', sets=TRAIN_SETS + [f'parallel.ep={ep}', f'parallel.tp={tp}',
                                                  f'parallel.sequence_parallel={str(sp).lower()}'])
     world = dist.get_world_size()
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, dp=world // tp))
     torch.manual_seed(0)
     parallel = ParallelState.build(cfg.layout)
-    model = parallelize(GPT(cfg.model), parallel, 'none', cfg.train.seed)
-    engine, _ = build_engine(cfg, model, mpu=DeepSpeedMPU(parallel) if tp > 1 else None)
+    plain = GPT(cfg.model)
+    shapes = ckpt.model_shapes(plain)
+    model = parallelize(plain, parallel, 'none', cfg.train.seed)
+    engine, ds = build_engine(cfg, model, mpu=DeepSpeedMPU(parallel) if tp > 1 else None)
     for _, layer in ep_layers(engine.module):
         layer.exchange = _NoReturn if control else AllToAll
     data = torch.randint(0, 64, (3, 4, 17), generator=torch.Generator().manual_seed(1))   # 3 steps of 4 sequences
@@ -193,6 +177,9 @@ def _run(tp: int, ep: int, sp: bool, control: bool = False) -> dict:
         dist.all_reduce(t)                                         # the first TP ranks' sums
         losses.append(t.item() / 4)
         norms.append(norm)
+    if save:
+        ckpt.save(engine, save[0], 3, {'iteration': 3, 'consumed_samples': 12}, cfg, ds, save[1], dist.get_rank(),
+                  layout=parallel.layout, shapes=shapes)
     weights = {}
     for name, p in engine.module.named_parameters():
         w = p.detach()
@@ -207,14 +194,15 @@ def _run(tp: int, ep: int, sp: bool, control: bool = False) -> dict:
     return {'losses': losses, 'norms': norms, 'weights': whole}
 
 
-def _train_worker(rank, world, init_file, out, port, slow):
+def _train_worker(rank, world, init_file, out, port, slow, tokenizer):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     init_distributed()
     try:
-        runs = {'one': _run(1, 1, False)} if world == 1 else {'ep2 x tp2': _run(2, 2, False),
-                                                               'control': _run(2, 2, False, True)}
+        runs = {'one': _run(1, 1, False)} if world == 1 else {
+            'ep2 x tp2': _run(2, 2, False, save=(f'{out}/ep_run/checkpoints', tokenizer)),
+            'control': _run(2, 2, False, True)}
         if world > 1 and slow:
             runs['ep2 x tp2 sp'] = _run(2, 2, True)
         if rank == 0:
@@ -224,13 +212,15 @@ def _train_worker(rank, world, init_file, out, port, slow):
         dist.destroy_process_group()
 
 
-def test_ep2_x_tp2_trains_like_one_process_and_the_control_does_not(tmp_path, request):
+def test_moe_under_tp_and_ep2_x_tp2_equal_one_process(moe_checkpoint, tiny_data, tmp_path, request):
     """EP 2 x TP 2 (4 gloo processes, ZeRO 0, fp32, every step clipped) and, with --nb-flags slow, with SP as well: the
     one-process losses, gradient norms and trained weights (1e-5); with the all-to-all returning no gradient they
-    differ"""
+    differ. Then on 2 processes: TP 2 with and without SP gives one process's losses, MoE statistics, gradients (the
+    load-balancing and z-losses' included) and trained weights (1e-5), and both the EP 2 x TP 2 run's checkpoint and a
+    one-process MoE checkpoint give the one-process logits, greedy tokens and held-out loss under TP 2"""
     slow = 'slow' in (request.config.getoption('--nb-flags') or '').split()
     for world in (1, 4):
-        spawn(_train_worker, world, str(tmp_path / f'init{world}'), str(tmp_path), free_port(), slow)
+        spawn(_train_worker, world, str(tmp_path / f'init{world}'), str(tmp_path), free_port(), slow, tiny_data[1])
     one = torch.load(tmp_path / 'train1.pt')['one']
     assert min(one['norms']) > 0.05                                # every step clipped
     runs = torch.load(tmp_path / 'train4.pt')
@@ -247,3 +237,27 @@ def test_ep2_x_tp2_trains_like_one_process_and_the_control_does_not(tmp_path, re
     assert control['norms'][0] != pytest.approx(one['norms'][0], rel=1e-4)     # the gradients are not
     assert control['losses'][1:] != pytest.approx(one['losses'][1:], rel=1e-4)
     assert max((control['weights'][k] - w).abs().max().item() for k, w in one['weights'].items()) > 1e-2
+
+    ckpts = [str(moe_checkpoint), str(tmp_path / 'ep_run')]
+    text = tmp_path / 'held_out.txt'
+    text.write_text(HELD_OUT)
+    want = {}
+    for c in ckpts:
+        want[c] = _outputs(Generator.from_checkpoint(c, device='cpu'))
+        want[c]['eval'] = evaluate(c, text).perplexity.loss
+    assert load_model(ckpts[1]).state['ep'] == 2
+    spawn(_tp_worker, 2, str(tmp_path / 'init2'), str(tmp_path), ckpts, str(text))
+    for rank in range(2):
+        found = torch.load(tmp_path / f'{rank}.pt')
+        control = found['errors'].pop('control')
+        assert control['whole_blocks'] == 0 and min(control['stats'], control['grad'], control['weights']) > 1e-3
+        for (name, sp), e in found['errors'].items():
+            assert max(e['loss'], e['stats'], e['grad'], e['weights']) < 1e-5, (rank, name, sp, e)
+            moe_blocks = MODELS[name].layers // MODELS[name].moe_every
+            assert e['whole_blocks'] == (moe_blocks if sp else 0), (rank, name, sp, e)     # sp: True or a recompute
+        for c in ckpts:
+            got = found['generated'][c]
+            torch.testing.assert_close(torch.tensor(got['logits']), torch.tensor(want[c]['logits']), rtol=1e-5,
+                                       atol=1e-5)
+            assert got['greedy'] == want[c]['greedy'] and all(got['greedy']), c    # (up to 8, within the context)
+            assert got['eval'] == pytest.approx(want[c]['eval'], rel=1e-6), c
