@@ -114,16 +114,18 @@ class ParamCount:
 def count_params(model: ModelConfig, tp: int = 1, pp: int = 1, balance: str = 'layers') -> ParamCount:
     "Parameters in total and per TP rank of each pipeline stage (split by `balance`), read from the parameter table"
     V = model.padded_vocab(tp)
-    split, rep = layer_numel(model, tp)
+    kinds = {model.moe_layer(i): i for i in range(model.layers)}           # a dense and an MoE layer may differ
+    kinds = {moe: layer_numel(model, tp, i) for moe, i in kinds.items()}
+    layers = [kinds[model.moe_layer(i)] for i in range(model.layers)]     # (split, replicated) of each layer
     routed = moe_est.routed_numel(model)
     stages = []
     for (lo, hi), extras in zip(stage_layers(model, pp, balance), stage_extras(model, pp)):
         own = [p for p in extras if p.name != 'head.weight' or not model.tie_embeddings]   # an untied head is its own
         stages.append(StageParams(
-            split=(hi - lo) * split + sum(p.shard_numel(tp, V) for p in own if p.tp != 'replicated'),
-            replicated=(hi - lo) * rep + sum(p.numel for p in own if p.tp == 'replicated'),
+            split=sum(s for s, _ in layers[lo:hi]) + sum(p.shard_numel(tp, V) for p in own if p.tp != 'replicated'),
+            replicated=sum(r for _, r in layers[lo:hi]) + sum(p.numel for p in own if p.tp == 'replicated'),
             tied_copy=sum(p.shard_numel(tp, V) for p in extras if p.name == 'head.weight' and p not in own),
-            largest_layer=max([split + rep] + [p.shard_numel(tp, V) for p in extras]),
+            largest_layer=max([s + r for s, r in layers] + [p.shard_numel(tp, V) for p in extras]),
             experts=routed * sum(model.moe_layer(i) for i in range(lo, hi))))
     table = param_table(model)
     embedding = sum(p.shard_numel(1, V) for p in table if p.name in ('wte.weight', 'wpe.weight', 'head.weight'))

@@ -257,6 +257,21 @@ def test_moe_total_and_active_parameters_near_the_published_ones(name, total, ac
     assert f'active {c.active:,}' in text and 'from the active parameters' in text, text
 
 
+@pytest.mark.parametrize('pp', [1, 2])
+def test_each_stage_counts_its_own_dense_and_moe_layers(pp):
+    "with MoE on every other layer, a stage's rows are its layers' own (not the first MoE layer's times its count)"
+    import torch
+
+    from gptkit.model import GPT
+    cfg = ModelConfig(**(MOE | dict(layers=4)), **LLAMA, moe_every=2, moe_shared_ffn=40)
+    c = count_params(cfg, pp=pp)
+    built = sum(p.numel() for p in GPT(cfg).parameters())
+    assert sum(s.split + s.replicated for s in c.stages) == c.total == built
+    one = count_params(cfg).stages[0]
+    assert one.largest_layer == max(sum(p.numel() for p in b.parameters()) for b in GPT(cfg).blocks.children())
+    assert torch.tensor([s.experts for s in c.stages]).sum() == 2 * 4 * 3 * 32 * 24    # 2 MoE layers of 4 SwiGLU experts
+
+
 @pytest.mark.parametrize('cfg', [ModelConfig(**MOE, **LLAMA, moe_every=2, moe_shared_ffn=40),
                                  ModelConfig(**MOE, moe_top_k=1)], ids=['swiglu_every2_shared', 'gelu_bias_k1'])
 def test_moe_flops_equal_pytorchs_count(cfg):
