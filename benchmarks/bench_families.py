@@ -94,11 +94,11 @@ def plot(rows: list[dict], path: Path):
 
 
 def plot_moe(rows: list[dict], path: Path):
-    "Training loss against tokens of each run, and the held-out and validation losses of each model and seed"
+    "Training loss against tokens of each run; the validation and held-out losses of each model, one mark a seed"
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     names = list(dict.fromkeys(r['name'] for r in rows))
     per_step = rows[0]['tokens'] / rows[0]['train_curve'][-1][0]
     for r in rows:
@@ -106,20 +106,23 @@ def plot_moe(rows: list[dict], path: Path):
         it, loss = zip(*r['train_curve'])
         axes[0].plot([k * per_step / 1e6 for k in it], loss, color=f'C{i}', ls='-' if r['seed'] == 0 else ':',
                      label=f"{r['name']}, seed {r['seed']}")
-        for j, key in enumerate(('held_out_loss', 'valid_loss')):
-            axes[1].plot([i + 0.2 * (2 * j - 1)], [r[key]], 'o' if r['seed'] == 0 else 'x', color=f'C{j + 2}',
-                         label=f"{key.replace('_loss', '').replace('_', '-')}, seed {r['seed']}" if i == 0 else None)
+        for ax, key in zip(axes[1:], ('valid_loss', 'held_out_loss')):
+            ax.plot([i], [r[key]], 'o' if r['seed'] == 0 else 'x', color=f'C{i}', ms=8)
+    last = min(loss for r in rows for _, loss in r['train_curve'])
+    axes[0].set_ylim(last - 0.1, last + 1.5)
     axes[0].set_xlabel('tokens trained (millions)')
-    axes[0].set_ylabel('training loss (nats/token)')
-    axes[0].set_title('training loss', fontsize=10)
-    axes[1].set_xticks(range(len(names)), [f"{n}\n{next(r for r in rows if r['name'] == n)['parameters']:,} params"
-                                           for n in names], fontsize=8)
-    axes[1].set_xlim(-0.6, len(names) - 0.4)
-    axes[1].set_ylabel('loss (nats/token)')
-    axes[1].set_title('held-out Wikipedia text and validation split', fontsize=10)
+    axes[0].set_title('training loss (solid: seed 0, dotted: seed 1)', fontsize=10)
+    axes[0].legend(fontsize=8)
+    first = {n: next(r for r in rows if r['name'] == n) for n in names}
+    ticks = [f"{n}\n{first[n]['parameters'] / 1e6:.2f}M params, {first[n]['active_parameters'] / 1e6:.2f}M active"
+             for n in names]
+    for ax, title in zip(axes[1:], ('validation split (in domain)', 'held-out Wikipedia text (out of domain)')):
+        ax.set_xticks(range(len(names)), ticks, fontsize=8)
+        ax.set_xlim(-0.5, len(names) - 0.5)
+        ax.set_title(title, fontsize=10)
     for ax in axes:
+        ax.set_ylabel('loss (nats/token)')
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     fig.suptitle(f"moe-tiny against the dense model of equal active parameters, {rows[0]['tokens']:,} tokens each "
                  "(CPU)", fontsize=11)
     fig.tight_layout()
