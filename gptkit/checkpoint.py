@@ -373,10 +373,11 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
         return {**state, 'client': client}
     was, now = saved_layout(state, folder / 'state.json').dp, engine.dp_world_size
     ep = ep_degree(engine.module)
-    if was != now and partitioned(folder):
+    was_ep = saved_ep(state, folder / 'state.json')
+    if was_ep != ep or (was != now and partitioned(folder) and max(was_ep, ep) > 1):   # experts' optimizer: per EP
+        path, client = load_other_ep(engine, folder, (was_ep, was), rank)
+    elif was != now and partitioned(folder):
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
-    elif (was_ep := saved_ep(state, folder / 'state.json')) != ep:
-        path, client = load_other_ep(engine, folder, was_ep, rank)
     else:
         with deepspeed_reads_safely():
             path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,

@@ -71,8 +71,8 @@ def schedule_at(engine, step: int):
     for g, base, f in zip(engine.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
         g['lr'] = base * f(step)
 
-def load_other_ep(engine, folder: Path, was: int, rank: int) -> tuple:
-    "(path, client state) of `folder`, saved on `was` expert-parallel ranks, on another degree: weights, a fresh Adam"
+def load_other_ep(engine, folder: Path, was: tuple[int, int], rank: int) -> tuple:
+    "(path, client state) of `folder`, saved on `was` (ep, dp) ranks, on another layout: weights, a fresh Adam"
     moe = engine.has_moe_layers        # off for the load: DeepSpeed would look for optimizer files of this degree
     engine.has_moe_layers = False
     try:
@@ -85,8 +85,9 @@ def load_other_ep(engine, folder: Path, was: int, rank: int) -> tuple:
     if path is not None:
         schedule_at(engine, client['iteration'])
     if rank == 0:
-        log.info('%s was saved with parallel.ep %d and resumes with %d: its weights and learning-rate schedule are '
-                 'loaded, the optimizer (Adam moments) starts fresh', folder, was, ep_degree(engine.module))
+        log.info('%s was saved with parallel.ep %d on %d data-parallel ranks and resumes with ep %d on %d: its weights '
+                 'and learning-rate schedule are loaded, the optimizer (Adam moments) starts fresh', folder, *was,
+                 ep_degree(engine.module), engine.dp_world_size)
     return path, client
 
 # %% ../nbs/12g_expert_checkpoint.ipynb #70b8b820
