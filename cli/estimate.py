@@ -20,7 +20,7 @@ from gptkit.estimate import (
     search as run_search,
     train_flags,
 )
-from gptkit.runconfig import ep_engine_problems, ep_training_problems
+from gptkit.runconfig import ep_engine_problems
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 
@@ -161,8 +161,7 @@ def _params_table(e: Estimate, d: dict) -> Table:
 
 def not_yet(e: Estimate) -> str:
     "Why `gptkit train` does not run this expert-parallel layout yet, its own words; '' when it does"
-    return '; '.join(m.replace('{key}', k) for k, m in ep_engine_problems(e.parallel, e.train)
-                     + ep_training_problems(e.parallel))
+    return '; '.join(m.replace('{key}', k) for k, m in ep_engine_problems(e.parallel, e.train))
 
 
 def _print_estimate(e: Estimate, note: str):

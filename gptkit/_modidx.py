@@ -1159,7 +1159,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'gptkit.runconfig.apply_sets': ('runconfig.html#apply_sets', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.ep_engine_problems': ('runconfig.html#ep_engine_problems', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.ep_problems': ('runconfig.html#ep_problems', 'gptkit/runconfig.py'),
-                                  'gptkit.runconfig.ep_training_problems': ('runconfig.html#ep_training_problems', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.from_dict': ('runconfig.html#from_dict', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.load_file': ('runconfig.html#load_file', 'gptkit/runconfig.py'),
                                   'gptkit.runconfig.preset_dict': ('runconfig.html#preset_dict', 'gptkit/runconfig.py'),

@@ -21,8 +21,7 @@ from .layout import BatchPlan, Layout, validate_layout
 
 # %% auto #0
 __all__ = ['SECTIONS', 'CONFIG_BYTES', 'CONFIG_NODES', 'CONFIG_DEPTH', 'RunConfig', 'ep_problems', 'ep_engine_problems',
-           'ep_training_problems', 'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve',
-           'save_config']
+           'from_dict', 'read_config_file', 'load_file', 'apply_sets', 'preset_dict', 'resolve', 'save_config']
 
 # %% ../nbs/00d_runconfig.ipynb #08994896
 SECTIONS = ('model', 'data', 'parallel', 'train', 'optim')
@@ -68,8 +67,7 @@ class RunConfig:
         run = dataclasses.replace(self, parallel=dataclasses.replace(self.parallel, dp=layout.dp))
         # refuse a global batch that these replicas cannot split
         _section_keys(lambda: BatchPlan.build(run.train, layout, run.model.seq_len))
-        check(ep_problems(run.model, run.parallel, layout.dp) + ep_engine_problems(run.parallel, run.train)
-              + ep_training_problems(run.parallel))
+        check(ep_problems(run.model, run.parallel, layout.dp) + ep_engine_problems(run.parallel, run.train))
         return run
 
 # %% ../nbs/00d_runconfig.ipynb #de8410d6
@@ -140,11 +138,6 @@ def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[st
                                        'on GPUs only, and gptkit\'s expert-parallel tests run on CPU processes); use '
                                        'bf16 or fp32'))
     return out
-
-def ep_training_problems(par: ParallelConfig) -> list[tuple[str, str]]:
-    """Expert-parallel layouts gptkit's training does not run (yet), refused rather than silently trained without EP:
-    none today (with PP each stage's checkpoint holds every expert of its layers, chapter 12g)"""
-    return []
 
 def from_dict(d: dict) -> RunConfig:
     "A validated `RunConfig` from a (possibly partial) nested dict; every problem is reported at once"

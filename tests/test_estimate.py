@@ -407,11 +407,12 @@ def test_cli_says_when_gptkit_train_does_not_run_an_ep_layout_yet():
     "the estimate prices what DeepSpeed's MoE can run; gptkit's engine's own limits (gptkit.runconfig) are printed"
     from typer.testing import CliRunner
 
-    from gptkit.runconfig import ep_engine_problems, ep_training_problems
+    from gptkit.runconfig import ep_engine_problems
     from gptkit_cli.main import app
-    par, train = ParallelConfig(pp=4, dp=8, zero=1, ep=2), TrainConfig(micro_batch=1, global_batch=512)
-    problems = ep_engine_problems(par, train) + ep_training_problems(par)
-    args = ['estimate', '--preset', 'mixtral-8x7b', '--gpus', '32', '--pp', '4', '--zero', '1', '--ep', '2']
+    par, train = ParallelConfig(dp=32, zero=1, ep=2), TrainConfig(micro_batch=1, global_batch=512, precision='fp16')
+    problems = ep_engine_problems(par, train)
+    assert problems                                     # fp16 with EP: not yet (DeepSpeed's fp16 needs a GPU)
+    args = ['estimate', '--preset', 'mixtral-8x7b', '--gpus', '32', '--zero', '1', '--ep', '2', '--precision', 'fp16']
     text = ' '.join(CliRunner().invoke(app, args).output.split())
     assert ('gptkit train does not run this layout yet' in text) == bool(problems), text
     assert all(' '.join(m.replace('{key}', k).split()) in text for k, m in problems), text
