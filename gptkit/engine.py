@@ -234,6 +234,8 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
     optimizer = None if 'optimizer' in config else make_optimizer(cfg, groups, device_type())
     schedule = Schedule(cfg.optim, plan.iters if iters is None else iters)
     scheduler = None if 'scheduler' in config else schedule.scheduler
+    from deepspeed.utils import groups as ds_groups
+    ds_groups.mpu = mpu           # DeepSpeed keeps the last engine's model-parallel unit: one without clears it
     with experts:
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
                                           lr_scheduler=scheduler, config=config, mpu=mpu)

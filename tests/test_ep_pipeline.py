@@ -55,7 +55,6 @@ def _worker(rank, world, root, prefix, tok, port):
     """One group of four processes for every run: EP 2 x PP 2 for 4 steps; resumed at step 2 on EP 2 x PP 2, on
     EP 1 x PP 2, and (resharded to one stage by rank 0) on EP 2 x PP 1"""
     import torch.distributed as dist
-    from deepspeed.utils import groups
 
     from gptkit.interop import reshard
     from gptkit.train import train
@@ -72,9 +71,6 @@ def _worker(rank, world, root, prefix, tok, port):
     dist.barrier()
     train(_cfg(root, 'same', prefix, tok, 2, 2), resume=True)
     train(_cfg(root, 'ep1', prefix, tok, 1, 2), resume=True)
-    # DeepSpeed keeps the model-parallel unit of the last engine given one (deepspeed.utils.groups.mpu) and reads it
-    # for an engine built without: in one process after pipeline runs, a run without stages must clear it
-    groups.mpu = None
     train(_cfg(root, 'pp1', prefix, tok, 2, 1), resume=True)
     if found['logits'] is not None:
         torch.save(found['logits'], f'{root}/logits.pt')
