@@ -2,14 +2,15 @@
 
 Targets: a training step >= 1.3x transformers' (same shapes, batch, dtype and optimizer, same process), and greedy
 generation at batch 1 and 8 >= 1.3x `generate` with the same tokens (the same weights: gptkit's model exported with
-`gptkit.interop.to_hf` into MixtralForCausalLM, logits checked equal first; bench_generate.py's prompts and timing). Both models:
-moe-tiny's shapes as Mixtral has them (RMSNorm, rotary, SwiGLU experts, grouped-query attention, untied output), 8
-experts, 2 per token, softmax over all experts then the top 2 renormalised, the load-balancing loss at coefficient 0.01
-in the loss on both sides (Mixtral's `output_router_logits=True`), no dropout, fp32, AdamW (lr 1e-4, betas 0.9/0.95,
-weight decay 0.1 on matrices, gradient clipping 1.0). gptkit runs as `gptkit train` runs it (DeepSpeed engine, ZeRO 0)
-and as a bare model in the same plain PyTorch loop as transformers. Rounds alternate between the contenders so that
-machine noise hits all of them alike; the median per-step time wins.
+`gptkit.interop.to_hf` into MixtralForCausalLM, logits checked equal first; bench_generate.py's prompts and timing).
+Both models: moe-tiny's shapes as Mixtral has them (RMSNorm, rotary, SwiGLU experts, grouped-query attention, untied
+output), 8 experts, 2 per token, softmax over all experts then the top 2 renormalised, the load-balancing loss at
+coefficient 0.01 in the loss on both sides (Mixtral's `output_router_logits=True`), no dropout, fp32, AdamW (lr 1e-4,
+betas 0.9/0.95, weight decay 0.1 on matrices, gradient clipping 1.0). gptkit runs as `gptkit train` runs it (DeepSpeed
+engine, ZeRO 0) and as a bare model in the same plain PyTorch loop as transformers. Rounds alternate between the
+contenders so that machine noise hits all of them alike; the median per-step time wins.
 Run: .venv/bin/python benchmarks/bench_moe.py [--vocab 8192] [--batch 8] [--rounds 5] [--steps 5] [--new 64]
+[--threads 1]
 """
 from __future__ import annotations
 
@@ -105,7 +106,10 @@ def main():
     ap.add_argument('--steps', type=int, default=5, help='steps per round')
     ap.add_argument('--new', type=int, default=64, help='greedy tokens generated per sequence')
     ap.add_argument('--skip-generation', action='store_true')
+    ap.add_argument('--threads', type=int, help="torch's CPU threads (default: torch's own, one per core)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)      # one thread: steadier ratios on a machine other jobs share
 
     from gptkit.engine import build_engine, init_distributed
     from gptkit.model import GPT
@@ -135,13 +139,15 @@ def main():
                   'transformers MixtralForCausalLM': plain(hf, hf_opt, lambda mdl: mdl(input_ids=x, labels=x).loss)}
     times = timed(contenders, a.rounds, a.steps)
     tokens = a.batch * m.seq_len
-    print(f'moe-tiny: {m.layers} layers, hidden {m.hidden}, {m.moe_experts} experts of {m.expert_ffn}, top {m.moe_top_k}, '
+    print(f'moe-tiny: {m.layers} layers, hidden {m.hidden}, {m.moe_experts} experts of {m.expert_ffn}, '
+          f'top {m.moe_top_k}, '
           f'context {m.seq_len}, vocab {m.vocab}; batch {a.batch}, fp32, cpu, {torch.get_num_threads()} threads; '
           f'{a.rounds} rounds x {a.steps} steps')
     ref = statistics.median(times['transformers MixtralForCausalLM'])
     for name, ts in times.items():
         t = statistics.median(ts)
-        print(f'  {name:32s} {t * 1000:8.1f} ms/step  {tokens / t:10,.0f} tokens/s  ratio vs transformers {ref / t:.2f}x')
+        print(f'  {name:32s} {t * 1000:8.1f} ms/step  {tokens / t:10,.0f} tokens/s  '
+              f'ratio vs transformers {ref / t:.2f}x')
     if not a.skip_generation:
         generation(m, a.new, a.rounds)
 
