@@ -178,6 +178,8 @@ def init_distributed() -> tuple[int, int, int]:
         # a process started later from this one (a launcher, a notebook) must not think it is rank 0 of this group
         for k in alone:
             os.environ.pop(k, None)
+    if torch.distributed.get_world_size() == 1:    # DeepSpeed's engine asks for it, also in a group started earlier
+        os.environ.setdefault('LOCAL_RANK', '0')
     local = int(os.environ.get('LOCAL_RANK', 0))
     if not cpu:
         torch.cuda.set_device(local)
