@@ -227,7 +227,7 @@ class FusedCrossEntropy(torch.autograd.Function):
             p = p.to(x.dtype)                                  # bf16 products, fp32 dW
             torch.mm(p, weight, out=dx[i:i + chunk])
             if p.dtype == dw.dtype:
-                torch.addmm(dw, p.T, xc, out=dw)               # as addmm_, and FlopCounterMode counts it
+                dw.addmm_(p.T, xc)
             else:
                 dw += p.T @ xc
         ctx.save_for_backward(dx, dw, n)
