@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from test_parallel_model import spawn
+from test_parallel_model import grads_then_sgd, spawn
 
 from gptkit import checkpoint as ckpt, parallel
 from gptkit.checkpoint import load_model
@@ -30,7 +30,6 @@ from gptkit.parallel import (
     one_f_one_b,
     parallelize,
     pipeline_stage,
-    shard_weights,
     stage_input_shape,
 )
 from gptkit.runconfig import resolve
@@ -75,15 +74,7 @@ def _model_errors(cfg, ps, sp: bool, micro: int = 2, recompute: str = 'none') ->
         want_stats = moe_stats(ref)
         errs['stats'] = max([errs['stats']] + [abs(got_stats[k] - v) for k, v in want_stats.items()])
         errs['loss'] = max(errs['loss'], abs(torch.stack(losses).mean().item() - torch.stack(want).mean().item()))
-        grads = shard_weights({n: p.grad for n, p in ref.named_parameters()}, cfg, ps.layout, ps.tp_rank, ps.pp_rank)
-        mine = {n: p.grad for n, p in model.named_parameters()}
-        assert sorted(grads) == sorted(mine), (sorted(grads), sorted(mine))
-        errs['grad'] = max(errs['grad'], max((mine[n] - grads[n]).abs().max().item() for n in grads))
-        with torch.no_grad():                                   # the same SGD step on both
-            for m in (model, ref):
-                for p in m.parameters():
-                    p -= 0.5 * p.grad
-                    p.grad = None
+        grads_then_sgd(model, ref, cfg, ps, errs)
     shards = [None] * dist.get_world_size()
     dist.all_gather_object(shards, ((ps.tp_rank, ps.pp_rank), {n: t.detach() for n, t in model.state_dict().items()}))
     merged = merge_weights(dict(shards[:ps.layout.tp]), cfg, ps.layout.tp)

@@ -6,15 +6,14 @@ import dataclasses
 import torch
 import torch.distributed as dist
 from conftest import run_here
-from test_parallel_model import spawn
+from test_parallel_model import grads_then_sgd, spawn
 
 from gptkit import checkpoint as ck, store
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.estimate import count_params
 from gptkit.interop import write_run
 from gptkit.model import GPT
-from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, shard_weights,
-                             stage_input_shape)
+from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, stage_input_shape)
 from gptkit.tokenizer import load
 
 BASE = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=200, tie_embeddings=False, **LLAMA)
@@ -44,15 +43,7 @@ def _errors(cfg, ps, sp, micro):
         want.backward()
         if ps.is_last_stage:
             errs['loss'] = max(errs['loss'], abs(torch.stack(losses).mean().item() - want.item()))
-        grads = shard_weights({n: p.grad for n, p in ref.named_parameters()}, cfg, ps.layout, ps.tp_rank, ps.pp_rank)
-        mine = {n: p.grad for n, p in model.named_parameters()}
-        assert sorted(grads) == sorted(mine), (sorted(grads), sorted(mine))
-        errs['grad'] = max(errs['grad'], max((mine[n] - grads[n]).abs().max().item() for n in grads))
-        with torch.no_grad():                                       # the same SGD step on both
-            for m in (model, ref):
-                for p in m.parameters():
-                    p -= 0.5 * p.grad
-                    p.grad = None
+        grads_then_sgd(model, ref, cfg, ps, errs)
     shards = [None] * dist.get_world_size()
     dist.all_gather_object(shards, ((ps.tp_rank, ps.pp_rank), {n: t.detach() for n, t in model.state_dict().items()}))
     merged = merge_weights(dict(shards), cfg, ps.layout.tp)

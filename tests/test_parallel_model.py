@@ -26,6 +26,19 @@ def spawn(fn, world, *args):
     finally: os.environ.update(env)
 
 
+def grads_then_sgd(model, ref, cfg, ps, errs):
+    "This rank's gradients against its shard of the one-process model's (into errs['grad']); the same SGD step on both"
+    grads = shard_weights({n: p.grad for n, p in ref.named_parameters()}, cfg, ps.layout, ps.tp_rank, ps.pp_rank)
+    mine = {n: p.grad for n, p in model.named_parameters()}
+    assert sorted(grads) == sorted(mine), (sorted(grads), sorted(mine))
+    errs['grad'] = max(errs['grad'], max((mine[n] - grads[n]).abs().max().item() for n in grads))
+    with torch.no_grad():
+        for m in (model, ref):
+            for p in m.parameters():
+                p -= 0.5 * p.grad
+                p.grad = None
+
+
 def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
     torch.set_num_threads(1)
     CFG = CFGS[family]
@@ -55,13 +68,7 @@ def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
                 got = torch.stack(losses).mean().reshape(1)
                 dist.all_reduce(got, group=ps.dp_group)
                 errs['loss'] = max(errs['loss'], abs(got.item() / dp - want.item()))
-            grads = shard_weights({n: p.grad for n, p in ref.named_parameters()}, CFG, ps.layout, ps.tp_rank, ps.pp_rank)
-            mine_grads = {n: p.grad for n, p in model.named_parameters()}
-            assert sorted(grads) == sorted(mine_grads), (sorted(grads), sorted(mine_grads))
-            errs['grad'] = max(errs['grad'], max((mine_grads[n] - grads[n]).abs().max().item() for n in grads))
-            with torch.no_grad():                                   # the same SGD step on both
-                for m in (model, ref):
-                    for p in m.parameters(): p -= 0.5 * p.grad; p.grad = None
+            grads_then_sgd(model, ref, CFG, ps, errs)
         # the trained shards, merged, are the trained single-process model
         shards = [None] * world
         dist.all_gather_object(shards, ((ps.tp_rank, ps.pp_rank), {n: t.detach() for n, t in model.state_dict().items()}))
