@@ -23,8 +23,9 @@ from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
-__all__ = ['RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention', 'Attention', 'MLP',
-           'LayerNorm', 'make_norm', 'Dropout', 'make_mlp', 'Block', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
+__all__ = ['CPU_CE_CHUNK_BYTES', 'RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention',
+           'Attention', 'MLP', 'LayerNorm', 'make_norm', 'Dropout', 'make_mlp', 'Block', 'cpu_ce_chunk_tokens',
+           'FusedCrossEntropy', 'fused_cross_entropy', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -187,6 +188,68 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.ln1(x), cache, rope))
         return x + self.drop(self.mlp(self.ln2(x)))
 
+# %% ../nbs/07b_model.ipynb #f5ce0002
+CPU_CE_CHUNK_BYTES = 4 * 2**20    # fp32 logits of one chunk of the CPU fused loss (measured: 2-8 MiB equally fast)
+
+def cpu_ce_chunk_tokens(tokens: int, columns: int) -> int:
+    "Tokens per chunk of `fused_cross_entropy`: the largest power of two (16 at least) whose fp32 logits fit the budget"
+    c = 16
+    while 2 * c * columns * 4 <= CPU_CE_CHUNK_BYTES:
+        c *= 2
+    return max(1, min(c, tokens))
+
+def _fused_chunk(z, t, valid, all_valid: bool):
+    "(the chunk's summed loss, softmax(z) - onehot(t)) in fp32 (z itself overwritten when fp32), ignored rows zero"
+    p = z.float()
+    tt = torch.where(valid, t, 0)[:, None]
+    top = p.amax(-1, keepdim=True)             # (amax: torch's max with indices is 15x slower on CPU)
+    part = top - p.gather(1, tt)               # the loss lse - z_t, as lse = top - log max(softmax(z)), max >= 1/V
+    torch.softmax(p, -1, out=p)                # one pass of exp, in place
+    part = (part - p.amax(-1, keepdim=True).log()).squeeze(1)
+    if all_valid:
+        p.scatter_add_(1, tt, p.new_full(tt.shape, -1.0))
+        return part.sum(), p
+    p.scatter_add_(1, tt, -valid.to(p.dtype)[:, None])
+    return (part * valid).sum(), p.mul_(valid[:, None])
+
+class FusedCrossEntropy(torch.autograd.Function):
+    "Mean cross entropy of x @ weight^T with dx and dW computed in forward, a chunk of tokens at a time"
+    @staticmethod
+    def forward(ctx, x, weight, targets, chunk, ignore_index):
+        valid = targets != ignore_index
+        n, all_valid = valid.sum(), bool(valid.all())
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        dx = torch.empty_like(x)
+        dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for i in range(0, x.shape[0], chunk):
+            xc = x[i:i + chunk]
+            z = torch.mm(xc, weight.T)                          # the forward product (DeepSpeed's profiler counts it)
+            part, p = _fused_chunk(z, targets[i:i + chunk], valid[i:i + chunk], all_valid)
+            loss += part
+            p = p.to(x.dtype)                                  # bf16 products, fp32 dW
+            # the gradient products call aten's ops directly: DeepSpeed's flops profiler patches torch.mm and friends
+            # to count a forward pass, and these belong to backward (FlopCounterMode, at the dispatcher, counts them)
+            torch.ops.aten.mm.out(p, weight, out=dx[i:i + chunk])
+            if p.dtype == dw.dtype:
+                torch.ops.aten.addmm.out(dw, p.T, xc, out=dw)
+            else:
+                dw += torch.ops.aten.mm(p.T, xc)
+        ctx.save_for_backward(dx, dw, n)
+        ctx.dtype = weight.dtype
+        return loss / n
+
+    @staticmethod
+    def backward(ctx, g):
+        dx, dw, n = ctx.saved_tensors
+        s = g.float() / n
+        return dx * s, (dw * s).to(ctx.dtype), None, None, None
+
+def fused_cross_entropy(x, weight, targets, chunk: int | None = None, ignore_index: int = -100):
+    "Mean cross entropy of x @ weight^T (x [..., h], weight [V, h]) against `targets`, its gradients made in forward"
+    x, targets = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
+    chunk = chunk or cpu_ce_chunk_tokens(x.shape[0], weight.shape[0])
+    return FusedCrossEntropy.apply(x, weight, targets, chunk, ignore_index)
+
 # %% ../nbs/07b_model.ipynb #4bc486ab
 class OutputLayer(nn.Module):
     "Logits from the tied embedding matrix (or its own, `rows` x `hidden`) over the real vocabulary; their fp32 loss"
@@ -195,7 +258,10 @@ class OutputLayer(nn.Module):
         self.vocab = vocab
         if rows:
             self.weight = nn.Parameter(torch.empty(rows, hidden))   # untied: padded rows, like the embedding
-    def forward(self, x, weight):
+    def forward(self, x, weight, targets=None):
+        "The logits; given `targets`, the CPU training loss `fused_cross_entropy` (here, so module hooks see it)"
+        if targets is not None:
+            return fused_cross_entropy(x, weight[:self.vocab], targets)
         return F.linear(x, weight[:self.vocab])
     def loss(self, logits, targets):
         "Mean next-token cross entropy, in fp32"
@@ -319,10 +385,17 @@ class GPT(nn.Module):
             return h            # a pipeline stage before the last hands on its hidden states
         if targets is not None and _kernels(self.cfg.kernels, h) is not None:   # fused output layer and loss
             return self._tracked(self.head.chunked_loss(h, self.output_weight(), targets))
+        if targets is not None and self._fused_cpu_loss(h):     # CPU training: the loss's gradients made in forward
+            return self._tracked(self.head(h, self.output_weight(), targets))
         if logits_to_keep:
             h = h[:, -logits_to_keep:]      # generation needs only the last position's logits
         logits = self.logits(h)
         return logits if targets is None else self._tracked(self.loss(logits, targets))
+
+    def _fused_cpu_loss(self, h) -> bool:
+        "Whether the loss comes from `fused_cross_entropy`: CPU, gradients recorded, kernels 'auto', tp 1"
+        return (self.cfg.kernels == 'auto' and h.device.type == 'cpu' and torch.is_grad_enabled() and h.requires_grad
+                and type(self.head) is OutputLayer)
 
     def _tracked(self, loss):
         "The loss; with MoE layers, tracked so that their losses' gradients scale as the loop scales it (07d)"

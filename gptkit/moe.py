@@ -17,9 +17,9 @@ from .config import ModelConfig
 from .ops import swiglu
 
 # %% auto #0
-__all__ = ['Router', 'StackedLinear', 'Experts', 'capacity', 'dispatch', 'load_balancing_loss', 'z_loss', 'AuxLoss', 'LossScale',
-           'MoE', 'moe_kernels', 'grouped_linear', 'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats',
-           'expert_load']
+__all__ = ['Router', 'StackedLinear', 'Experts', 'ExpertsMLP', 'SwiGLUKeepingInput', 'capacity', 'dispatch',
+           'load_balancing_loss', 'z_loss', 'AuxLoss', 'LossScale', 'MoE', 'moe_kernels', 'grouped_linear',
+           'moe_layers', 'set_moe_grad_scale', 'track_loss_scale', 'moe_stats', 'expert_load']
 
 # %% ../nbs/07d_moe.ipynb #4e473a4b
 class Router(nn.Module):
@@ -63,9 +63,95 @@ class Experts(nn.Module):
         self.gated, self.approximate = cfg.gated, 'tanh' if cfg.activation == 'gelu_tanh' else 'none'
 
     def forward(self, x, counts: list[int]):
+        "Each expert's MLP on its rows, one expert at a time (`ExpertsMLP`: the same numbers as `reference`)"
+        return ExpertsMLP.apply(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, counts, self.gated,
+                                self.approximate)
+
+    def reference(self, x, counts: list[int]):
+        "The plain form: both stacked layers on all the rows, the activation between"
         y = self.fc1(x, counts)
         y = swiglu(y) if self.gated else F.gelu(y, approximate=self.approximate)
         return self.fc2(y, counts)
+
+# %% ../nbs/07d_moe.ipynb #e7a1c002
+def _linear_into(out, x, weight, bias):
+    "out = x @ weight^T (+ bias), written in place"
+    if bias is None:
+        return torch.mm(x, weight.T, out=out)
+    return torch.addmm(bias, x, weight.T, out=out)
+
+def _activation_into(out, h, gated: bool, approximate: str):
+    "out = SwiGLU of h = [gate; up], or GELU of h"
+    if not gated:
+        return torch.ops.aten.gelu.out(h, approximate=approximate, out=out)
+    gate, up = h.chunk(2, -1)
+    return torch.mul(F.silu(gate), up, out=out)
+
+def _activation_grad(da, h, gated: bool, approximate: str):
+    "The gradient at h of the activation, given the gradient `da` at its output"
+    if not gated:
+        return torch.ops.aten.gelu_backward(da, h, approximate=approximate)
+    gate, up = h.chunk(2, -1)
+    dh = torch.empty_like(h)
+    f = gate.shape[-1]
+    torch.mul(da, F.silu(gate), out=dh[:, f:])
+    torch.ops.aten.silu_backward.grad_input(da * up, gate, grad_input=dh[:, :f])
+    return dh
+
+class ExpertsMLP(torch.autograd.Function):
+    "Each expert's MLP on its grouped rows (`counts` each), one at a time, outputs and gradients written in place"
+    # (the plain form, `Experts.reference`, concatenates, splits and stacks: copies a CPU pays for)
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, counts, gated, approximate):
+        h = x.new_empty(x.shape[0], w1.shape[1])               # pre-activations and activations, kept for backward
+        a = x.new_empty(x.shape[0], w2.shape[2])
+        y = x.new_empty(x.shape[0], w2.shape[1])
+        for e, rows in _expert_rows(counts):
+            _linear_into(h[rows], x[rows], w1[e], None if b1 is None else b1[e])
+            _activation_into(a[rows], h[rows], gated, approximate)
+            _linear_into(y[rows], a[rows], w2[e], None if b2 is None else b2[e])
+        ctx.save_for_backward(x, h, a, w1, w2)
+        ctx.counts, ctx.gated, ctx.approximate = counts, gated, approximate
+        ctx.biases = b1 is not None, b2 is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, h, a, w1, w2 = ctx.saved_tensors
+        dx, dw1, dw2 = torch.empty_like(x), torch.zeros_like(w1), torch.zeros_like(w2)   # idle experts: zero
+        db1 = w1.new_zeros(w1.shape[:2]) if ctx.biases[0] else None
+        db2 = w2.new_zeros(w2.shape[:2]) if ctx.biases[1] else None
+        for e, rows in _expert_rows(ctx.counts):
+            g = dy[rows]
+            torch.mm(g.T, a[rows], out=dw2[e])
+            dh = _activation_grad(g @ w2[e], h[rows], ctx.gated, ctx.approximate)
+            torch.mm(dh.T, x[rows], out=dw1[e])
+            torch.mm(dh, w1[e], out=dx[rows])
+            if db1 is not None:
+                torch.sum(dh, 0, out=db1[e])
+            if db2 is not None:
+                torch.sum(g, 0, out=db2[e])
+        return dx, dw1, db1, dw2, db2, None, None, None
+
+class SwiGLUKeepingInput(torch.autograd.Function):
+    "silu(gate) * up of h = [gate; up], keeping only h for backward (SiLU recomputed there), as `ExpertsMLP` does"
+    @staticmethod
+    def forward(ctx, h):
+        ctx.save_for_backward(h)
+        return swiglu(h)
+
+    @staticmethod
+    def backward(ctx, da):
+        (h,) = ctx.saved_tensors
+        return _activation_grad(da, h, True, 'none')
+
+def _expert_rows(counts: list[int]):
+    "(expert, its slice of the grouped rows) for each expert with rows"
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            yield e, slice(start, start + n)
+        start += n
 
 # %% ../nbs/07d_moe.ipynb #edf90a8f
 def capacity(tokens: int, cfg: ModelConfig) -> int | None:
@@ -168,7 +254,7 @@ class MoE(nn.Module):
         rows, order, counts = kernels.permute(x, chosen, self.num_experts)
         e = self.experts
         h = grouped_linear(kernels, rows, e.fc1, counts)
-        h = swiglu(h) if e.gated else F.gelu(h, approximate=e.approximate)
+        h = SwiGLUKeepingInput.apply(h) if e.gated else F.gelu(h, approximate=e.approximate)
         return kernels.unpermute(grouped_linear(kernels, h, e.fc2, counts), order, weights, x.shape[0]), counts
 
 def moe_kernels(mode: str, x):

@@ -62,7 +62,7 @@ def moe_activation_bytes(model: ModelConfig, element: int, width: float) -> floa
     gathered input, the expert's intermediates, its fp32 output the weight multiplies, the copy summed back, and
     four indices and weights; the router's fp32 logits and probabilities; the shared expert as a dense MLP
     (`width` elements kept per unit of its width)"""
-    h, f, g = model.hidden, model.expert_ffn, 4 if model.gated else 2   # [gate; up], silu(gate), product; or 2
+    h, f, g = model.hidden, model.expert_ffn, 3 if model.gated else 2   # [gate; up] and the product; or 2
     copy = h * (2 * element + 4) + g * f * element + 32
     return model.moe_top_k * copy + 8 * model.moe_experts + 8 + width * model.moe_shared_ffn * element
 
