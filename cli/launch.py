@@ -3,6 +3,7 @@
 scheduler starts one launcher per node, the launcher starts the processes, torch.distributed connects them."""
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shlex
@@ -298,12 +299,20 @@ def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = Fa
     return output.finish(code)
 
 
+def _leave_group():
+    "Destroy the process group this rank joined, if it is still there (no barrier: a failed rank must not wait)"
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def join_tp(device: str | None) -> tuple[int, str]:
     "Join the torchrun job; only rank 0 prints. (this rank, its device: its local GPU, or the CPU)"
     import torch
 
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
+    atexit.register(_leave_group)     # gloo's threads stopped before exit, not torn down by it (a rank's SIGABRT)
     if rank != 0:
         out.quiet = err.quiet = True
     if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu':

@@ -865,6 +865,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'gptkit.memory._Held.__init__': ('memory.html#_held.__init__', 'gptkit/memory.py'),
                                'gptkit.memory._parallel_worker': ('memory.html#_parallel_worker', 'gptkit/memory.py'),
                                'gptkit.memory.fused_attention': ('memory.html#fused_attention', 'gptkit/memory.py'),
+                               'gptkit.memory.loss_as_on_gpu': ('memory.html#loss_as_on_gpu', 'gptkit/memory.py'),
                                'gptkit.memory.markdown_table': ('memory.html#markdown_table', 'gptkit/memory.py'),
                                'gptkit.memory.measure': ('memory.html#measure', 'gptkit/memory.py'),
                                'gptkit.memory.measure_parallel': ('memory.html#measure_parallel', 'gptkit/memory.py'),

@@ -33,8 +33,8 @@ from .torch_files import read_torch_file
 
 # %% auto #0
 __all__ = ['DTYPES', 'PARALLEL_CASES', 'Saved', 'SavedTensors', 'watch_rebuilds', 'saved_activation_bytes', 'fused_attention',
-           'measure', 'predict', 'Row', 'single_rows', 'measure_parallel', 'parallel_rows', 'markdown_table',
-           'peak_cpu_bytes']
+           'loss_as_on_gpu', 'measure', 'predict', 'Row', 'single_rows', 'measure_parallel', 'parallel_rows',
+           'markdown_table', 'peak_cpu_bytes']
 
 # %% ../nbs/17_memory.ipynb #f8b4eaf3
 @dataclass(frozen=True)
@@ -137,10 +137,14 @@ def fused_attention(dropout: float = 0.0, dtype=torch.float32, device: str = 'cp
 # %% ../nbs/17_memory.ipynb #5a1ae597
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
+def loss_as_on_gpu(model: ModelConfig) -> ModelConfig:
+    "`model` with the output layer and loss a GPU without Triton runs: on a CPU, kernels 'auto' picks the fused loss"
+    return dataclasses.replace(model, kernels='torch') if model.kernels == 'auto' else model   # (chapter 07b)
+
 def measure(model: ModelConfig, train: TrainConfig, attention: str = 'auto', seed: int = 0) -> Saved:
     "Saved bytes of one training step of gptkit's `GPT` on one process (`attention='math'` forces the math path)"
     torch.manual_seed(seed)
-    gpt = parallelize(GPT(model), ParallelState(Layout(), 0), train.recompute).to(DTYPES[train.precision]).train()
+    gpt = parallelize(GPT(loss_as_on_gpu(model)), ParallelState(Layout(), 0), train.recompute).to(DTYPES[train.precision]).train()
     b, s = train.micro_batch, model.seq_len
     ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
     with sdpa_kernel(SDPBackend.MATH) if attention == 'math' else contextlib.nullcontext():
@@ -197,7 +201,7 @@ def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
         for tp, pp, sp, rc in cases:
             ps = ParallelState.build(Layout.build(ParallelConfig(tp=tp, pp=pp, sequence_parallel=sp), world, model))
             torch.manual_seed(0)
-            gpt = parallelize(GPT(model), ps, rc).train()
+            gpt = parallelize(GPT(loss_as_on_gpu(model)), ps, rc).train()
             b, s = micro_batch, model.seq_len
             ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
             x = ids if ps.is_first_stage else torch.randn(stage_input_shape(model, b, tp, sp), requires_grad=True)
