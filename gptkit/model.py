@@ -23,7 +23,7 @@ from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
-__all__ = ['CPU_CE_CHUNK_BYTES', 'RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention',
+__all__ = ['CPU_CE_CHUNK_TOKENS', 'RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention',
            'Attention', 'MLP', 'LayerNorm', 'make_norm', 'Dropout', 'make_mlp', 'Block', 'cpu_ce_chunk_tokens',
            'FusedCrossEntropy', 'fused_cross_entropy', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
@@ -189,14 +189,11 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln2(x)))
 
 # %% ../nbs/07b_model.ipynb #f5ce0002
-CPU_CE_CHUNK_BYTES = 4 * 2**20    # fp32 logits of one chunk of the CPU fused loss (measured: 2-8 MiB equally fast)
+CPU_CE_CHUNK_TOKENS = 512    # tokens per chunk of the CPU fused loss (measured below: 512 was best or near it)
 
-def cpu_ce_chunk_tokens(tokens: int, columns: int) -> int:
-    "Tokens per chunk of `fused_cross_entropy`: the largest power of two (16 at least) whose fp32 logits fit the budget"
-    c = 16
-    while 2 * c * columns * 4 <= CPU_CE_CHUNK_BYTES:
-        c *= 2
-    return max(1, min(c, tokens))
+def cpu_ce_chunk_tokens(tokens: int) -> int:
+    "Tokens per chunk of `fused_cross_entropy`: `CPU_CE_CHUNK_TOKENS`, or all of them when fewer"
+    return max(1, min(CPU_CE_CHUNK_TOKENS, tokens))
 
 def _fused_chunk(z, t, valid, all_valid: bool):
     "(the chunk's summed loss, softmax(z) - onehot(t)) in fp32 (z itself overwritten when fp32), ignored rows zero"
@@ -247,7 +244,7 @@ class FusedCrossEntropy(torch.autograd.Function):
 def fused_cross_entropy(x, weight, targets, chunk: int | None = None, ignore_index: int = -100):
     "Mean cross entropy of x @ weight^T (x [..., h], weight [V, h]) against `targets`, its gradients made in forward"
     x, targets = x.reshape(-1, x.shape[-1]), targets.reshape(-1)
-    chunk = chunk or cpu_ce_chunk_tokens(x.shape[0], weight.shape[0])
+    chunk = chunk or cpu_ce_chunk_tokens(x.shape[0])
     return FusedCrossEntropy.apply(x, weight, targets, chunk, ignore_index)
 
 # %% ../nbs/07b_model.ipynb #4bc486ab
