@@ -14,12 +14,12 @@ from gptkit.estimate import (
     GiB,
     data_parallel,
     estimate as run_estimate,
-    get_gpu,
     kv_cache_bytes,
     resolve_model,
     search as run_search,
     train_flags,
 )
+from gptkit.perf import get_gpu
 from gptkit.runconfig import ep_engine_problems
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
@@ -81,7 +81,6 @@ def estimate(
     gpu_memory: Annotated[Optional[float], HardwareOpt('GPU memory in GiB (overrides --gpu).')] = None,
     gpu_tflops: Annotated[Optional[float], HardwareOpt('Dense 16-bit peak TFLOP/s (overrides --gpu).')] = None,
     tokens: Annotated[str, HardwareOpt('Training tokens, such as 300B.')] = '300B',
-    mfu: Annotated[float, HardwareOpt('Assumed model FLOPs utilization.')] = 0.4,
     search: Annotated[bool, Opt('--search', help='Rank every layout that fits --gpus GPUs and show the best.')] = False,
     top: Annotated[int, Opt(help='How many layouts --search shows.')] = 10,
     as_json: Annotated[bool, Opt('--json', help='Print JSON instead of tables.')] = False,
@@ -92,14 +91,14 @@ def estimate(
     n_tokens, batch = parse_size(tokens, 'tokens'), global_batch or (base.global_batch if base else None)
     if search:
         return _report_search(run_search(model, device, gpus or gpus_per_node, gpus_per_node, precision=precision,
-                                         flash=flash, tokens=n_tokens, mfu=mfu, top=top,
+                                         flash=flash, tokens=n_tokens, top=top,
                                          **({'global_batch': batch} if batch else {})),
                               note, gpus or gpus_per_node, device.name, as_json)
     par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero, ep=ep,
                          sequence_parallel=sequence_parallel, offload=offload, balance=balance)
     train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
                         flash=flash)
-    _report_estimate(run_estimate(model, par, train, device, n_tokens, mfu, gpus_per_node), note, as_json)
+    _report_estimate(run_estimate(model, par, train, device, n_tokens, gpus_per_node), note, as_json)
 
 
 def _report_estimate(est: Estimate, note: str, as_json: bool):
@@ -209,18 +208,33 @@ def _print_estimate(e: Estimate, note: str):
     c.add_row('FLOPs per token', fmt.flops(d['flops']['per_token']),
               'from the active parameters' if mo.moe_experts else '')
     c.add_row('iterations', f'{e.iterations:,}', f'{fmt.count(e.tokens)} tokens / ({e.batch} x {e.model.seq_len})')
-    c.add_row('time at MFU', fmt.duration(e.seconds),
-              f'MFU {e.mfu:.0%} of {e.gpu.peak(tr.precision) / 1e12:.0f} TFLOP/s')
-    c.add_row('GPU-hours', f'{d["time"]["gpu_hours"]:,.0f}', f'{gpus} GPUs')
-    c.add_row('with this layout', fmt.duration(e.layout_seconds),
-              f'step {e.step.total:.2f} s: bubble {e.step.bubble_fraction:.1%}, TP comm {e.step.tp_comm:.2f} s, '
-              f'exposed DP comm {e.step.dp_comm:.2f} s'
-              + (f', EP all-to-all {e.step.ep_comm:.2f} s' if par.ep > 1 else ''))
+    c.add_row('step', f'{e.step.total:.3g} s', f'{fmt.count(d["time"]["tokens_per_s_per_gpu"])} tokens/s per GPU')
+    c.add_row('MFU / HFU', f'{e.mfu:.1%} / {e.hfu:.1%}',
+              f'of {e.gpu.peak(tr.precision) / 1e12:,.0f} TFLOP/s; HFU counts the recomputed passes')
+    c.add_row('time', fmt.duration(e.seconds), f'{d["time"]["gpu_hours"]:,.0f} GPU-hours on {gpus} GPUs')
     out.print(c)
+    out.print()
+    out.print(_step_table(e))
     if not m.fits:
         out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
     if not_yet(e):
         out.print(f'\n[yellow]gptkit train does not run this layout yet[/]: {fmt.text(not_yet(e))}')
+
+
+STEP_PARTS = {'gemm': 'matrix products', 'attention': "attention's core", 'memory': 'memory-bound kernels',
+              'recompute': 'recomputation', 'tp_comm': 'TP/SP traffic (NVLink)', 'ep_comm': 'EP all-to-all',
+              'dp_comm': 'DP/ZeRO traffic', 'pp_comm': 'pipeline sends', 'bubble': 'pipeline bubble (1F1B)',
+              'optimizer': 'optimizer step'}
+
+
+def _step_table(e: Estimate) -> Table:
+    "The predicted step time by part (gptkit.perf): seconds and share"
+    t = _table(f'Step time on {e.gpu.name} (performance model, nbs/01b_perf.ipynb)')
+    for k, label in STEP_PARTS.items():
+        v = getattr(e.step, k)
+        if v:
+            t.add_row(label, f'{v:.3g} s', f'{v / e.step.total:.1%}')
+    return t
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
@@ -231,19 +245,19 @@ def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
     t = Table(title=f'Best layouts for {fmt.text(note)} on {gpus} x {gpu}', title_justify='left', title_style='bold')
     moe = results[0].model.moe_experts > 0
     for col in ('#', 'tp', 'pp', 'dp', *(('ep',) if moe else ()), 'ZeRO', 'recompute', 'micro', 'GiB/GPU', 'step s',
-                'bubble', 'days'):
+                'MFU', 'bubble', 'days'):
         t.add_column(col, justify='right')
     for i, e in enumerate(results, 1):
         t.add_row(str(i), str(e.parallel.tp), str(e.parallel.pp), str(e.parallel.dp),
                   *((str(e.parallel.ep),) if moe else ()), str(e.parallel.zero),
                   e.train.recompute,
-                  str(e.train.micro_batch), f'{e.memory.total / GiB:.1f}', f'{e.step.total:.2f}',
+                  str(e.train.micro_batch), f'{e.memory.total / GiB:.1f}', f'{e.step.total:.2f}', f'{e.mfu:.1%}',
                   f'{e.step.bubble_fraction:.1%}',
                   f'{e.layout_seconds / 86400:,.1f}')
     out.print(t)
-    out.print('[dim]Sequence parallelism on when tp > 1. Time: compute at the assumed MFU, plus TP communication, '
-              'exposed data-parallel traffic' + (' and the MoE all-to-alls' if moe else '')
-              + ', stretched by the pipeline bubble (see nbs/01_estimate.ipynb).[/]')
+    out.print('[dim]Sequence parallelism on when tp > 1. Time: the performance model of nbs/01b_perf.ipynb (matrix '
+              'products by shape, attention, memory-bound work, recomputation, TP, DP' + (', EP' if moe else '')
+              + ' and PP traffic, the 1F1B bubble).[/]')
     out.print(f'\n[bold]As gptkit train options[/] (on {gpus} processes; dp = processes / (tp x pp)):')
     for i, e in enumerate(results, 1):
         out.print(f'{i:>2}  {train_flags(e.parallel, e.train)}', soft_wrap=True, highlight=False)

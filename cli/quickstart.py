@@ -13,7 +13,8 @@ from rich.table import Table
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
-from gptkit.estimate import GPUS, count_params, estimate, search
+from gptkit.estimate import count_params, estimate, search
+from gptkit.perf import GPUS
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 from gptkit_cli.train import RichProgress

@@ -25,60 +25,16 @@ from . import moe_estimate as moe_est
 from .errors import ConfigError, check
 from .layout import BatchPlan, Layout, validate_layout
 from .params import layer_numel, param_table, stage_extras, stage_layers
+from .perf import GPU, GPUS, GiB, MiB, StepTime, state_bytes, step_time
 
 # %% auto #0
-__all__ = ['GiB', 'MiB', 'GPUS', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'GPU', 'get_gpu',
-           'StageParams', 'ParamCount', 'count_params', 'narayanan_params', 'closed_form_params', 'state_bytes',
-           'model_states', 'activation_element_bytes', 'LayerActivations', 'norm_bytes', 'qk_norm_bytes',
-           'layer_activations', 'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens',
-           'logits_bytes', 'kv_cache_bytes', 'overhead_bytes', 'window_mask_bytes', 'stage_activation_bytes', 'Memory',
-           'memory_per_gpu', 'flops_per_iteration', 'model_flops_per_iteration', 'StepTime', 'dp_bytes', 'step_time',
-           'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model', 'data_parallel', 'search',
-           'memory_breakdown']
-
-# %% ../nbs/01_estimate.ipynb #5c0bac2e
-GiB = 2**30
-MiB = 2**20
-
-@dataclass(frozen=True)
-class GPU:
-    "An accelerator: memory in bytes, dense peak FLOP/s for 16-bit and TF32 math, link bandwidths in bytes/s"
-    name: str
-    memory: int
-    peak_16bit: float
-    peak_tf32: float
-    link: float = 300e9     # NVLink, per GPU, one direction (inside a node)
-    network: float = 25e9   # InfiniBand, per GPU (between nodes)
-
-    def peak(self, precision: str) -> float:
-        "Dense peak FLOP/s for training in `precision`"
-        return self.peak_tf32 if precision == 'fp32' else self.peak_16bit
-
-GPUS: dict[str, GPU] = {
-    'a100-40gb':  GPU('a100-40gb',  40960 * MiB, 312e12, 156e12, 300e9, 25e9),
-    'a100-80gb':  GPU('a100-80gb',  81920 * MiB, 312e12, 156e12, 300e9, 25e9),
-    'h100-80gb':  GPU('h100-80gb',  81559 * MiB, 989e12, 494.5e12, 450e9, 50e9),
-    'h200-141gb': GPU('h200-141gb', 143771 * MiB, 989e12, 494.5e12, 450e9, 50e9),
-}
-
-# %% ../nbs/01_estimate.ipynb #aa3eeebf
-def get_gpu(name: str = 'a100-80gb', memory: int | None = None, tflops: float | None = None) -> GPU:
-    "The GPU called `name`, with its memory (bytes) or 16-bit peak (TFLOP/s) overridden if given"
-    gpu = GPUS.get(str(name).lower())
-    if gpu is None:
-        raise ConfigError([('gpu', f"{{key}} {name!r} is not known; choose one of {', '.join(GPUS)} "
-                                   "or give --gpu-memory and --gpu-tflops")])
-    problems = []
-    if memory is not None and (not isinstance(memory, int) or memory <= 0):
-        problems.append(('gpu_memory', f'{{key}} must be positive, not {memory!r}'))
-    if tflops is not None and not tflops > 0:
-        problems.append(('gpu_tflops', f'{{key}} must be positive, not {tflops!r}'))
-    check(problems)
-    if memory is None and tflops is None:
-        return gpu
-    scale = (tflops * 1e12 / gpu.peak_16bit) if tflops else 1.0
-    return GPU(f'{gpu.name} (custom)' if memory or tflops else gpu.name, memory or gpu.memory,
-               gpu.peak_16bit * scale, gpu.peak_tf32 * scale, gpu.link, gpu.network)
+__all__ = ['OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'StageParams', 'ParamCount', 'count_params',
+           'narayanan_params', 'closed_form_params', 'model_states', 'activation_element_bytes', 'LayerActivations',
+           'norm_bytes', 'qk_norm_bytes', 'layer_activations', 'stage_moments', 'stage_activations',
+           'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'kv_cache_bytes', 'overhead_bytes',
+           'window_mask_bytes', 'stage_activation_bytes', 'Memory', 'memory_per_gpu', 'flops_per_iteration',
+           'model_flops_per_iteration', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model',
+           'data_parallel', 'search', 'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #e8aad1b8
 @dataclass(frozen=True)
@@ -154,10 +110,6 @@ def closed_form_params(model: ModelConfig, tp: int = 1) -> int:
     return l * (mats + biases + 2 * norm) + moe_est.mlp_params(model) + norm + embeddings
 
 # %% ../nbs/01_estimate.ipynb #6f177931
-def state_bytes(precision: str) -> tuple[int, int, int]:
-    "Bytes per parameter for (weights, gradients, optimizer state) with Adam"
-    return (4, 4, 8) if precision == 'fp32' else (2, 2, 16)
-
 def model_states(params: int, largest_layer: int, par: ParallelConfig, precision: str) -> tuple[float, float, float]:
     "GPU bytes of (weights, gradients, optimizer state) for `params` on one rank under ZeRO and offload"
     w, g, o = state_bytes(precision)
@@ -383,48 +335,6 @@ def model_flops_per_iteration(model: ModelConfig, batch: int, tp: int = 1) -> fl
     "Model FLOPs of a step, what MFU counts: no recomputation; under a sliding window, each query's `window` keys only"
     return flops_per_iteration(model, batch, 'none', tp, min(model.sliding_window or model.seq_len, model.seq_len))
 
-# %% ../nbs/01_estimate.ipynb #71c674cc
-@dataclass(frozen=True)
-class StepTime:
-    "Seconds per optimizer step: compute, TP communication, exposed DP communication, pipeline bubble"
-    compute: float
-    tp_comm: float
-    dp_comm: float          # the data-parallel traffic time not hidden behind compute
-    bubble_fraction: float
-    ep_comm: float = 0.0    # the MoE layers' all-to-all (dispatch and combine), not overlapped
-
-    @property
-    def total(self) -> float:
-        return (self.compute + self.tp_comm + self.dp_comm + self.ep_comm) * (1 + self.bubble_fraction)
-
-# %% ../nbs/01_estimate.ipynb #b6c6a96e
-def dp_bytes(params: int, par: ParallelConfig, micro_batches: int, precision: str) -> float:
-    "Bytes each GPU sends for data parallelism in one step under its ZeRO stage"
-    if par.dp == 1:
-        return 0.0
-    w, g, _ = state_bytes(precision)
-    per_param = {0: 2 * g, 1: g + w, 2: micro_batches * g + w, 3: micro_batches * (2 * w + g)}[par.zero]
-    return per_param * params * (par.dp - 1) / par.dp
-
-def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: GPU, mfu: float,
-              gpus_per_node: int = 8, params: ParamCount | None = None) -> StepTime:
-    "Estimated seconds per step: compute at `mfu`, TP all-reduces, exposed DP traffic, EP all-to-alls, the 1F1B bubble"
-    params = params or count_params(model, par.tp, par.pp, par.balance)
-    plan = _plan(model, par, train)
-    batch, m = plan.global_batch, plan.accumulation
-    compute = (flops_per_iteration(model, batch, train.recompute, par.tp)
-               / (par.world_size * gpu.peak(train.precision) * mfu))
-    per_layer = 4 + (2 if train.recompute == 'full' else 0)
-    act_bytes = 2 * model.seq_len * train.micro_batch * model.hidden * (2 if train.precision == 'fp32' else 1)
-    tp_bytes = m * (model.layers // par.pp) * per_layer * 2 * act_bytes * (par.tp - 1) / par.tp
-    bandwidth = gpu.link if par.world_size <= gpus_per_node else gpu.network
-    st = max(params.stages, key=lambda x: x.per_rank)     # experts: their own data-parallel group of dp / ep
-    dp_time = (dp_bytes(st.per_rank - st.experts, par, m, train.precision)
-               + dp_bytes(st.experts // par.ep, moe_est.expert_group(par), m, train.precision)) / bandwidth
-    ep_time = moe_est.all_to_all_seconds(model, par, train, m, max(x.experts for x in params.stages), gpu,
-                                         gpus_per_node)
-    return StepTime(compute, tp_bytes / gpu.link, max(0.0, dp_time - compute), (par.pp - 1) / m, ep_time)
-
 # %% ../nbs/01_estimate.ipynb #c5fb1054
 def train_flags(par: ParallelConfig, train: TrainConfig) -> str:
     "The `gptkit train` options that select this layout (every setting the estimate assumed, spelled out)"
@@ -451,7 +361,6 @@ class Estimate:
     train: TrainConfig
     gpu: GPU
     tokens: int
-    mfu: float
     params: ParamCount
     memory: Memory
     flops_per_iteration: float         # hardware FLOPs, with recomputation
@@ -466,14 +375,22 @@ class Estimate:
         return -(-self.tokens // (self.batch * self.model.seq_len))
     @property
     def seconds(self) -> float:
-        "Training time at the assumed MFU"
-        gpus = self.parallel.world_size
-        peak = self.gpu.peak(self.train.precision)
-        return self.iterations * self.model_flops_per_iteration / (gpus * peak * self.mfu)
-    @property
-    def layout_seconds(self) -> float:
-        "Training time with this layout's pipeline bubble and tensor-parallel communication"
+        "Training time: the predicted step time (gptkit.perf) times the steps"
         return self.iterations * self.step.total
+    @property
+    def layout_seconds(self) -> float:          # (the name earlier versions gave the layout's time)
+        return self.seconds
+    def utilisation(self, flops: float) -> float:
+        "`flops` per step over what the GPUs could do at their dense peak in the predicted step time"
+        return flops / (self.parallel.world_size * self.gpu.peak(self.train.precision) * self.step.total)
+    @property
+    def mfu(self) -> float:
+        "Predicted model FLOPs utilisation"
+        return self.utilisation(self.model_flops_per_iteration)
+    @property
+    def hfu(self) -> float:
+        "Predicted hardware FLOPs utilisation: the recomputed forward passes counted too"
+        return self.utilisation(self.flops_per_iteration)
 
     def to_dict(self) -> dict:
         "Plain numbers for JSON: bytes, counts, FLOPs, seconds"
@@ -496,34 +413,29 @@ class Estimate:
                        'fits': m.fits, 'stage': m.stage},
             'flops': {'per_iteration': self.flops_per_iteration, 'model_per_iteration': self.model_flops_per_iteration,
                       'per_token': self.flops_per_iteration / (self.batch * self.model.seq_len)},
-            'time': {'tokens': self.tokens, 'mfu': self.mfu, 'iterations': self.iterations, 'seconds': self.seconds,
-                     'days': self.seconds / 86400, 'gpu_hours': self.seconds * gpus / 3600,
-                     'step_seconds': self.step.total, 'bubble_fraction': self.step.bubble_fraction,
-                     'tp_comm_seconds': self.step.tp_comm, 'dp_comm_seconds': self.step.dp_comm,
-                     'ep_comm_seconds': self.step.ep_comm,
-                     'layout_days': self.layout_seconds / 86400},
+            'time': {'tokens': self.tokens, 'mfu': self.mfu, 'hfu': self.hfu, 'iterations': self.iterations,
+                     'seconds': self.seconds, 'days': self.seconds / 86400, 'gpu_hours': self.seconds * gpus / 3600,
+                     'step_seconds': self.step.total, 'step': self.step.to_dict(),
+                     'tokens_per_s_per_gpu': self.batch * self.model.seq_len / (self.step.total * gpus),
+                     'bubble_fraction': self.step.bubble_fraction},
         }
 
 # %% ../nbs/01_estimate.ipynb #20770676
 def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: TrainConfig = TrainConfig(),
-             gpu: GPU = GPUS['a100-80gb'], tokens: int = 300 * 10**9, mfu: float = 0.4,
+             gpu: GPU = GPUS['a100-80gb'], tokens: int = 300 * 10**9,
              gpus_per_node: int | None = None) -> Estimate:
     "Parameters, memory per GPU, FLOPs and time for `model` trained on `tokens` with this layout"
-    problems = []
-    if not 0 < mfu <= 1:
-        problems.append(('mfu', f'{{key}} must be a fraction in (0, 1], not {mfu!r}'))
     if not isinstance(tokens, int) or tokens <= 0:
-        problems.append(('tokens', f'{{key}} must be positive, not {tokens!r}'))
-    check(problems)
+        check([('tokens', f'{{key}} must be positive, not {tokens!r}')])
     validate_layout(model, par, train, gpus_per_node)
     check(moe_est.ep_problems(model, par))
     params = count_params(model, par.tp, par.pp, par.balance)
     batch = _plan(model, par, train).global_batch
-    return Estimate(model, par, train, gpu, tokens, mfu, params,
+    return Estimate(model, par, train, gpu, tokens, params,
                     memory_per_gpu(model, par, train, gpu.memory, params),
                     flops_per_iteration(model, batch, train.recompute, par.tp),
                     model_flops_per_iteration(model, batch, par.tp),
-                    step_time(model, par, train, gpu, mfu, gpus_per_node or 8, params))
+                    step_time(model, par, train, gpu, params, gpus_per_node or 8))
 
 # %% ../nbs/01_estimate.ipynb #da0a2513
 def nearest_preset(n_params: int) -> str:
@@ -565,7 +477,7 @@ def data_parallel(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | N
 
 # %% ../nbs/01_estimate.ipynb #910cf1de
 def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, global_batch: int = 512,
-           precision: str = 'bf16', flash: bool = True, tokens: int = 300 * 10**9, mfu: float = 0.4,
+           precision: str = 'bf16', flash: bool = True, tokens: int = 300 * 10**9,
            top: int = 10) -> list[Estimate]:
     "The `top` fastest layouts that fit in `gpu`'s memory, fastest first"
     check([(k, f'{{key}} must be a positive whole number, not {v!r}') for k, v in
@@ -580,9 +492,9 @@ def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, glob
         mem = memory_per_gpu(model, par, train, gpu.memory, params[key])
         if not mem.fits:
             continue
-        found.append((step_time(model, par, train, gpu, mfu, gpus_per_node, params[key]).total, mem.total, par, train))
+        found.append((step_time(model, par, train, gpu, params[key], gpus_per_node).total, mem.total, par, train))
     found.sort(key=lambda r: (r[0], r[1]))
-    return [estimate(model, par, train, gpu, tokens, mfu, gpus_per_node) for _, _, par, train in found[:top]]
+    return [estimate(model, par, train, gpu, tokens, gpus_per_node) for _, _, par, train in found[:top]]
 
 # %% ../nbs/01_estimate.ipynb #7211051a
 MEMORY_PARTS = ('weights', 'gradients', 'optimizer', 'activations', 'logits', 'other')

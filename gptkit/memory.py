@@ -144,7 +144,8 @@ def loss_as_on_gpu(model: ModelConfig) -> ModelConfig:
 def measure(model: ModelConfig, train: TrainConfig, attention: str = 'auto', seed: int = 0) -> Saved:
     "Saved bytes of one training step of gptkit's `GPT` on one process (`attention='math'` forces the math path)"
     torch.manual_seed(seed)
-    gpt = parallelize(GPT(loss_as_on_gpu(model)), ParallelState(Layout(), 0), train.recompute).to(DTYPES[train.precision]).train()
+    gpt = parallelize(GPT(loss_as_on_gpu(model)), ParallelState(Layout(), 0), train.recompute)
+    gpt = gpt.to(DTYPES[train.precision]).train()
     b, s = train.micro_batch, model.seq_len
     ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
     with sdpa_kernel(SDPBackend.MATH) if attention == 'math' else contextlib.nullcontext():

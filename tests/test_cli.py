@@ -108,7 +108,10 @@ def test_layout_and_search():
     r = run('estimate', '--params', '175B', '--search', '--gpus', '1024', '--json')
     rows = json.loads(r.output)
     assert len(rows) == 10 and all(row['memory']['fits'] for row in rows)
-    assert [row['time']['layout_days'] for row in rows] == sorted(row['time']['layout_days'] for row in rows)
+    assert [row['time']['days'] for row in rows] == sorted(row['time']['days'] for row in rows)
+    step = rows[0]['time']['step']                    # the performance model's breakdown, in seconds
+    assert step['total'] == pytest.approx(sum(v for k, v in step.items() if k != 'total'))
+    assert step['gemm'] > 0 and step['tp_comm'] > 0 and 0 < rows[0]['time']['mfu'] < 1
 
 
 def test_search_that_finds_nothing_says_so():

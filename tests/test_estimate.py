@@ -329,7 +329,7 @@ def test_ep_divides_the_expert_states_and_adds_the_all_to_all():
 
 
 def test_search_tries_every_ep_and_finds_the_ones_that_fit():
-    from gptkit.estimate import get_gpu
+    from gptkit.perf import get_gpu
     from gptkit.moe_estimate import candidate_layouts
     model = ModelConfig(layers=2, hidden=512, heads=8, seq_len=128, vocab=1024, moe_experts=8, moe_ffn_hidden=2048,
                         **LLAMA)
