@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
+from gptkit.calibrate import calibrate, load_hardware, predicted_step, profile_dict, read_run, save_hardware
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, MOE_PRESETS, ParallelConfig, TrainConfig, parse_size
+from gptkit.errors import ConfigError
 from gptkit.estimate import (
     Estimate,
     GiB,
@@ -19,7 +22,7 @@ from gptkit.estimate import (
     search as run_search,
     train_flags,
 )
-from gptkit.perf import get_gpu
+from gptkit.perf import GPUS, get_gpu
 from gptkit.runconfig import ep_engine_problems
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
@@ -36,6 +39,7 @@ def in_panel(panel: str):
 
 
 ModelOpt, LayoutOpt, HardwareOpt = in_panel(MODEL), in_panel(LAYOUT), in_panel(HW)
+CalibrateOpt = in_panel('Calibration on this machine')
 
 
 @app.command()
@@ -77,28 +81,80 @@ def estimate(
         "Sequences per step [default: the preset's, else micro-batch x dp].")] = None,
     precision: Annotated[str, LayoutOpt('fp32, fp16 or bf16.')] = 'bf16',
     offload: Annotated[str, LayoutOpt('none, optimizer or optimizer+params (ZeRO-3).')] = 'none',
-    gpu: Annotated[str, HardwareOpt('a100-40gb, a100-80gb, h100-80gb or h200-141gb.')] = 'a100-80gb',
+    gpu: Annotated[Optional[str], HardwareOpt(
+        'a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu or a profile of --hardware [default: a100-80gb; cpu with '
+        '--calibrate].')] = None,
+    hardware: Annotated[Optional[Path], HardwareOpt(
+        'A JSON file of hardware profiles (--save-hardware writes one).')] = None,
     gpu_memory: Annotated[Optional[float], HardwareOpt('GPU memory in GiB (overrides --gpu).')] = None,
     gpu_tflops: Annotated[Optional[float], HardwareOpt('Dense 16-bit peak TFLOP/s (overrides --gpu).')] = None,
     tokens: Annotated[str, HardwareOpt('Training tokens, such as 300B.')] = '300B',
     search: Annotated[bool, Opt('--search', help='Rank every layout that fits --gpus GPUs and show the best.')] = False,
     top: Annotated[int, Opt(help='How many layouts --search shows.')] = 10,
     as_json: Annotated[bool, Opt('--json', help='Print JSON instead of tables.')] = False,
+    calibrate: Annotated[Optional[Path], CalibrateOpt(
+        "Fit --gpu's profile to a finished run's measured steps (its folder: config.json, metrics.jsonl).")] = None,
+    save_hardware: Annotated[Optional[Path], CalibrateOpt('Save the fitted profile in this JSON file.')] = None,
+    name: Annotated[Optional[str], CalibrateOpt("The fitted profile's name [default: GPU (calibrated)].")] = None,
 ):
     """Parameters, memory per GPU, FLOPs and time to train a GPT, before renting a GPU."""
-    model, base, note = resolve_model(params, preset, **{k: v for k, v in locals().items() if k in MODEL_DIMS})
-    device = get_gpu(gpu, None if gpu_memory is None else round(gpu_memory * GiB), gpu_tflops)
-    n_tokens, batch = parse_size(tokens, 'tokens'), global_batch or (base.global_batch if base else None)
-    if search:
-        return _report_search(run_search(model, device, gpus or gpus_per_node, gpus_per_node, precision=precision,
-                                         flash=flash, tokens=n_tokens, top=top,
+    device = hardware_profile(gpu or ('cpu' if calibrate else 'a100-80gb'), hardware, gpu_memory, gpu_tflops)
+    if calibrate is not None:
+        return _calibrate(calibrate, device, save_hardware, name, as_json)
+    _estimate_on(device, dict(locals()))
+
+
+def hardware_profile(gpu: str, hardware: Optional[Path], memory_gib: Optional[float], tflops: Optional[float]):
+    "The profile called `gpu`, among the known ones and those of the file `hardware`, memory or peak overridden"
+    table = {**GPUS, **(load_hardware(hardware) if hardware is not None else {})}
+    return get_gpu(gpu, None if memory_gib is None else round(memory_gib * GiB), tflops, table=table)
+
+
+def _estimate_on(device, a: dict):
+    "The estimate (or --search) of the model and layout the flags in `a` describe, on `device`"
+    if a['save_hardware'] is not None or a['name'] is not None:
+        raise ConfigError([('save_hardware' if a['save_hardware'] else 'name', '{key} goes with --calibrate RUN')])
+    model, base, note = resolve_model(a['params'], a['preset'], **{k: v for k, v in a.items() if k in MODEL_DIMS})
+    n_tokens, batch = parse_size(a['tokens'], 'tokens'), a['global_batch'] or (base.global_batch if base else None)
+    gpus, per_node = a['gpus'], a['gpus_per_node']
+    if a['search']:
+        return _report_search(run_search(model, device, gpus or per_node, per_node, precision=a['precision'],
+                                         flash=a['flash'], tokens=n_tokens, top=a['top'],
                                          **({'global_batch': batch} if batch else {})),
-                              note, gpus or gpus_per_node, device.name, as_json)
-    par = ParallelConfig(tp=tp, pp=pp, dp=data_parallel(gpus, tp, pp, dp), zero=zero, ep=ep,
-                         sequence_parallel=sequence_parallel, offload=offload, balance=balance)
-    train = TrainConfig(micro_batch=micro_batch, global_batch=batch, precision=precision, recompute=recompute,
-                        flash=flash)
-    _report_estimate(run_estimate(model, par, train, device, n_tokens, gpus_per_node), note, as_json)
+                              note, gpus or per_node, device.name, a['as_json'])
+    par = ParallelConfig(tp=a['tp'], pp=a['pp'], dp=data_parallel(gpus, a['tp'], a['pp'], a['dp']), zero=a['zero'],
+                         ep=a['ep'], sequence_parallel=a['sequence_parallel'], offload=a['offload'],
+                         balance=a['balance'])
+    train = TrainConfig(micro_batch=a['micro_batch'], global_batch=batch, precision=a['precision'],
+                        recompute=a['recompute'], flash=a['flash'])
+    _report_estimate(run_estimate(model, par, train, device, n_tokens, per_node), note, a['as_json'])
+
+
+def _calibrate(folder: Path, base, save: Optional[Path], name: Optional[str], as_json: bool):
+    "Fit `base` to the run in `folder`, show measured against predicted before and after, save it if asked"
+    run = read_run(folder)
+    fitted = calibrate(run, base, name)
+    before, after = predicted_step(run.cfg, run.world, base), predicted_step(run.cfg, run.world, fitted)
+    if save is not None:
+        save_hardware(save, {fitted.name: fitted})
+    if as_json:
+        return out.print_json(json.dumps({'run': str(folder), 'processes': run.world, 'reports': run.reports,
+                                          'measured_s': run.step_seconds, 'before': before.to_dict(),
+                                          'after': after.to_dict(), 'profile': {'name': fitted.name,
+                                                                                **profile_dict(fitted)}}))
+    t = _table(f'Calibration on {fmt.text(folder)} ({run.world} process{"es" if run.world > 1 else ""}, '
+               f'median of {run.reports} reports after the first)')
+    t.add_row('measured step', f'{run.step_seconds * 1e3:.1f} ms', '')
+    t.add_row(f'predicted, {fmt.text(base.name)}', f'{before.total * 1e3:.1f} ms',
+              f'{before.total / run.step_seconds:.2f} x measured')
+    t.add_row(f'predicted, {fmt.text(fitted.name)}', f'{after.total * 1e3:.1f} ms',
+              f'{after.total / run.step_seconds:.2f} x measured')
+    for k in ('gemm_efficiency', 'attention_efficiency', 'memory_efficiency', 'launch', 'peak_tf32', 'hbm'):
+        t.add_row(f'  {k}', f'{getattr(fitted, k):.4g}', f'was {getattr(base, k):.4g}')
+    out.print(t)
+    if save is not None:
+        out.print(f'saved profile {fmt.text(fitted.name)!r} in {fmt.text(save)}: use it with --hardware '
+                  f'{fmt.text(save)} --gpu {fmt.text(repr(fitted.name))}', soft_wrap=True, highlight=False)
 
 
 def _report_estimate(est: Estimate, note: str, as_json: bool):

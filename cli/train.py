@@ -281,6 +281,27 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print(shlex.join(cmd), soft_wrap=True, markup=False)
 
 
+def predicted_line(info, measured: float) -> str:
+    "The first report's measured step beside the performance model's on this device's profile (gptkit.calibrate)"
+    from gptkit.calibrate import machine_profile, predicted_step
+    from gptkit.errors import GptkitError
+    try:
+        name = 'cpu'
+        if info.device.startswith('cuda'):
+            import torch
+            name = torch.cuda.get_device_name(info.device)
+        gpu = machine_profile(name)
+        if gpu is None:
+            return f'[dim]step time: {measured * 1e3:,.1f} ms measured; no hardware profile matches {fmt.text(name)} '\
+                   '(GPTKIT_HARDWARE, GPTKIT_GPU)[/]'
+        predicted = predicted_step(info.cfg, info.world_size, gpu).total
+    except GptkitError as e:
+        return f'[yellow]step time: {measured * 1e3:,.1f} ms measured; no prediction[/]: {fmt.text(str(e))}'
+    return (f'step time: {measured * 1e3:,.1f} ms measured (the first report holds the warm-up), '
+            f'{predicted * 1e3:,.1f} ms predicted on {fmt.text(gpu.name)} ({predicted / measured:.2f} x); fit the '
+            'profile with gptkit estimate --calibrate RUN')
+
+
 class RichProgress:
     "A rich progress bar with loss, tokens/s and ETA; evaluations and checkpoints as lines above it"
     def __init__(self):
@@ -290,6 +311,7 @@ class RichProgress:
                                  transient=False)
 
     def on_start(self, info):
+        self.info, self.first = info, True
         self.progress.start()
         self.task = self.progress.add_task('train', total=info.iters, completed=info.start, stats='')
         if info.resumed_from:
@@ -306,6 +328,9 @@ class RichProgress:
             stats += f' | scale {m.loss_scale:g}'
         stats += f' | {m.memory_gib:.1f} GiB'
         self.progress.update(self.task, completed=m.iteration, stats=stats)
+        if self.first:
+            self.first = False
+            self.progress.console.print(predicted_line(self.info, m.step_seconds), highlight=False)
 
     def on_eval(self, split, iteration, loss):
         self.progress.console.print(f'step {iteration}: {split} loss {loss:.3f}, perplexity '
