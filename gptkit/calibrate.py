@@ -21,18 +21,23 @@ from .perf import GPU, GPUS, StepTime, step_time
 from .runconfig import RunConfig, from_dict
 
 # %% auto #0
-__all__ = ['FIELDS', 'FRACTIONS', 'PROFILE_BYTES', 'COMPUTE', 'HARDWARE_ENV', 'GPU_ENV', 'profile_from_dict', 'load_hardware',
-           'profile_dict', 'save_hardware', 'MeasuredRun', 'read_step_seconds', 'read_run', 'is_shared',
-           'predicted_step', 'scaled', 'calibrate', 'known_profile', 'machine_profile']
+__all__ = ['FIELDS', 'FRACTIONS', 'OVERHEADS', 'PROFILE_BYTES', 'COMPUTE', 'HARDWARE_ENV', 'GPU_ENV', 'profile_from_dict',
+           'load_hardware', 'profile_dict', 'save_hardware', 'MeasuredRun', 'read_step_seconds', 'read_run',
+           'is_shared', 'predicted_step', 'scaled', 'calibrate', 'known_profile', 'machine_profile']
 
 # %% ../nbs/01c_calibrate.ipynb #6c283aa2
 FIELDS = {f.name: f for f in dataclasses.fields(GPU) if f.name != 'name'}
 FRACTIONS = ('gemm_efficiency', 'attention_efficiency', 'memory_efficiency', 'link_efficiency')
+OVERHEADS = ('overhead', 'step_overhead')      # host seconds: zero on a GPU, whose host work hides behind it
 PROFILE_BYTES = 2**20       # a profile file holds a few profiles of a dozen numbers each
 
 def _bad_number(key: str, value) -> str | None:
     "Why `value` cannot be field `key` of a profile, or None"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f'must be a positive number, not {json.dumps(value)[:40]}'
+    if key in OVERHEADS and value < 0:
+        return f'must be zero or more seconds, not {json.dumps(value)[:40]}'
+    if key not in OVERHEADS and value <= 0:
         return f'must be a positive number, not {json.dumps(value)[:40]}'
     if key in FRACTIONS and value > 1:
         return f'is a fraction of a peak, at most 1, not {value:g}'
@@ -57,6 +62,11 @@ def profile_from_dict(name: str, d, source: str, known: dict[str, GPU] | None = 
             continue
         if key not in FIELDS:
             raise fail(f", key {key[:40]!r}: is not a profile field; the fields are base, {', '.join(FIELDS)}")
+        if key == 'shared':
+            if not isinstance(value, bool):
+                raise fail(f", key 'shared': must be true or false, not {json.dumps(value)[:40]}")
+            values[key] = value
+            continue
         if (why := _bad_number(key, value)) is not None:
             raise fail(f', key {key!r}: {why}')
         values[key] = int(value) if key == 'memory' else float(value)
@@ -145,7 +155,7 @@ def read_run(folder: str | Path) -> MeasuredRun:
 # %% ../nbs/01c_calibrate.ipynb #d8f9583d
 def is_shared(gpu: GPU) -> bool:
     "Whether the processes of one machine share this device (a CPU's cores and memory), not one device each"
-    return gpu.name.split()[0].startswith('cpu')
+    return gpu.shared
 
 def predicted_step(cfg: RunConfig, world: int, gpu: GPU) -> StepTime:
     """The performance model's step of run `cfg` on `world` processes; on a shared device (a CPU) the processes of
@@ -159,7 +169,7 @@ def predicted_step(cfg: RunConfig, world: int, gpu: GPU) -> StepTime:
                      gpus_per_node=max(world, 8))
 
 # %% ../nbs/01c_calibrate.ipynb #37475665
-COMPUTE = ('gemm', 'attention', 'memory', 'recompute', 'optimizer')
+COMPUTE = ('gemm', 'attention', 'memory', 'recompute', 'optimizer', 'host')
 
 def scaled(gpu: GPU, factor: float, name: str) -> GPU:
     """`gpu` with its own work `factor` times slower: the GEMM, attention and memory efficiencies divided by it and
@@ -174,7 +184,8 @@ def scaled(gpu: GPU, factor: float, name: str) -> GPU:
     p = max(gp, ap)
     return dataclasses.replace(gpu, name=name, gemm_efficiency=g * gp / p, attention_efficiency=a * ap / p,
                                peak_16bit=gpu.peak_16bit * p, peak_tf32=gpu.peak_tf32 * p,
-                               memory_efficiency=m, hbm=gpu.hbm * mp, launch=gpu.launch * factor)
+                               memory_efficiency=m, hbm=gpu.hbm * mp, launch=gpu.launch * factor,
+                               overhead=gpu.overhead * factor, step_overhead=gpu.step_overhead * factor)
 
 def calibrate(run: MeasuredRun, base: GPU, name: str | None = None) -> GPU:
     """`base` refitted so the model predicts `run`'s measured step: one factor on the device's own work (products,

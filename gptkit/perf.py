@@ -42,6 +42,9 @@ class GPU:
     link_efficiency: float = 0.75       # the fraction of `link` or `network` a ring collective's bus bandwidth reaches
     launch: float = 6e-6         # seconds: the least a kernel takes (its launch)
     collective_latency: float = 20e-6   # seconds added to each collective
+    overhead: float = 0.0        # seconds of host work a micro-batch adds (Python, the engine, dispatch): a CPU's own
+    step_overhead: float = 0.0   # and an optimizer step adds (the engine's step, clipping, logging)
+    shared: bool = False         # the processes of a node share this one device (a CPU's cores), not one each
 
     def peak(self, precision: str) -> float:
         "Dense peak FLOP/s for training in `precision`"
@@ -53,8 +56,9 @@ GPUS: dict[str, GPU] = {
     'h100-80gb':  GPU('h100-80gb',  81559 * MiB, 989e12, 494.5e12, 450e9, 50e9, 3.35e12),
     'h200-141gb': GPU('h200-141gb', 143771 * MiB, 989e12, 494.5e12, 450e9, 50e9, 4.8e12),
     # a 2-core laptop-class CPU (AVX-512): fp32 peak of two cores, DRAM, gloo between processes; fit it with --calibrate
-    'cpu':        GPU('cpu', 16 * GiB, 384e9, 192e9, 5e9, 1e9, 30e9, gemm_efficiency=0.8, gemm_half=32.0,
-                      attention_efficiency=0.2, launch=10e-6, collective_latency=100e-6),
+    'cpu':        GPU('cpu', 16 * GiB, 384e9, 192e9, 5e9, 1e9, 30e9, gemm_efficiency=1.0, gemm_half=32.0,
+                      attention_efficiency=0.35, launch=10e-6, collective_latency=100e-6, overhead=2e-3,
+                      step_overhead=6e-3, shared=True),
 }
 
 # %% ../nbs/01b_perf.ipynb #eea92dbd
@@ -230,9 +234,10 @@ class StepTime:
     bubble: float           # the 1F1B schedule's idle time, (pp - 1) stage passes
     optimizer: float
     ep_comm: float = 0.0    # the MoE layers' all-to-all (dispatch and combine), not overlapped
+    host: float = 0.0       # the host's own work per micro-batch and per step (`GPU.overhead`, `step_overhead`)
 
     PARTS = ('gemm', 'attention', 'memory', 'recompute', 'tp_comm', 'ep_comm', 'dp_comm', 'pp_comm', 'bubble',
-             'optimizer')
+             'optimizer', 'host')
 
     @property
     def total(self) -> float:
@@ -299,7 +304,8 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
     optimizer = memory_seconds(owned * OPTIMIZER_BYTES[train.precision != 'fp32'], 4, gpu)
     ep = moe_est.all_to_all_seconds(model, par, train, m, max(x.experts for x in params.stages), gpu, gpus_per_node)
     return StepTime(m * busy.gemm, m * busy.attention, m * busy.memory, m * (again.total - again.tp),
-                    m * (busy.tp + again.tp), dp, m * hop, (par.pp - 1) * one, optimizer, ep)
+                    m * (busy.tp + again.tp), dp, m * hop, (par.pp - 1) * one, optimizer, ep,
+                    m * gpu.overhead + gpu.step_overhead)
 
 # %% ../nbs/01b_perf.ipynb #35fcd544
 # (billions of parameters, heads, hidden, layers, TP, PP, GPUs, batch, published TFLOP/s per GPU)

@@ -49,6 +49,8 @@ BAD_FILES = [
     ('{"x": {"base": "cpu", "hbm": 1e999}}', "key 'hbm': must be a positive number"),
     ('{"x": {"base": "cpu", "hbm": [1]}}', "key 'hbm': must be a positive number"),
     ('{"x": {"base": "cpu", "hmb": 1e12}}', "key 'hmb': is not a profile field"),
+    ('{"x": {"base": "cpu", "shared": 1}}', "key 'shared': must be true or false, not 1"),
+    ('{"x": {"base": "cpu", "overhead": -0.001}}', "key 'overhead': must be zero or more seconds, not -0.001"),
     ('{"x": {"base": "cpu", "name": "y"}}', "key 'name': is not a profile field"),
     ('{"x": {"memory": 1}}', "key 'peak_16bit': is missing"),
     ('{"x": {"base": "b200"}}', "key 'base': \"b200\" is not a known profile"),
@@ -226,3 +228,11 @@ def test_train_profile_from_the_environment(tiny_run, tmp_path):
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.update({k: v})
+
+
+def test_every_known_profile_survives_a_save_and_load(tmp_path):
+    "GPU profiles have no host overhead (0 s) and a CPU's is shared: both are written and read back as they were"
+    from gptkit.calibrate import load_hardware, save_hardware
+    from gptkit.perf import GPUS
+    save_hardware(tmp_path / 'all.json', dict(GPUS))
+    assert load_hardware(tmp_path / 'all.json') == dict(GPUS)
