@@ -297,6 +297,9 @@ def predicted_line(info, measured: float) -> str:
         predicted = predicted_step(info.cfg, info.world_size, gpu).total
     except GptkitError as e:
         return f'[yellow]step time: {measured * 1e3:,.1f} ms measured; no prediction[/]: {fmt.text(str(e))}'
+    except Exception as e:         # a prediction is a courtesy: whatever fails in it, the run trains on
+        return (f'[yellow]step time: {measured * 1e3:,.1f} ms measured; no prediction[/] (the performance model '
+                f'failed on this run: {fmt.text(type(e).__name__)})')
     return (f'step time: {measured * 1e3:,.1f} ms measured (the first report holds the warm-up), '
             f'{predicted * 1e3:,.1f} ms predicted on {fmt.text(gpu.name)} ({predicted / measured:.2f} x); fit the '
             'profile with gptkit estimate --calibrate RUN')
