@@ -1124,6 +1124,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'gptkit.perf.layer_linears': ('perf.html#layer_linears', 'gptkit/perf.py'),
                              'gptkit.perf.layer_work': ('perf.html#layer_work', 'gptkit/perf.py'),
                              'gptkit.perf.memory_seconds': ('perf.html#memory_seconds', 'gptkit/perf.py'),
+                             'gptkit.perf.mpt_run': ('perf.html#mpt_run', 'gptkit/perf.py'),
                              'gptkit.perf.narayanan_run': ('perf.html#narayanan_run', 'gptkit/perf.py'),
                              'gptkit.perf.narayanan_tflops': ('perf.html#narayanan_tflops', 'gptkit/perf.py'),
                              'gptkit.perf.stage_pass': ('perf.html#stage_pass', 'gptkit/perf.py'),

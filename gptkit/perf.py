@@ -16,10 +16,10 @@ from .layout import BatchPlan, Layout
 from .params import stage_layers
 
 # %% auto #0
-__all__ = ['GiB', 'MiB', 'GPUS', 'OPTIMIZER_BYTES', 'NARAYANAN_2021', 'GPU', 'get_gpu', 'gemm_seconds', 'trained_gemm_seconds',
-           'memory_seconds', 'collective_seconds', 'Work', 'layer_linears', 'attention_work', 'elementwise_bytes',
-           'layer_work', 'state_bytes', 'dp_bytes', 'StepTime', 'stage_pass', 'step_time', 'narayanan_run',
-           'narayanan_tflops']
+__all__ = ['GiB', 'MiB', 'GPUS', 'OPTIMIZER_BYTES', 'NARAYANAN_2021', 'MPT_A100', 'GPU', 'get_gpu', 'gemm_seconds',
+           'trained_gemm_seconds', 'memory_seconds', 'collective_seconds', 'Work', 'layer_linears', 'attention_work',
+           'elementwise_bytes', 'layer_work', 'state_bytes', 'dp_bytes', 'StepTime', 'stage_pass', 'step_time',
+           'narayanan_run', 'narayanan_tflops', 'mpt_run']
 
 # %% ../nbs/01b_perf.ipynb #c284b3ca
 GiB = 2**30
@@ -326,3 +326,18 @@ def narayanan_tflops(model: ModelConfig, batch: int, gpus: int, seconds: float) 
     "TFLOP/s per GPU as the paper counts them: 96 B s l h^2 (1 + s / 6h + V / 16 l h) a step"
     s, l, h, V = model.seq_len, model.layers, model.hidden, model.vocab
     return 96 * batch * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)) / (gpus * seconds) / 1e12
+
+# %% ../nbs/01b_perf.ipynb #dc5bcf4a
+# (model, hidden, heads, layers, sequence, GPUs, micro-batch, accumulation, activation checkpointing, tokens/s/GPU)
+MPT_A100 = [('1b', 2048, 16, 24, 2048, 8, 14, 4, False, 20513), ('3b', 2560, 20, 32, 2048, 8, 10, 2, False, 10811),
+            ('7b', 4096, 32, 32, 2048, 8, 6, 2, False, 4641), ('13b', 5120, 40, 40, 2048, 8, 2, 3, False, 2262),
+            ('7b', 4096, 32, 32, 4096, 8, 16, 2, True, 3684), ('13b', 5120, 40, 40, 4096, 8, 10, 3, True, 2060)]
+
+def mpt_run(row) -> tuple[ModelConfig, ParallelConfig, TrainConfig]:
+    "One MPT benchmark row as gptkit's configs: FSDP's full sharding as ZeRO 3"
+    _, hidden, heads, layers, seq, gpus, micro, accumulation, checkpointing, _ = row
+    model = ModelConfig(layers=layers, hidden=hidden, heads=heads, seq_len=seq, vocab=50368, bias=False,
+                        dropout=0.0, tie_embeddings=True)
+    train = TrainConfig(micro_batch=micro, global_batch=micro * accumulation * gpus, precision='bf16',
+                        recompute='full' if checkpointing else 'none', flash=True)
+    return model, ParallelConfig(dp=gpus, zero=3), train
