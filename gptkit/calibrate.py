@@ -23,7 +23,7 @@ from .runconfig import RunConfig, from_dict
 # %% auto #0
 __all__ = ['FIELDS', 'FRACTIONS', 'OVERHEADS', 'PROFILE_BYTES', 'COMPUTE', 'HARDWARE_ENV', 'GPU_ENV', 'profile_from_dict',
            'load_hardware', 'profile_dict', 'save_hardware', 'MeasuredRun', 'read_step_seconds', 'read_run',
-           'is_shared', 'predicted_step', 'scaled', 'calibrate', 'known_profile', 'machine_profile']
+           'predicted_step', 'scaled', 'calibrate', 'known_profile', 'machine_profile']
 
 # %% ../nbs/01c_calibrate.ipynb #6c283aa2
 FIELDS = {f.name: f for f in dataclasses.fields(GPU) if f.name != 'name'}
@@ -153,16 +153,12 @@ def read_run(folder: str | Path) -> MeasuredRun:
     return MeasuredRun(folder, cfg, cfg.layout.world, seconds, n)
 
 # %% ../nbs/01c_calibrate.ipynb #d8f9583d
-def is_shared(gpu: GPU) -> bool:
-    "Whether the processes of one machine share this device (a CPU's cores and memory), not one device each"
-    return gpu.shared
-
 def predicted_step(cfg: RunConfig, world: int, gpu: GPU) -> StepTime:
     """The performance model's step of run `cfg` on `world` processes; on a shared device (a CPU) the processes of
     one node split its peak and memory bandwidth"""
     run = cfg.for_world(world)
     par = run.parallel
-    if is_shared(gpu) and world > 1:
+    if gpu.shared and world > 1:
         gpu = dataclasses.replace(gpu, peak_16bit=gpu.peak_16bit / world, peak_tf32=gpu.peak_tf32 / world,
                                   hbm=gpu.hbm / world)
     return step_time(run.model, par, run.train, gpu, count_params(run.model, par.tp, par.pp, par.balance),

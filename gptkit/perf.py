@@ -16,10 +16,10 @@ from .layout import BatchPlan, Layout
 from .params import stage_layers
 
 # %% auto #0
-__all__ = ['GiB', 'MiB', 'GPUS', 'OPTIMIZER_BYTES', 'NARAYANAN_2021', 'MPT_A100', 'GPU', 'get_gpu', 'gemm_seconds',
-           'trained_gemm_seconds', 'memory_seconds', 'collective_seconds', 'Work', 'layer_linears', 'attention_work',
-           'elementwise_bytes', 'layer_work', 'state_bytes', 'dp_bytes', 'StepTime', 'stage_pass', 'step_time',
-           'narayanan_run', 'narayanan_tflops', 'mpt_run']
+__all__ = ['GiB', 'MiB', 'GPUS', 'OPTIMIZER_BYTES', 'NARAYANAN_2021', 'MPT_A100', 'GPU', 'get_gpu', 'element_bytes',
+           'gemm_seconds', 'trained_gemm_seconds', 'memory_seconds', 'collective_seconds', 'Work', 'layer_linears',
+           'attention_work', 'elementwise_bytes', 'layer_work', 'state_bytes', 'dp_bytes', 'StepTime', 'stage_pass',
+           'step_time', 'narayanan_run', 'narayanan_tflops', 'mpt_run']
 
 # %% ../nbs/01b_perf.ipynb #c284b3ca
 GiB = 2**30
@@ -83,6 +83,10 @@ def get_gpu(name: str = 'a100-80gb', memory: int | None = None, tflops: float | 
                                peak_16bit=gpu.peak_16bit * scale, peak_tf32=gpu.peak_tf32 * scale)
 
 # %% ../nbs/01b_perf.ipynb #96ce20f4
+def element_bytes(precision: str) -> int:
+    "Bytes of one activation or 16-bit weight element in training `precision`"
+    return 4 if precision == 'fp32' else 2
+
 def gemm_seconds(m: float, n: float, k: float, gpu: GPU, precision: str) -> float:
     """One [m, k] x [k, n] product: its FLOPs at the peak times the efficiency its sizes allow (each dimension x
     costs x / (x + half)), or the bytes it moves, whichever takes longer; never less than one launch"""
@@ -90,7 +94,7 @@ def gemm_seconds(m: float, n: float, k: float, gpu: GPU, precision: str) -> floa
         return 0.0
     h = gpu.gemm_half
     efficiency = gpu.gemm_efficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
-    element = 4 if precision == 'fp32' else 2
+    element = element_bytes(precision)
     compute = 2 * m * n * k / (gpu.peak(precision) * efficiency)
     traffic = element * (m * k + k * n + m * n) / (gpu.hbm * gpu.memory_efficiency)
     return max(compute, traffic, gpu.launch)
@@ -104,12 +108,12 @@ def memory_seconds(nbytes: float, kernels: int, gpu: GPU) -> float:
     "Elementwise work moving `nbytes` in `kernels` launches: at the achieved memory bandwidth, a launch at least each"
     return max(nbytes / (gpu.hbm * gpu.memory_efficiency), kernels * gpu.launch)
 
-def collective_seconds(nbytes: float, ranks: int, bandwidth: float, gpu: GPU, kind: str = 'all_reduce') -> float:
-    """A ring collective over `ranks` on `nbytes` (each rank's full buffer): all-reduce moves 2 (r - 1) / r of it,
-    all-gather or reduce-scatter (r - 1) / r, at the bus bandwidth the link reaches, plus a latency"""
+def collective_seconds(nbytes: float, ranks: int, bandwidth: float, gpu: GPU) -> float:
+    """A ring all-reduce over `ranks` on `nbytes` (each rank's full buffer; SP's all-gather plus reduce-scatter moves
+    the same): 2 (r - 1) / r of it at the bus bandwidth the link reaches, plus a latency"""
     if ranks <= 1 or nbytes <= 0:
         return 0.0
-    share = (2 if kind == 'all_reduce' else 1) * (ranks - 1) / ranks
+    share = 2 * (ranks - 1) / ranks
     return share * nbytes / (bandwidth * gpu.link_efficiency) + gpu.collective_latency
 
 # %% ../nbs/01b_perf.ipynb #91477145
@@ -159,7 +163,7 @@ def attention_work(model: ModelConfig, micro_batch: int, tp: int, train: TrainCo
     softmax (and dropout) reading and writing them"""
     s, heads, d = model.seq_len, model.heads / tp, model.head_dim
     keys = min(model.sliding_window or s, s)
-    e = 4 if train.precision == 'fp32' else 2
+    e = element_bytes(train.precision)
     if train.flash:
         flops = 4 * micro_batch * heads * s * keys * d / (2 if keys == s else 1)
         fwd = max(flops / (gpu.peak(train.precision) * gpu.attention_efficiency), gpu.launch)
@@ -195,7 +199,7 @@ def elementwise_bytes(model: ModelConfig, i: int, tokens: int, tp: int, sp: bool
 def layer_work(model: ModelConfig, i: int, micro_batch: int, tp: int, ep: int, train: TrainConfig, sp: bool,
                gpu: GPU) -> tuple[Work, Work]:
     "(forward, backward) of layer `i` for one micro-batch on one rank: products, attention, memory-bound, TP traffic"
-    tokens, e = micro_batch * model.seq_len, 4 if train.precision == 'fp32' else 2
+    tokens, e = micro_batch * model.seq_len, element_bytes(train.precision)
     fwd, bwd = _linears(layer_linears(model, i, tokens, tp, ep), gpu, train.precision)
     att_f, att_b = attention_work(model, micro_batch, tp, train, gpu)
     nbytes, kernels = elementwise_bytes(model, i, tokens, tp, sp, e)
@@ -271,7 +275,7 @@ def stage_pass(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu:
         elif train.recompute == 'selective':
             again = again + attention_work(model, train.micro_batch, par.tp, train, gpu)[0] * count
     if last:
-        tokens, e = train.micro_batch * model.seq_len, 4 if train.precision == 'fp32' else 2
+        tokens, e = train.micro_batch * model.seq_len, element_bytes(train.precision)
         columns = model.padded_vocab(par.tp) / par.tp
         f, b = trained_gemm_seconds(tokens, columns, model.hidden, gpu, train.precision)
         loss = memory_seconds(tokens * columns * (e + 4 + 4 + e), 4, gpu)      # fp32 softmax and its gradient
@@ -284,7 +288,7 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
     pace of the 1F1B pipeline (m micro-batches, then pp - 1 more passes of idle time), plus data-parallel traffic
     (`dp_bytes`) and the optimizer on the most loaded rank; `params` is `estimate.count_params`' for this layout"""
     plan = BatchPlan.build(train, Layout.build(par), model.seq_len)
-    m, e = plan.accumulation, 4 if train.precision == 'fp32' else 2
+    m, e = plan.accumulation, element_bytes(train.precision)
     stages = stage_layers(model, par.pp, par.balance)
     passes = [stage_pass(model, par, train, gpu, lo, hi, j == par.pp - 1) for j, (lo, hi) in enumerate(stages)]
     slowest = max(passes, key=lambda x: (x[0] + x[1] + x[2]).total)
