@@ -36,7 +36,7 @@ setuptools.setup(
     include_package_data=True,
     package_data={'gptkit': ['assets/*.md', 'assets/*/*']},
     install_requires=cfg["requirements"].split(),
-    extras_require={"dev": cfg["dev_requirements"].split()},
+    extras_require={"dev": cfg["dev_requirements"].split(), "eval": cfg["eval_requirements"].split()},
     entry_points={
         "console_scripts": cfg["console_scripts"].split(),
         "nbdev": [f"{cfg['lib_name']}=gptkit._modidx:d"],

@@ -151,6 +151,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'gptkit.config.TrainConfig': ('config.html#trainconfig', 'gptkit/config.py'),
                                'gptkit.config.TrainConfig.curriculum_problems': ( 'config.html#trainconfig.curriculum_problems',
                                                                                   'gptkit/config.py'),
+                               'gptkit.config.TrainConfig.finetune_problems': ( 'config.html#trainconfig.finetune_problems',
+                                                                                'gptkit/config.py'),
                                'gptkit.config.TrainConfig.problems': ('config.html#trainconfig.problems', 'gptkit/config.py'),
                                'gptkit.config._gpt3': ('config.html#_gpt3', 'gptkit/config.py'),
                                'gptkit.config._llama': ('config.html#_llama', 'gptkit/config.py'),

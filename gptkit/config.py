@@ -16,8 +16,8 @@ from .errors import ConfigError, check, shown
 # %% auto #0
 __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'QWEN2', 'QWEN3',
            'MIXTRAL', 'OLMOE', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'MOE_PRESETS', 'RECOMPUTE', 'PRECISIONS',
-           'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig', 'Preset', 'get_preset', 'ParallelConfig',
-           'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
+           'TASKS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig', 'Preset', 'get_preset',
+           'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -46,7 +46,7 @@ MOST = {'layers': 10_000, 'hidden': 1_000_000, 'heads': 100_000, 'kv_heads': 100
         'micro_batch': 1_000_000, 'global_batch': 100_000_000, 'iters': 10**9, 'tokens': 10**16,
         'eval_iters': 10**6, 'seed': 2**63 - 1, 'moe_experts': 65_536, 'moe_top_k': 65_536, 'moe_every': 10_000,
         'moe_ffn_hidden': 10_000_000, 'curriculum_start': 2**24, 'curriculum_end': 2**24, 'curriculum_steps': 10**9,
-        'curriculum_step_size': 2**24}
+        'curriculum_step_size': 2**24, 'lora_rank': 65_536}
 MOST_COUNT = 10**12   # any other count: intervals, checkpoints kept, bad steps in a row
 
 def positive_problems(values: dict) -> list[tuple[str, str]]:
@@ -314,6 +314,7 @@ def get_preset(name: str, key: str = 'preset') -> Preset:
 # %% ../nbs/00_config.ipynb #08183000
 RECOMPUTE = ('none', 'selective', 'full')
 PRECISIONS = ('fp32', 'fp16', 'bf16')
+TASKS = ('pretrain', 'sft')          # train.task: learn every token, or the loss mask's (supervised fine-tuning)
 OFFLOADS = ('none', 'optimizer', 'optimizer+params')
 
 @dataclass(frozen=True)
@@ -381,6 +382,14 @@ class TrainConfig:
     curriculum_end: int | None = None    # the length reached after `curriculum_steps`; None: model.seq_len
     curriculum_steps: int = 1000         # steps over which the length grows linearly from start to end
     curriculum_step_size: int = 8        # lengths are multiples of this (Megatron-DeepSpeed's difficulty_step)
+    # supervised fine-tuning: 'pretrain' learns every token; 'sft' only those the dataset's loss mask marks (the
+    # assistant's, from `gptkit data prepare --chat`)
+    task: str = 'pretrain'
+    # LoRA: low-rank adapters on the `lora_targets` linear layers, the base weights frozen (rank 0: no LoRA)
+    lora_rank: int = 0
+    lora_alpha: float = 16.0             # the adapters' output is scaled by lora_alpha / lora_rank
+    lora_dropout: float = 0.0            # dropout on the adapters' input
+    lora_targets: str = 'qkv,proj,fc1,fc2'  # module names: attention's qkv and proj, the MLP's fc1 and fc2
 
     def problems(self) -> list[tuple[str, str]]:
         counts = ('micro_batch', 'global_batch', 'iters', 'tokens', 'eval_interval', 'log_interval', 'save_interval',
@@ -400,7 +409,27 @@ class TrainConfig:
             out.append(('compile', f'{{key}} must be true or false, not {shown(self.compile)}'))
         if self.recompute not in RECOMPUTE:
             out.append(('recompute', f"{{key}} must be one of {', '.join(RECOMPUTE)}, not {shown(self.recompute)}"))
-        return out + self.curriculum_problems()
+        return out + self.curriculum_problems() + self.finetune_problems()
+
+    def finetune_problems(self) -> list[tuple[str, str]]:
+        "Everything wrong with the task and LoRA values (target names are checked against the model when it is built)"
+        out = []
+        if self.task not in TASKS:
+            out.append(('task', f"{{key}} must be one of {', '.join(TASKS)}, not {shown(self.task)}"))
+        r = self.lora_rank
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= MOST['lora_rank']:
+            most = MOST['lora_rank']
+            out.append(('lora_rank', f'{{key}} must be a whole number from 0 (no LoRA) to {most:,}, not {shown(r)}'))
+        a = self.lora_alpha
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 < a < float('inf'):
+            out.append(('lora_alpha', f'{{key}} must be a positive number, not {shown(a)}'))
+        p = self.lora_dropout
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            out.append(('lora_dropout', f'{{key}} must be a number from 0 up to (not including) 1, not {shown(p)}'))
+        t = self.lora_targets
+        if not isinstance(t, str) or not [n for n in t.split(',') if n.strip()]:
+            out.append(('lora_targets', f"{{key}} must name linear layers, like 'qkv,proj,fc1,fc2', not {shown(t)}"))
+        return out
 
     def curriculum_problems(self) -> list[tuple[str, str]]:
         "Everything wrong with the curriculum values (their fit to the model's context is checked with the model)"
@@ -494,9 +523,13 @@ class DataConfig:
     train_prefix: str | None = None  # the train split's own prefix or blend (instead of prefix and split)
     valid_prefix: str | None = None  # the validation split's (none: no evaluation)
     test_prefix: str | None = None   # the test split's (none: no test)
+    document_mask: bool = False    # packed samples: each token attends only within its own document (which ends at
+                                   # an end-of-document token) and positions restart there
 
     def problems(self) -> list[tuple[str, str]]:
         out = []
+        if not isinstance(self.document_mask, bool):
+            out.append(('document_mask', f'{{key}} must be true or false, not {shown(self.document_mask)}'))
         parts = str(self.split).replace('/', ',').split(',')
         try:
             weights = [float(p) for p in parts]
