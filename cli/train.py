@@ -141,6 +141,7 @@ ResumeOption = Annotated[bool, typer.Option(
     '--resume', help="Continue from the newest intact checkpoint in --out (with neither --preset nor --config: "
                      "the run's own config.json, the other flags on top).")]
 InitOption = Annotated[Optional[str], typer.Option(
+    '--init', '--init-from',
     help="Start from this checkpoint's weights (a run folder, its checkpoints/ or an iter_ folder; gptkit checkpoint "
          'import writes one) at step 0: a fresh optimizer, this run\'s schedule and data; the model and tokenizer are '
          "the checkpoint's.")]

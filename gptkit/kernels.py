@@ -464,7 +464,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         if group is not None and torch.distributed.get_world_size(group) > 1:
             lse, picked = _combine(lse, picked, group)
         valid = targets != ignore_index
-        n = valid.sum()
+        n = valid.sum().clamp(min=1)                 # no target at all: loss 0, gradients 0
         ctx.save_for_backward(x, weight, local, lse, valid)
         ctx.n, ctx.real, ctx.chunk, ctx.use_triton = n, real, chunk, use_triton
         return ((lse - picked) * valid).sum() / n

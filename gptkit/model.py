@@ -23,9 +23,10 @@ from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
-__all__ = ['CPU_CE_CHUNK_TOKENS', 'RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'core_attention', 'reference_attention',
-           'Attention', 'MLP', 'LayerNorm', 'make_norm', 'Dropout', 'make_mlp', 'Block', 'cpu_ce_chunk_tokens',
-           'FusedCrossEntropy', 'fused_cross_entropy', 'OutputLayer', 'GPT', 'num_params', 'KVCache']
+__all__ = ['CPU_CE_CHUNK_TOKENS', 'RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'documents_of', 'document_positions',
+           'document_mask', 'core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'make_norm',
+           'Dropout', 'make_mlp', 'Block', 'cpu_ce_chunk_tokens', 'FusedCrossEntropy', 'fused_cross_entropy',
+           'OutputLayer', 'GPT', 'num_params', 'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -62,9 +63,30 @@ def window_bias(seq: int, window: int, dtype, device=None):
     # one tensor for every layer: autograd keeps a reference per layer, not a copy (seq^2 elements, not layers x that)
     return torch.zeros(seq, seq, dtype=dtype, device=device).masked_fill(~window_mask(seq, window, device), -math.inf)
 
-def core_attention(q, k, v, dropout: float = 0.0, window: int | None = None):
-    "Causal attention of q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, ...] (flash kernels if available)"
+def documents_of(ids, eod: int):
+    "Document numbers [batch, seq] of token ids [batch, seq]: a document ends with (and holds) an `eod` token"
+    ends = (ids == eod).long()
+    return ends.cumsum(1) - ends
+
+def document_positions(documents):
+    "Each token's position within its own document, for document numbers [batch, seq] (rising along each row)"
+    t = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return t - torch.where(starts, t, 0).cummax(1).values
+
+def document_mask(documents, window: int | None = None):
+    "[batch, 1, seq, seq]: query i sees key j when both lie in one document and j <= i (and i - j < `window`)"
+    s = documents.shape[1]
+    causal = window_mask(s, window if window else s, documents.device)
+    return ((documents[:, :, None] == documents[:, None, :]) & causal)[:, None]
+
+def core_attention(q, k, v, dropout: float = 0.0, window: int | None = None, mask=None):
+    """Causal attention of q [batch, heads, seq, head_dim] and k, v [batch, kv_heads, ...] (flash kernels if
+    available); with `mask` ([batch, 1, seq, seq], True where a query sees a key: `document_mask`), that mask instead"""
     gqa = k.shape[1] != q.shape[1]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
     if window and window < q.shape[-2]:     # the causal kernel alone when the window holds the whole sequence
         mask = window_bias(q.shape[-2], window, q.dtype, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
@@ -98,7 +120,7 @@ class Attention(nn.Module):
         self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
         self.kernels = cfg.kernels
 
-    def forward(self, x, cache: KVCache | None = None, rope=None):
+    def forward(self, x, cache: KVCache | None = None, rope=None, mask=None):
         qkv = self.qkv(x)
         b, s = qkv.shape[:2]
         d, groups = qkv.shape[-1] // (self.heads + 2 * self.kv_heads), self.heads // self.kv_heads
@@ -106,7 +128,8 @@ class Attention(nn.Module):
         if self.qk_norm_all:                                                 # OLMoE: across all heads at once
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.view(b, s, -1, d) for t in (q, k, v))
-        kern = _kernels(self.kernels, x)
+        per_row = rope is not None and rope[0].dim() > 2     # a position per row (documents, left padding)
+        kern = None if per_row else _kernels(self.kernels, x)    # the kernels take one table for every row
         fused = kern is not None and rope is not None and type(self.q_norm) is RMSNorm and not self.qk_norm_all
         if self.q_norm is not None and not fused and not self.qk_norm_all:  # each head's vector normalized
             q, k = self.q_norm(q), self.k_norm(k)
@@ -127,9 +150,9 @@ class Attention(nn.Module):
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
                                                    enable_gqa=groups > 1)
             elif self.recompute:
-                y = checkpoint(core_attention, q, k, v, p, self.window, use_reentrant=False)
+                y = checkpoint(core_attention, q, k, v, p, self.window, mask, use_reentrant=False)
             else:
-                y = core_attention(q, k, v, p, self.window)
+                y = core_attention(q, k, v, p, self.window, mask)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 # %% ../nbs/07b_model.ipynb #d54813e5
@@ -184,8 +207,8 @@ class Block(nn.Module):
         self.ln1, self.attn = make_norm(cfg), Attention(cfg, layer)
         self.ln2, self.mlp = make_norm(cfg), make_mlp(cfg, layer)
         self.drop = Dropout(cfg.dropout)
-    def forward(self, x, cache: KVCache | None = None, rope=None):
-        x = x + self.drop(self.attn(self.ln1(x), cache, rope))
+    def forward(self, x, cache: KVCache | None = None, rope=None, mask=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rope, mask))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 # %% ../nbs/07b_model.ipynb #f5ce0002
@@ -214,7 +237,7 @@ class FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, chunk, ignore_index):
         valid = targets != ignore_index
-        n, all_valid = valid.sum(), bool(valid.all())
+        n, all_valid = valid.sum().clamp(min=1), bool(valid.all())   # no target at all: loss 0, gradients 0
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         dx = torch.empty_like(x)
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -261,8 +284,9 @@ class OutputLayer(nn.Module):
             return fused_cross_entropy(x, weight[:self.vocab], targets)
         return F.linear(x, weight[:self.vocab])
     def loss(self, logits, targets):
-        "Mean next-token cross entropy, in fp32"
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        "Mean next-token cross entropy, in fp32, over the targets that are not -100 (0 when none is)"
+        total = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction='sum')
+        return total / (targets != -100).sum().clamp(min=1)
     def chunked_loss(self, x, weight, targets, use_triton: bool = True):
         "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels)"
         from gptkit.kernels import chunked_cross_entropy
@@ -316,12 +340,16 @@ class GPT(nn.Module):
             b.attn.recompute = mode == 'selective'
         return self
 
-    def _recomputed(self, block, x, rope):
+    def _recomputed(self, block, x, rope, mask):
         extra = {'context_fn': self.rng_tracker.checkpoint_contexts} if self.rng_tracker is not None else {}
-        return checkpoint(block, x, None, rope, use_reentrant=False, **extra)
+        return checkpoint(block, x, None, rope, mask, use_reentrant=False, **extra)
 
-    def hidden_states(self, x, cache: KVCache | None = None, positions=None, valid=None):
-        "The final LayerNorm's output for token ids [batch, seq] (a pipeline stage: its blocks' output)"
+    def hidden_states(self, x, cache: KVCache | None = None, positions=None, valid=None, documents=None):
+        """The final LayerNorm's output for token ids [batch, seq] (a pipeline stage: its blocks' output); with
+        `documents` (numbers [batch, seq], `documents_of`), each token sees only its own document, from position 0"""
+        mask = None
+        if documents is not None:
+            positions, mask = document_positions(documents), document_mask(documents, self.cfg.sliding_window)
         if cache is not None:
             self._extend(cache, x.shape[1], valid)
         elif valid is not None:
@@ -339,9 +367,9 @@ class GPT(nn.Module):
             if cache is not None:
                 x = block(x, cache, rope)
             elif self.recompute == 'full' and self.training:
-                x = self._recomputed(block, x, rope)
+                x = self._recomputed(block, x, rope, mask)
             else:
-                x = block(x, None, rope)
+                x = block(x, None, rope, mask)
         return x if self.ln_f is None else self.ln_f(x)
 
     def _rope(self, positions, dtype):
@@ -376,8 +404,8 @@ class GPT(nn.Module):
         return self.head.loss(logits, targets)
 
     def forward(self, x, targets=None, *, cache: KVCache | None = None, positions=None, valid=None,
-                logits_to_keep: int = 0):
-        h = self.hidden_states(x, cache, positions, valid)
+                logits_to_keep: int = 0, documents=None):
+        h = self.hidden_states(x, cache, positions, valid, documents)
         if self.ln_f is None:
             return h            # a pipeline stage before the last hands on its hidden states
         if targets is not None and _kernels(self.cfg.kernels, h) is not None:   # fused output layer and loss

@@ -328,7 +328,8 @@ def sync_tied_grads(model, parallel: ParallelState):
 
 def one_f_one_b(forward, backward, batches: list, parallel: ParallelState, shape, dtype, device,
                 train: bool = True) -> list:
-    "Run micro-batches [(ids, targets)] through this rank's stage in 1F1B order; returns the last stage's losses"
+    """Run micro-batches [(ids, targets)] or [(ids, targets, the model's keyword arguments)] through this rank's
+    stage in 1F1B order; returns the last stage's losses"""
     pp, s, m = parallel.layout.pp, parallel.pp_rank, len(batches)
     first, last = parallel.is_first_stage, parallel.is_last_stage
     prev = None if first else parallel.stage_rank(s - 1)
@@ -345,10 +346,10 @@ def one_f_one_b(forward, backward, batches: list, parallel: ParallelState, shape
         sends.append((dist.isend(t, dst), t))     # the tensor must outlive the send
 
     def run_forward(i):
-        ids, targets = batches[i]
+        ids, targets, *extra = batches[i]
         x = ids if first else receive(prev).requires_grad_(train)
         with torch.set_grad_enabled(train):
-            y = forward(x, targets if last else None)
+            y = forward(x, targets if last else None, **(extra[0] if extra else {}))
         if last:
             losses.append(y.detach())
         else:

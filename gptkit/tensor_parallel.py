@@ -300,7 +300,9 @@ class ParallelOutputLayer(nn.Module):
             z = z.masked_fill(pad, float('-inf'))
         return z
     def loss(self, logits, targets):
-        return vocab_parallel_cross_entropy(logits, targets, self.group).mean()
+        valid = targets != -100                                    # targets the loss leaves out (train.task sft)
+        per_token = vocab_parallel_cross_entropy(logits, targets, self.group) * valid
+        return per_token.sum() / valid.sum().clamp(min=1)
     def chunked_loss(self, x, weight, targets, use_triton: bool = True):
         "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels, model.kernels)"
         from gptkit.kernels import chunked_cross_entropy
@@ -326,8 +328,8 @@ class WholeSequenceMLPBlock(Block):
     """A block whose MLP (a mixture of experts) runs on the whole sequence under sequence parallelism: the normed
     slices gathered before it, this rank's slice of its output kept after; every rank computes the same MLP"""
     group = None
-    def forward(self, x, cache=None, rope=None):
-        x = x + self.drop(self.attn(self.ln1(x), cache, rope))
+    def forward(self, x, cache=None, rope=None, mask=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rope, mask))
         whole = self.mlp(gather_sequence_whole(self.ln2(x), self.group))
         return x + self.drop(scatter_to_sequence(whole, self.group))
 

@@ -37,9 +37,10 @@ from .curriculum import Curriculum, decay_by_tokens
 from .data.plan import data_name, machine_memory, split_sizes, split_source, warn_repeats
 from .data.samples import split_samples
 from .engine import Schedule, build_engine, check_precision, compile_model, device_type, init_distributed
-from .errors import ConfigError, DataError, GptkitError
+from .errors import ConfigError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
+from .microbatches import MicroBatching, mask_opener, micro_batches
 from .model import GPT, num_params
 from .moe import expert_load, moe_stats, set_moe_grad_scale
 from .plan import RunPlan, plan_run, read_tokenizer
@@ -50,24 +51,13 @@ from .tokenizer import load as load_tokenizer, save as save_tokenizer
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TrainingError', 'micro_batch', 'peak_flops', 'memory_gib', 'check_fits', 'evaluate', 'Window', 'Loop',
-           'hold_run', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due',
-           'finish', 'start_weights', 'train']
+__all__ = ['log', 'TrainingError', 'peak_flops', 'memory_gib', 'check_fits', 'evaluate', 'Window', 'Loop', 'hold_run', 'setup',
+           'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish',
+           'start_weights', 'train']
 
 # %% ../nbs/11_train.ipynb #367d2266
 class TrainingError(GptkitError):
     "A run that cannot go on (a loss that stays NaN, a machine too small for the model)"
-
-# %% ../nbs/11_train.ipynb #8ad9606a
-def micro_batch(samples, start: int, size: int, vocab: int, where: str) -> np.ndarray:
-    "Samples `start ... start+size-1` as an int64 array [size, seq_len + 1], their ids checked against `vocab`"
-    arr = np.stack([samples[(start + k) % len(samples)] for k in range(size)])
-    if arr.max(initial=0) >= vocab:
-        bad = int(arr.max())
-        sample = start + int(np.argmax(arr.max(1)))
-        raise DataError(f'{where}: token id {bad} in sample {sample} is outside the tokenizer\'s '
-                        f'{vocab} entries; the data was prepared with a different tokenizer')
-    return arr
 
 # %% ../nbs/11_train.ipynb #92983816
 def peak_flops(device: str, precision: str) -> float | None:
@@ -127,16 +117,6 @@ def _reports_loss(parallel) -> bool:
     return parallel.is_last_stage and parallel.tp_rank == 0
 
 # %% ../nbs/11_train.ipynb #6649ee2c
-def _micro_batches(samples, start: int, ga: int, dp: int, dp_rank: int, mb: int, vocab: int, where: str,
-                   device, length: int | None = None) -> list:
-    "This rank's `ga` micro-batches of the step whose first sample is `start`, as (inputs, targets) cut to `length`"
-    out = []
-    for m in range(ga):
-        ids = micro_batch(samples, start + (m * dp + dp_rank) * mb, mb, vocab, where)
-        ids = torch.from_numpy(ids if length is None else ids[:, :length + 1]).to(device)   # a curriculum's step
-        out.append((ids[:, :-1], ids[:, 1:]))
-    return out
-
 def _stage_shape(engine, parallel, inputs) -> tuple[int, int, int]:
     "The shape of the activations a pipeline stage passes on for micro-batches like `inputs` (of any length)"
     sp = getattr(engine.module, 'sequence_parallel', False)
@@ -157,8 +137,8 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
             counted['dropped'] += 1
     norm = None
     if parallel.layout.pp == 1:
-        for m, (x, y) in enumerate(batches):
-            backward(engine(x, y), True)
+        for m, (x, y, extra) in enumerate(batches):
+            backward(engine(x, y, **extra), True)
             if m == len(batches) - 1 and want_norm:
                 norm = grad_norm(engine.module, parallel)
             engine.step()
@@ -184,14 +164,15 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
     return counted['loss'], counted['dropped'], norm
 
 # %% ../nbs/11_train.ipynb #746372ac
-def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where: str) -> float:
+def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where: str,
+             kind: MicroBatching = MicroBatching()) -> float:
     "Mean loss over the first `n_micro` x dp micro-batches of `samples`, agreed across ranks"
     dp = parallel.layout.dp
     engine.eval()
-    batches = _micro_batches(samples, 0, n_micro, dp, parallel.dp_rank, mb, vocab, where, engine.device)
+    batches = micro_batches(samples, 0, n_micro, dp, parallel.dp_rank, mb, vocab, where, engine.device, kind=kind)
     with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
         if parallel.layout.pp == 1:
-            losses = [engine(x, y) for x, y in batches]
+            losses = [engine(x, y, **extra) for x, y, extra in batches]
         else:
             shape = _stage_shape(engine, parallel, batches[0][0])
             dtype = next(engine.module.parameters()).dtype
@@ -213,7 +194,7 @@ def _split(cfg: RunConfig, name: str, rank: int):
         return None
     prefixes, weights, split = src
     build = lambda: split_samples(prefixes, weights, name, split_sizes(cfg)[name], cfg.model.seq_len,
-                                  cfg.train.seed, split)
+                                  cfg.train.seed, split, masks=mask_opener(cfg.train.task))
     if rank == 0:
         samples = build()
     if dist.is_initialized():
@@ -277,6 +258,7 @@ class Loop:
     window: Window | None = None
     result: TrainResult | None = None
     curriculum: Curriculum | None = None   # the sequence-length warm-up (train.curriculum_start), if any
+    batching: MicroBatching = MicroBatching()   # loss-masked targets (train.task sft), packed documents apart
 
     @property
     def rank(self) -> int:
@@ -361,8 +343,15 @@ def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = Fa
     callbacks = list(callbacks) + [MetricsFile(), TensorBoard()] if rank == 0 else []
     # gptkit measures the gradient norm where DeepSpeed reports none (fp32, ZeRO 0) or a wrong one (ZeRO-0 pipelines)
     own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)
+    apart = cfg.train.task == 'sft' or cfg.data.document_mask
+    batching = MicroBatching.of(cfg.train.task, cfg.data.document_mask, _eod(plan) if apart else None)
     return Loop(cfg, cfg.plan, parallel, engine, ds, train_set, valid, callbacks, device, params, shapes,
-                plan.resume_from, own_norm, started, curriculum=Curriculum.of(cfg.train, cfg.model.seq_len))
+                plan.resume_from, own_norm, started, curriculum=Curriculum.of(cfg.train, cfg.model.seq_len),
+                batching=batching)
+
+def _eod(plan: RunPlan) -> int:
+    "The end-of-document token of the run's tokenizer (read here when this process was handed the plan without it)"
+    return (plan.tokenizer or load_tokenizer(plan.cfg.data.tokenizer)).eod
 
 # %% ../nbs/11_train.ipynb #dcb94edc
 def restore(loop: Loop) -> Loop:
@@ -388,9 +377,9 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     "One optimizer step over the global batch; returns its mean loss (NaN when every micro-batch was dropped)"
     cfg, plan, engine = loop.cfg, loop.plan, loop.engine
     length = loop.length                            # a curriculum's steps are shorter than the model's context
-    batches = _micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
-                             plan.micro_batch, cfg.model.vocab, data_name(cfg, 'train'), engine.device,
-                             None if loop.curriculum is None else length)
+    batches = micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
+                            plan.micro_batch, cfg.model.vocab, data_name(cfg, 'train'), engine.device,
+                            None if loop.curriculum is None else length, loop.batching)
     loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
     if loop.own_norm:
         loop.grad_norm = norm
@@ -457,7 +446,7 @@ def _evaluate(loop: Loop, samples, split: str) -> float:
     "The mean loss over `eval_iters` global batches of `samples`, told to the callbacks"
     cfg, plan = loop.cfg, loop.plan
     loss = evaluate(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch, loop.parallel,
-                    cfg.model.vocab, data_name(cfg, split))
+                    cfg.model.vocab, data_name(cfg, split), loop.batching)
     for c in loop.callbacks:
         c.on_eval(split, loop.iteration, loss)
     return loss

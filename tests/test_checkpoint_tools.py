@@ -105,7 +105,8 @@ def test_exported_tokenizer_loads_offline_and_encodes_like_gptkit(imported, tiny
 def test_imported_checkpoint_trains_from_the_imported_weights(imported, tiny_data):
     "`gptkit train --config OUT/config.json --out OUT --resume`: step 1's loss is the HF model's loss on that batch"
     from gptkit.runconfig import resolve
-    from gptkit.train import _split, micro_batch
+    from gptkit.microbatches import micro_batch
+    from gptkit.train import _split
     hf, _, run = imported
     prefix, _ = tiny_data
     r = runner.invoke(app, ['train', '--config', str(run / 'config.json'), '--out', str(run), '--resume', '--data', prefix,

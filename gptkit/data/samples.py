@@ -129,8 +129,9 @@ def _split_range(prefix, split: str, name: str, n: int) -> tuple[int, int]:
 
 class GPTSamples:
     "Samples of `seq_len + 1` tokens from one split of a .bin/.idx dataset, in Megatron's shuffled order"
-    def __init__(self, prefix: str | Path, spec: SampleSpec, cache: bool = True):
+    def __init__(self, prefix: str | Path, spec: SampleSpec, cache: bool = True, mask=None):
         self.data, self.spec = IndexedDataset(prefix), spec
+        self.mask = mask            # the tokens' loss mask (`gptkit.data.chat.open_mask`), read like them; or None
         rng = _split_range(prefix, spec.split, spec.name, len(self.data))
         documents = np.arange(*rng, dtype=np.int32)
         key = json.dumps({**spec.__dict__, 'range': rng, 'tokens': self.data.num_tokens})
@@ -151,14 +152,24 @@ class GPTSamples:
         return len(self.shuffle_index)
 
     def __getitem__(self, i: int) -> np.ndarray:
+        return self._gather(self.data, i).astype(np.int64)
+
+    def loss_mask(self, i: int) -> np.ndarray:
+        "Sample `i`'s loss mask (1: a token the loss learns), aligned with its tokens; all ones without a mask"
+        if self.mask is None:
+            return np.ones(self.spec.seq_len + 1, np.uint8)
+        return self._gather(self.mask, i).astype(np.uint8)
+
+    def _gather(self, data, i: int) -> np.ndarray:
+        "The `seq_len + 1` values of sample `i` from `data` (the tokens or their mask: one layout)"
         j = int(self.shuffle_index[i])
         (d0, o0), (d1, o1) = self.sample_index[j], self.sample_index[j + 1]
         if d0 == d1:
-            return np.array(self.data.get(int(self.document_index[d0]), int(o0), int(o1 - o0 + 1)), np.int64)
-        parts = [self.data.get(int(self.document_index[d0]), int(o0))]
-        parts += [self.data.get(int(self.document_index[d])) for d in range(d0 + 1, d1)]
-        parts.append(self.data.get(int(self.document_index[d1]), 0, int(o1) + 1))
-        return np.concatenate(parts).astype(np.int64)
+            return np.asarray(data.get(int(self.document_index[d0]), int(o0), int(o1 - o0 + 1)))
+        parts = [data.get(int(self.document_index[d0]), int(o0))]
+        parts += [data.get(int(self.document_index[d])) for d in range(d0 + 1, d1)]
+        parts.append(data.get(int(self.document_index[d1]), 0, int(o1) + 1))
+        return np.concatenate(parts)
 
 # %% ../../nbs/06_samples.ipynb #6c7caed3
 def batches(samples: GPTSamples, batch_size: int, start: int = 0):
@@ -204,6 +215,8 @@ class BlendedSamples:
         return len(self.dataset_index)
     def __getitem__(self, i: int) -> np.ndarray:
         return self.datasets[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
+    def loss_mask(self, i: int) -> np.ndarray:
+        return self.datasets[int(self.dataset_index[i])].loss_mask(int(self.dataset_sample_index[i]))
 
 # %% ../../nbs/06_samples.ipynb #fd9f46ef
 PER_SPLIT = {'train': '1,0,0', 'valid': '0,1,0', 'test': '0,0,1'}   # a per-split blend uses each dataset whole
@@ -250,12 +263,15 @@ def plan_split(prefixes, weights, name: str, num_samples: int, seq_len: int, spl
     return out
 
 def split_samples(prefixes, weights, name: str, num_samples: int, seq_len: int, seed: int, split: str | None = None,
-                  cache: bool = True):
-    "Split `name` of the blend, as megatron-core's BlendedMegatronDatasetBuilder builds it (split None: per-split)"
+                  cache: bool = True, masks=None):
+    """Split `name` of the blend, as megatron-core's BlendedMegatronDatasetBuilder builds it (split None: per-split);
+    `masks(prefix)` opens each dataset's loss mask (None: no masks)"""
     split, weights = _source(prefixes, weights, name, split)
     spec = lambda n: SampleSpec(split, name, n, seq_len, seed)
+    mask = (lambda p: None) if masks is None else masks
     if weights is None:
-        return GPTSamples(prefixes[0], spec(num_samples), cache)
+        return GPTSamples(prefixes[0], spec(num_samples), cache, mask(prefixes[0]))
     w, drawn, built = blend_sizes(weights, num_samples)
-    return BlendedSamples([GPTSamples(p, spec(b), cache) for p, b in zip(prefixes, built)], w, sum(drawn))
+    parts = [GPTSamples(p, spec(b), cache, mask(p)) for p, b in zip(prefixes, built)]
+    return BlendedSamples(parts, w, sum(drawn))
 
