@@ -100,6 +100,13 @@ def _data_summary(plan):
                       f'{"s" if p.epochs != 1 else ""}')
 
 
+def _task_summary(cfg: RunConfig):
+    "What the loss learns and what attends to what, when it is not plain pre-training"
+    from gptkit.plan import task_summary
+    if (line := task_summary(cfg)) is not None:
+        out.print(fmt.text(line))
+
+
 # The options of `gptkit train`, in the order its --help lists them
 PresetOption = Annotated[Optional[str], typer.Option(
     help='Model and recipe: tiny, small, 125m ... 175b, llama-tiny, llama-3.2-1b, llama-3.1-8b, smollm2-135m, '
@@ -260,6 +267,7 @@ def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
     elif rank == 0:
         _summary(plan.cfg)
         _data_summary(plan)
+        _task_summary(plan.cfg)
     return plan
 
 
@@ -270,6 +278,7 @@ def _dry_run(cfg, override, world, launch, argv):
     cfg = plan.cfg
     _summary(cfg)
     _data_summary(plan)
+    _task_summary(cfg)
     if (line := curriculum_summary(cfg)) is not None:
         out.print(line, markup=False)
     out.print('[bold]Run config[/]')

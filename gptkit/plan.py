@@ -30,8 +30,8 @@ from .tokenizer import load as load_tokenizer
 # %% auto #0
 __all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
            'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'start_point', 'init_config',
-           'check_start', 'RunPlan', 'read_tokenizer', 'plan_run', 'preview_run', 'curriculum_summary', 'hand_over',
-           'handed_plan']
+           'check_start', 'RunPlan', 'read_tokenizer', 'check_masks', 'plan_run', 'preview_run', 'task_summary',
+           'curriculum_summary', 'hand_over', 'handed_plan']
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
@@ -280,6 +280,15 @@ def read_tokenizer(cfg: RunConfig):
     check_data(cfg)
     return load_tokenizer(cfg.data.tokenizer)
 
+def check_masks(cfg: RunConfig, data: dict) -> dict:
+    "`data` (a data plan), once every dataset has the loss mask `train.task` reads (sft: `gptkit data prepare --chat`)"
+    from gptkit.microbatches import mask_opener
+    opened = mask_opener(cfg.train.task)
+    for parts in data.values() if opened is not None else ():
+        for part in parts:
+            opened(part.prefix)              # refused, naming the dataset, when it has none or one that does not fit
+    return data
+
 def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | None = None, tok=None) -> RunPlan:
     "The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read"
     tok = read_tokenizer(cfg) if tok is None else tok
@@ -287,7 +296,7 @@ def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | Non
     resume_from = resume_point(cfg, resume, tok)
     if resume_from is None and cfg.init:
         check_start(cfg, tok)
-    return RunPlan(cfg, data_plan(cfg), resume_from, tokenizer=tok)
+    return RunPlan(cfg, check_masks(cfg, data_plan(cfg)), resume_from, tokenizer=tok)
 
 def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
     "What `--dry-run` shows: the plan without checks or a resume point; a data plan that cannot be made is `data_error`"
@@ -295,11 +304,20 @@ def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
     if not (cfg.data.prefix or cfg.data.train_prefix):
         return RunPlan(cfg, {})
     try:
-        return RunPlan(cfg, data_plan(cfg))
+        return RunPlan(cfg, check_masks(cfg, data_plan(cfg)))
     except GptkitError as e:
         return RunPlan(cfg, {}, data_error=str(e))
 
 # %% ../nbs/11a_plan.ipynb #e1c2d3a2
+def task_summary(cfg: RunConfig) -> str | None:
+    "The line `gptkit train` prints for fine-tuning and document masking (None for plain pre-training)"
+    if cfg.train.task == 'sft':
+        return ('task sft: the loss learns the tokens the loss mask marks (the assistant\'s); packed conversations '
+                'attend within themselves and their positions restart')
+    if cfg.data.document_mask:
+        return 'documents masked: packed documents attend within themselves and their positions restart'
+    return None
+
 def curriculum_summary(cfg: RunConfig) -> str | None:
     "The line `gptkit train --dry-run` prints for the run's sequence-length curriculum (None without one)"
     c, plan = Curriculum.of(cfg.train, cfg.model.seq_len), cfg.plan
