@@ -81,6 +81,8 @@ def estimate(
         "Sequences per step [default: the preset's, else micro-batch x dp].")] = None,
     precision: Annotated[str, LayoutOpt('fp32, fp16 or bf16.')] = 'bf16',
     offload: Annotated[str, LayoutOpt('none, optimizer or optimizer+params (ZeRO-3).')] = 'none',
+    lora_rank: Annotated[int, LayoutOpt('LoRA rank: adapters trained on a frozen model (0: every weight trains).')] = 0,
+    lora_targets: Annotated[str, LayoutOpt('Linear layers LoRA adapts, comma-separated.')] = 'qkv,proj,fc1,fc2',
     gpu: Annotated[Optional[str], HardwareOpt(
         'a100-40gb, a100-80gb, h100-80gb, h200-141gb, cpu or a profile of --hardware [default: a100-80gb; cpu with '
         '--calibrate].')] = None,
@@ -126,7 +128,8 @@ def _estimate_on(device, a: dict):
                          ep=a['ep'], sequence_parallel=a['sequence_parallel'], offload=a['offload'],
                          balance=a['balance'])
     train = TrainConfig(micro_batch=a['micro_batch'], global_batch=batch, precision=a['precision'],
-                        recompute=a['recompute'], flash=a['flash'])
+                        recompute=a['recompute'], flash=a['flash'], lora_rank=a['lora_rank'],
+                        lora_targets=a['lora_targets'])
     _report_estimate(run_estimate(model, par, train, device, n_tokens, per_node), note, a['as_json'])
 
 
@@ -208,6 +211,9 @@ def _params_table(e: Estimate, d: dict) -> Table:
               f'vocabulary {e.model.vocab} padded to {e.params.vocab_padded}')
     p.add_row('  transformer', f'{e.params.transformer:,}', f'{e.model.layers} layers + final norm')
     p.add_row('total, vocabulary unpadded', f'{e.params.unpadded:,}', '')
+    if e.train.lora_rank:
+        p.add_row('trainable (LoRA)', f'{d["params"]["trainable"]:,}', f'rank {e.train.lora_rank} on '
+                  f'{e.train.lora_targets}; the rest frozen')
     p.add_row('most loaded rank', f'{e.params.per_rank_max:,}',
               f'stages: {", ".join(fmt.count(n) for n in d["params"]["per_stage"][:8])}'
               + (' ...' if par.pp > 8 else ''))
@@ -236,7 +242,8 @@ def _print_estimate(e: Estimate, note: str):
     out.print(_params_table(e, d))
     out.print()
     t = _table(f'Memory per GPU (pipeline stage {m.stage})' if par.pp > 1 else 'Memory per GPU')
-    why = {'weights': f'{tr.precision}, ZeRO {par.zero}' + (f', experts / ep {par.ep}' if par.ep > 1 else ''),
+    why = {'weights': f'{tr.precision}, ZeRO {par.zero}' + (f', experts / ep {par.ep}' if par.ep > 1 else '')
+           + (': the frozen model and the adapters' if tr.lora_rank else ''),
            'gradients': '',
            'optimizer': 'Adam: master, fp32 grads, m, v' if tr.precision != 'fp32' else 'Adam m, v',
            'activations': f'Korthikanti et al., recompute {tr.recompute}', 'logits': 'output layer and loss',

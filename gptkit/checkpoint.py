@@ -41,6 +41,7 @@ from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_ow
 from .expert_parallel import own_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
+from .lora import has_adapters, is_adapter, with_base
 from .model import GPT
 from .parallel import merge_weights
 from .runconfig import RunConfig, from_dict, save_config
@@ -138,7 +139,9 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
-        engine.save_checkpoint(str(root), tag=tmp.name, client_state=client, save_latest=False)
+        # a LoRA run saves what it trains: the adapters (and their optimizer states), not the frozen base (07e)
+        engine.save_checkpoint(str(root), tag=tmp.name, client_state=client, save_latest=False,
+                               exclude_frozen_parameters=has_adapters(engine.module))
         torch.save(rng_state(), tmp / f'rng_rank_{rank:03d}.pt')
         save_experts(engine, tmp)      # under EP: every expert of each stage into its model file (chapter 12g)
         barrier()
@@ -300,7 +303,8 @@ def _load_repartitioned(engine, folder: Path, state: dict, was: int, now: int, r
     work = _universal_copy(folder, rank)
     try:
         with _loading_universal(engine), deepspeed_reads_safely():
-            path, client = engine.load_checkpoint(str(work), tag=folder.name, load_module_strict=True,
+            path, client = engine.load_checkpoint(str(work), tag=folder.name,
+                                                  load_module_strict=not has_adapters(engine.module),
                                                   load_optimizer_states=True, load_lr_scheduler_states=True)
         if path is not None and engine.zero_optimization_stage() == 3:
             _repair_zero3(engine, work / folder.name)
@@ -380,7 +384,9 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
         path, client = _load_repartitioned(engine, folder, state, was, now, rank)
     else:
         with deepspeed_reads_safely():
-            path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=True,
+            # a LoRA checkpoint holds the adapters alone: the base weights are in the model already (07e)
+            strict = not has_adapters(engine.module)
+            path, client = engine.load_checkpoint(str(folder.parent), tag=folder.name, load_module_strict=strict,
                                                   load_optimizer_states=True, load_lr_scheduler_states=True,
                                                   custom_load_fn=load_own_experts if ep > 1 else None)
         if was != now and rank == 0:
@@ -457,7 +463,10 @@ def _read_weights(folder: Path) -> dict:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         with deepspeed_reads_safely():
             return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
-    return dict(_model_file(_model_states(folder))['module'])
+    weights = dict(_model_file(_model_states(folder))['module'])
+    if any(is_adapter(k) for k in weights):     # a LoRA run: its adapters merged into their base weights (07e)
+        weights = with_base(weights, read_config(folder), folder, load_weights)
+    return weights
 
 def _model_file(f: Path) -> dict:
     """A DeepSpeed model-states file, read through a memory map: weights come from the page cache as they are used,

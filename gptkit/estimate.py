@@ -28,13 +28,14 @@ from .params import layer_numel, param_table, stage_extras, stage_layers
 from .perf import GPU, GPUS, GiB, MiB, StepTime, state_bytes, step_time
 
 # %% auto #0
-__all__ = ['OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'StageParams', 'ParamCount', 'count_params',
-           'narayanan_params', 'closed_form_params', 'model_states', 'activation_element_bytes', 'LayerActivations',
-           'norm_bytes', 'qk_norm_bytes', 'layer_activations', 'stage_moments', 'stage_activations',
-           'embedding_activations', 'ce_chunk_tokens', 'logits_bytes', 'kv_cache_bytes', 'overhead_bytes',
-           'window_mask_bytes', 'stage_activation_bytes', 'Memory', 'memory_per_gpu', 'flops_per_iteration',
-           'model_flops_per_iteration', 'train_flags', 'Estimate', 'estimate', 'nearest_preset', 'resolve_model',
-           'data_parallel', 'search', 'memory_breakdown']
+__all__ = ['LINEAR_NAMES', 'OVERHEAD_FIXED', 'OVERHEAD_FRACTION', 'CE_CHUNK_BYTES', 'MEMORY_PARTS', 'StageParams', 'ParamCount',
+           'count_params', 'narayanan_params', 'closed_form_params', 'model_states', 'adapter_params', 'adapted_layers',
+           'lora_states', 'lora_activation_change', 'lora_layout_problems', 'lora_estimate_problems',
+           'activation_element_bytes', 'LayerActivations', 'norm_bytes', 'qk_norm_bytes', 'layer_activations',
+           'stage_moments', 'stage_activations', 'embedding_activations', 'ce_chunk_tokens', 'logits_bytes',
+           'kv_cache_bytes', 'overhead_bytes', 'window_mask_bytes', 'stage_activation_bytes', 'Memory',
+           'memory_per_gpu', 'flops_per_iteration', 'model_flops_per_iteration', 'train_flags', 'Estimate', 'estimate',
+           'nearest_preset', 'resolve_model', 'data_parallel', 'search', 'memory_breakdown']
 
 # %% ../nbs/01_estimate.ipynb #e8aad1b8
 @dataclass(frozen=True)
@@ -124,6 +125,71 @@ def model_states(params: int, largest_layer: int, par: ParallelConfig, precision
     if par.offload == 'optimizer+params':
         weights = largest_layer * w
     return weights, grads, opt
+
+# %% ../nbs/01_estimate.ipynb #3953725a
+def adapter_params(model: ModelConfig, train: TrainConfig) -> int:
+    "LoRA's trainable parameters: r (in + out) for each linear layer `train.lora_targets` names (0 without LoRA)"
+    return sum(train.lora_rank * (p.shape[0] + p.shape[1]) for p in adapted_layers(model, train))
+
+def adapted_layers(model: ModelConfig, train: TrainConfig) -> list:
+    "The parameter table's rows of the weights LoRA adapts (none when `train.lora_rank` is 0)"
+    want = {n.strip() for n in train.lora_targets.split(',') if n.strip()} if train.lora_rank else set()
+    return [p for p in param_table(model)
+            if len(p.shape) == 2 and p.name.endswith('.weight') and p.name.split('.')[-2] in want]
+
+def lora_states(model: ModelConfig, par: ParallelConfig, train: TrainConfig, params: int) -> tuple[float, float, float]:
+    "GPU bytes of (weights, gradients, optimizer state) of a LoRA run: `params` frozen, the adapters trained"
+    w, g, o = model_states(adapter_params(model, train), 0, par, train.precision)
+    return w + params * state_bytes(train.precision)[0], g, o
+
+LINEAR_NAMES = ('qkv', 'proj', 'fc1', 'fc2')     # a block's linear layers, by their last name
+
+def lora_activation_change(model: ModelConfig, train: TrainConfig) -> float:
+    """How LoRA changes the bytes a rank keeps for backward: + each adapter's [b s, r] product (with dropout, its
+    dropped input and mask); - the inputs only a frozen weight's gradient needed (linear layers left unadapted, the
+    output layer, RMSNorm's x / rms)"""
+    if not train.lora_rank or train.recompute == 'full':
+        return 0.0       # full recomputation keeps each block's input alone (counted with the block)
+    el, tokens, r = activation_element_bytes(train.precision), train.micro_batch * model.seq_len, train.lora_rank
+    dropout = (el + 1) if train.lora_dropout else 0
+    adapted, out = {p.name for p in adapted_layers(model, train)}, 0
+    for p in param_table(model):
+        if len(p.shape) != 2 or p.layer is None or p.name.split('.')[-2] not in LINEAR_NAMES:
+            continue
+        out += tokens * (r * el + p.shape[1] * dropout) if p.name in adapted else -tokens * p.shape[1] * el
+    norms = 2 * model.layers + 1 if model.norm == 'rmsnorm' else 0
+    return float(out - tokens * model.hidden * el * (1 + norms))
+
+def lora_layout_problems(par: ParallelConfig, prefix: str = 'parallel.') -> list[tuple[str, str]]:
+    "The layouts LoRA does not train on: tensor or pipeline parallelism, ZeRO-3, expert parallelism (keys `prefix`ed)"
+    why, dp = 'LoRA (a LoRA rank above 0) trains whole models', 'data parallelism with ZeRO 0-2 works'
+    out = []
+    if par.tp > 1:
+        out.append(('tp', f'{{key}} {par.tp}: {why}, and tensor parallelism would split the adapted layers; '
+                          f'set {{key}} to 1 ({dp})'))
+    if par.pp > 1:
+        out.append(('pp', f'{{key}} {par.pp}: {why}, and pipeline stages do not carry adapters yet; set {{key}} to 1 '
+                          f'({dp})'))
+    if par.zero == 3:
+        out.append(('zero', f'{{key}} 3: {why}; use ZeRO 0-2 (the frozen base has no gradients or optimizer state '
+                            'to shard)'))
+    if par.ep > 1:
+        out.append(('ep', f'{{key}} {par.ep}: {why}, and experts are not adapted; set {{key}} to 1'))
+    return [(prefix + k, m) for k, m in out]
+
+def lora_estimate_problems(model: ModelConfig, par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
+    "What the estimate refuses for a LoRA run: the layouts it does not train on, targets that name no linear layer"
+    if not train.lora_rank:
+        return []
+    have = sorted({p.name.split('.')[-2] for p in param_table(model) if len(p.shape) == 2 and p.layer is not None
+                   and p.name.split('.')[-2] != 'router'})
+    unknown = [t for t in train.lora_targets.split(',') if t.strip() and t.strip() not in have]
+    out = lora_layout_problems(par, '')
+    if unknown:
+        out.append(('lora_targets', f"{{key}} names {', '.join(repr(t.strip()) for t in unknown)}: the linear layers "
+                                    f"are {', '.join(have)}"))
+    return out
+
 
 # %% ../nbs/01_estimate.ipynb #29ebdeb3
 def activation_element_bytes(precision: str) -> int:
@@ -307,10 +373,13 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
     worst = None
     for i, st in enumerate(params.stages):
         w, g, o = model_states(st.per_rank - st.experts, st.largest_layer, par, train.precision)
-        if st.experts:   # E / ep experts a rank, ZeRO over the dp / ep ranks holding the same ones
+        if train.lora_rank:          # LoRA: the base frozen, gradients and Adam for the adapters alone
+            w, g, o = lora_states(model, par, train, st.per_rank)
+        elif st.experts:   # E / ep experts a rank, ZeRO over the dp / ep ranks holding the same ones
             ew, eg, eo = model_states(st.experts // par.ep, 0, moe_est.expert_group(par), train.precision)
             w, g, o = w + ew, g + eg, o + eo
         act, lg = stage_activation_bytes(model, par, train, i)
+        act += lora_activation_change(model, train)
         rest = w + g + o + act + lg
         mem = Memory(w, g, o, act, lg, overhead_bytes(rest), capacity, i)
         if worst is None or mem.total > worst.total:
@@ -406,7 +475,8 @@ class Estimate:
             'params': {'total': p.total, 'active': p.active,
                        'unpadded': p.unpadded, 'embedding': p.embedding, 'transformer': p.transformer,
                        'vocab': self.model.vocab, 'vocab_padded': p.vocab_padded, 'per_rank_max': p.per_rank_max,
-                       'per_stage': [s.per_rank for s in p.stages]},
+                       'per_stage': [s.per_rank for s in p.stages],
+                       'trainable': adapter_params(self.model, self.train) if self.train.lora_rank else p.total},
             'memory': {'weights': round(m.weights), 'gradients': round(m.gradients), 'optimizer': round(m.optimizer),
                        'activations': round(m.activations), 'logits': round(m.logits), 'other': round(m.other),
                        'total': round(m.total), 'capacity': m.capacity, 'headroom': round(m.headroom),
@@ -429,6 +499,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
         check([('tokens', f'{{key}} must be positive, not {tokens!r}')])
     validate_layout(model, par, train, gpus_per_node)
     check(moe_est.ep_problems(model, par))
+    check(lora_estimate_problems(model, par, train))
     params = count_params(model, par.tp, par.pp, par.balance)
     batch = _plan(model, par, train).global_batch
     return Estimate(model, par, train, gpu, tokens, params,

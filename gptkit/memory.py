@@ -25,8 +25,9 @@ import gptkit.model
 import gptkit.parallel
 
 from .config import ModelConfig, ParallelConfig, TrainConfig
-from .estimate import activation_element_bytes, stage_activation_bytes
+from .estimate import activation_element_bytes, lora_activation_change, memory_per_gpu, stage_activation_bytes
 from .layout import Layout
+from .lora import add_adapters
 from .model import GPT, core_attention
 from .parallel import ParallelState, parallelize, stage_input_shape
 from .torch_files import read_torch_file
@@ -34,7 +35,7 @@ from .torch_files import read_torch_file
 # %% auto #0
 __all__ = ['DTYPES', 'PARALLEL_CASES', 'Saved', 'SavedTensors', 'watch_rebuilds', 'saved_activation_bytes', 'fused_attention',
            'loss_as_on_gpu', 'measure', 'predict', 'Row', 'single_rows', 'measure_parallel', 'parallel_rows',
-           'markdown_table', 'peak_cpu_bytes']
+           'lora_step', 'lora_rows', 'markdown_table', 'peak_cpu_bytes']
 
 # %% ../nbs/17_memory.ipynb #f8b4eaf3
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ def measure(model: ModelConfig, train: TrainConfig, attention: str = 'auto', see
 def predict(model: ModelConfig, par: ParallelConfig, train: TrainConfig, stage: int = 0, device: str = 'cpu') -> float:
     "The estimator's bytes kept for backward at the peak on one rank of `stage` (CPU: masks in the activation dtype)"
     mask = activation_element_bytes(train.precision) if device == 'cpu' else 1
-    return sum(stage_activation_bytes(model, par, train, stage, mask=mask, peak=False))
+    kept = sum(stage_activation_bytes(model, par, train, stage, mask=mask, peak=False))
+    return kept + lora_activation_change(model, train)      # LoRA: what adapters add, what frozen weights save
 
 # %% ../nbs/17_memory.ipynb #11eecde3
 @dataclass(frozen=True)
@@ -251,6 +253,43 @@ def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, meas
             rows.append(Row(name, rc, 'fused' if train.flash else 'math', 'fp32', predict(model, par, train, stage),
                             got))
     return rows
+
+# %% ../nbs/17_memory.ipynb #ed254273
+def lora_step(model: ModelConfig, train: TrainConfig, seed: int = 0) -> dict[str, int]:
+    "Bytes of one LoRA training step on one process: kept for backward, then weights, gradients and AdamW's moments"
+    torch.manual_seed(seed)
+    gpt = GPT(loss_as_on_gpu(model))
+    add_adapters(gpt, train)
+    gpt = gpt.to(DTYPES[train.precision]).train()
+    b, s = train.micro_batch, model.seq_len
+    ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
+    saved = saved_activation_bytes(lambda: gpt(ids, targets), list(gpt.parameters()))    # forward and backward
+    opt = torch.optim.AdamW([p for p in gpt.parameters() if p.requires_grad])
+    opt.step()
+    def nbytes(ts):
+        return sum(t.numel() * t.element_size() for t in ts)
+    moments = (v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+    return {'weights': nbytes(gpt.parameters()), 'gradients': nbytes(p.grad for p in gpt.parameters()
+                                                                     if p.grad is not None),
+            'optimizer': nbytes(moments), 'activations': saved.peak}
+
+def lora_rows(model: ModelConfig, name: str, micro_batch: int = 2, rank: int = 8) -> tuple[list[Row], list[dict]]:
+    "(activation rows, model states measured and predicted) of LoRA steps: all layers adapted, qkv alone, dropout, bf16"
+    cases = [('qkv,proj,fc1,fc2', 0.0, 'fp32'), ('qkv', 0.0, 'fp32'), ('qkv,proj,fc1,fc2', 0.1, 'fp32'),
+             ('qkv,proj,fc1,fc2', 0.0, 'bf16')]
+    rows, states = [], []
+    for targets, dropout, prec in cases:
+        train = TrainConfig(micro_batch=micro_batch, precision=prec, lora_rank=rank, lora_targets=targets,
+                            lora_dropout=dropout)
+        got, est = lora_step(model, train), memory_per_gpu(model, ParallelConfig(), train)
+        layout = f'{name}LoRA r{rank} on {targets}' + (f', dropout {dropout}' if dropout else '')
+        flash = fused_attention(0.0, DTYPES[prec])
+        rows.append(Row(layout, 'none', 'fused' if flash else 'math', prec,
+                        predict(model, ParallelConfig(), dataclasses.replace(train, flash=flash)), got['activations']))
+        if prec == 'fp32':
+            states.append({'layout': layout, **{k: (got[k], getattr(est, k)) for k in ('weights', 'gradients',
+                                                                                         'optimizer')}})
+    return rows, states
 
 # %% ../nbs/17_memory.ipynb #a501ca51
 def markdown_table(rows: list[Row]) -> str:
