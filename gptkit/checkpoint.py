@@ -376,6 +376,9 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
         path, client = _load_weights_only(engine, folder, state, parallel)
         return {**state, 'client': client}
     was, now = saved_layout(state, folder / 'state.json').dp, engine.dp_world_size
+    if was != now and partitioned(folder) and has_adapters(engine.module):
+        raise CheckpointError(f'{folder} holds LoRA adapters whose optimizer states are split over {was} '
+                              f'data-parallel ranks; resume it on {was} (this run has {now})')
     ep = ep_degree(engine.module)
     was_ep = saved_ep(state, folder / 'state.json')
     if was_ep != ep or (was != now and partitioned(folder) and max(was_ep, ep) > 1):   # experts' optimizer: per EP

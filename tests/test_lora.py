@@ -2,6 +2,7 @@
 merged when the checkpoint is loaded and when it is exported to Hugging Face, where the merged model equals peft's LoRA
 with the same adapters on the export of the base (GPT-2 and a Llama-style model)."""
 import dataclasses
+import json
 import os
 import shutil
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
+
+from conftest import run_here
 
 from gptkit import checkpoint as ck, interop, lora
 from gptkit.config import LLAMA, ModelConfig, TrainConfig
@@ -160,3 +163,17 @@ def test_bad_targets_and_layouts_are_one_sentence_naming_the_key():
     cfg = resolve('tiny', sets=['train.lora_rank=4', 'parallel.tp=2', 'parallel.pp=2'])
     assert [k for k, _ in lora.lora_problems(cfg)] == ['parallel.tp', 'parallel.pp', 'init']
     assert lora.lora_problems(resolve('tiny')) == []
+
+
+def test_estimate_counts_lora_and_names_its_flags():
+    r = run_here('estimate', '--preset', '125m', '--lora-rank', '8', '--json')
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    full = json.loads(run_here('estimate', '--preset', '125m', '--json').stdout)
+    assert d['params']['trainable'] == adapter_params(resolve('125m').model, TrainConfig(lora_rank=8))
+    assert d['params']['trainable'] < full['params']['trainable'] == full['params']['total']
+    assert d['memory']['optimizer'] < full['memory']['optimizer'] / 50          # Adam for the adapters alone
+    bad = run_here('estimate', '--preset', '125m', '--lora-rank', '8', '--lora-targets', 'qkv,wq')
+    assert bad.returncode != 0 and "--lora-targets names 'wq'" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+    tp = run_here('estimate', '--preset', '125m', '--lora-rank', '8', '--tp', '2', '--gpus', '2')
+    assert tp.returncode != 0 and '--tp 2: LoRA' in tp.stdout + tp.stderr, tp.stdout + tp.stderr
