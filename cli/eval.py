@@ -1,7 +1,9 @@
-"""`gptkit eval`: perplexity (per token and per word) and LAMBADA-style cloze accuracy of a checkpoint."""
+"""`gptkit eval`: perplexity (per token and per word) and LAMBADA-style cloze accuracy of a checkpoint, or with
+`--tasks` the tasks of lm-evaluation-harness."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -23,6 +25,20 @@ from gptkit_cli.app import TextKey, app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
+# `--tasks` and the options that go with it: lm-evaluation-harness (gptkit.harness)
+Tasks = Annotated[Optional[str], Opt(help='Run these lm-evaluation-harness tasks, groups or tags instead '
+                                          '(comma-separated, e.g. hellaswag,arc_easy).')]
+IncludePath = Annotated[Optional[str], Opt(help='A folder of lm-eval task YAMLs of your own (--tasks); their '
+                                                'data_files are read relative to the YAML.')]
+Limit = Annotated[Optional[float], Opt(help='Only the first N examples of each task (--tasks; below 1: that '
+                                            'fraction).')]
+NumFewshot = Annotated[Optional[int], Opt(help="Examples shown before each question (--tasks; default: the task's "
+                                               'own).')]
+MaxGenToks = Annotated[int, Opt(help='Most tokens a generation task generates unless the task says (--tasks).')]
+OutFile = Annotated[Optional[str], Opt('--out', help='Save the results here (--tasks; default: '
+                                                     'RUN/eval/lm_eval-TIME.json).')]
+Offline = Annotated[bool, Opt(help='Never ask the Hugging Face Hub for a dataset: only what is cached or local '
+                                   '(--tasks).')]
 
 
 @app.command('eval')
@@ -46,9 +62,19 @@ def eval_(
     as_json: Annotated[bool, Opt('--json', help='Print the results as JSON only.')] = False,
     tp: Annotated[int, Opt(help='Shard the model over this many processes on this machine, as training splits it '
                                 '(torchrun; gloo on CPU, NCCL on GPU).')] = 1,
+    tasks: Tasks = None,
+    include_path: IncludePath = None,
+    limit: Limit = None,
+    num_fewshot: NumFewshot = None,
+    max_gen_toks: MaxGenToks = 256,
+    out_file: OutFile = None,
+    offline: Offline = False,
 ):
     ("""Measure a checkpoint: perplexity per token and per word (Megatron's WikiText-103 way) and """
-     """LAMBADA-style accuracy.""")
+     """LAMBADA-style accuracy; with --tasks, lm-evaluation-harness tasks.""")
+    if tasks is not None:
+        return _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file,
+                        offline, device, tp, as_json, others=(text, jsonl, lambada))
     if text is not None and jsonl is not None:
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
@@ -74,6 +100,48 @@ def eval_(
         print(json_text(res.to_dict(), indent=1))   # NaN as null
         return
     out.print(_table(res))
+
+
+def _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file, offline,
+             device, tp, as_json, others):
+    "gptkit eval --tasks: lm-eval's simple_evaluate on the checkpoint; a table of every metric, the JSON saved"
+    from gptkit.harness import evaluate_tasks, find_tasks, require_lm_eval
+    if any(v is not None for v in others):
+        raise ConfigError([('tasks', '{key} runs lm-evaluation-harness alone; measure --text, --jsonl or --lambada '
+                                     'in a gptkit eval of their own')])
+    if tp < 1:
+        raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
+    if tp > 1 and 'RANK' not in os.environ:
+        require_lm_eval(offline)
+        find_tasks(tasks, include_path)          # an unknown task refused before any process starts
+        raise typer.Exit(launch_tp(ctx, 'eval', tp))
+    if tp > 1:
+        _, device = join_tp(device)
+    res = evaluate_tasks(checkpoint, tasks, include_path=include_path, limit=limit, batch_size=batch_size,
+                         num_fewshot=num_fewshot, out=out_file, device=device, tp=tp, max_gen_toks=max_gen_toks,
+                         offline=offline)
+    if res is None:                              # a rank after the first
+        return
+    if as_json:
+        print(Path(res['file']).read_text(), end='')
+        return
+    out.print(_harness_table(res))
+    err.print(f'[dim]saved {fmt.text(res["file"])}[/dim]')
+
+
+def _harness_table(res: dict) -> Table:
+    from gptkit.harness import metric_rows
+    g = res['gptkit']
+    step = g['iteration'] if g['iteration'] is not None else '?'
+    t = Table(title=f'{fmt.text(g["checkpoint"])}: step {step}, lm-evaluation-harness on {g["device"]}'
+                    + (f', tp {g["tp"]}' if g['tp'] > 1 else '') + f', {g["seconds"]:.1f} s',
+              title_justify='left', box=None, padding=(0, 2))
+    for name, style, justify in (('task', 'cyan', 'left'), ('metric', None, 'left'), ('value', None, 'right'),
+                                 ('stderr', 'dim', 'right'), ('n', 'dim', 'right')):
+        t.add_column(name, style=style, justify=justify)
+    for task, metric, value, se, n in metric_rows(res):
+        t.add_row(task, metric, f'{value:.4f}', f'± {se:.4f}' if se is not None else '', f'{n:,}' if n else '')
+    return t
 
 
 class _Bar:
