@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'model_shapes', 'check_shapes', 'rng_state', 'set_rng_state', 'save', 'prune', 'saved_layout', 'partitioned',
-           'to_universal', 'load', 'read_config', 'load_weights', 'Loaded', 'checkpoint_parts', 'check_device',
-           'load_model', 'inspect']
+           'to_universal', 'load', 'read_config', 'load_weights', 'read_adapters', 'Loaded', 'checkpoint_parts',
+           'check_device', 'load_model', 'inspect']
 
 # %% ../nbs/12b_checkpoint.ipynb #fab65e32
 def model_shapes(model) -> dict[str, list[int]]:
@@ -449,6 +449,14 @@ def _model_states(folder: Path) -> Path:
 def load_weights(path: str | Path) -> dict:
     "The model's state dict (name -> tensor, on CPU) from a checkpoint, gathered from ZeRO-3 shards if needed"
     return _read_weights(find(path))
+
+def read_adapters(path: str | Path) -> tuple[Path, RunConfig, dict]:
+    "(folder, RunConfig, the LoRA adapters alone, unmerged) of a LoRA run's checkpoint (chapter 07e)"
+    folder = find(path)
+    adapters = {k: v for k, v in _model_file(_model_states(folder))['module'].items() if is_adapter(k)}
+    if not adapters:
+        raise CheckpointError(f'{folder} holds no LoRA adapters: its run trained every weight (train.lora_rank 0)')
+    return folder, read_config(folder), adapters
 
 def _read_weights(folder: Path) -> dict:
     "The plain state dict of a checkpoint folder that `find` has verified, merged from the shards of any TP x PP layout"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import check_shapes, checkpoint_parts, save
+from .checkpoint import check_shapes, checkpoint_parts, read_adapters, save
 from .config import DataConfig, ModelConfig, TrainConfig
 from .engine import build_engine, init_distributed
 from .errors import DataError, check
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'clear_stale', 'staged_output', 'to_hf', 'pad_rows', 'check_tensor_names', 'from_hf', 'write_hf_tokenizer',
-           'export_hf', 'write_run', 'import_hf', 'reshard']
+           'export_hf', 'write_run', 'import_hf', 'export_peft', 'reshard']
 
 # %% ../nbs/12d_interop.ipynb #8ec7388d
 _STAGING_RE = re.compile(r'^\..+\.tmp-(\d+)$')
@@ -221,6 +221,22 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
                               f'{tok.vocab_size} entries, so some tokens would have no embedding')
     weights = from_hf(_read_hf_weights(hf, m), m, str(hf))
     return write_run(weights, m, tok, out_dir, str(hf))
+
+# %% ../nbs/12d_interop.ipynb #a1b61cd1
+def export_peft(path: str | Path, out_dir: str | Path) -> Path:
+    "Write a LoRA run's adapters as a peft adapter folder (adapter_model.safetensors, adapter_config.json)"
+    from safetensors.torch import save_file
+
+    from gptkit.lora import peft_adapter
+    check_output_outside_runs(out_dir, 'OUT')
+    folder, cfg, adapters = read_adapters(path)
+    _hf_names(cfg.model, str(folder))                   # a model no Hugging Face family computes: refused first
+    tensors, config = peft_adapter(adapters, cfg)
+    with staged_output(out_dir, sum(t.nbytes for t in tensors.values())) as tmp:
+        save_file(tensors, tmp / 'adapter_model.safetensors', metadata={'format': 'pt'})
+        write_atomic(tmp / 'adapter_config.json', json.dumps(config, indent=2))
+    log.info('exported the adapters of %s to %s (base: %s)', folder, out_dir, cfg.init)
+    return Path(out_dir)
 
 # %% ../nbs/12d_interop.ipynb #87034d5a
 def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, balance: str = 'layers') -> Path:

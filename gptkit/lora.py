@@ -16,13 +16,13 @@ from torch import nn
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .errors import ConfigError, check
 from .estimate import lora_layout_problems
-from .params import param_table
+from .params import hf_family, param_table
 from .runconfig import RunConfig
 from .store import CheckpointError
 
 # %% auto #0
 __all__ = ['LoRALinear', 'lora_targets', 'lora_problems', 'has_adapters', 'add_adapters', 'adapter_state', 'is_adapter',
-           'merge_adapters', 'merge_state', 'base_checkpoint', 'with_base', 'peft_state']
+           'merge_adapters', 'merge_state', 'base_checkpoint', 'with_base', 'peft_state', 'peft_adapter']
 
 # %% ../nbs/07e_lora.ipynb #169c749d
 class LoRALinear(nn.Linear):
@@ -168,5 +168,16 @@ def peft_state(adapters: dict, model: ModelConfig) -> dict[str, torch.Tensor]:
         names = p.hf if isinstance(p.hf, tuple) else (p.hf,)
         parts = t.split(list(p.hf_rows)) if kind == 'lora_B' and len(names) > 1 else [t] * len(names)
         for hf, part in zip(names, parts):
-            out[f"base_model.model.{hf.removesuffix('.weight')}.{kind}.weight"] = part.contiguous()
+            out[f"base_model.model.{hf.removesuffix('.weight')}.{kind}.weight"] = part.clone()   # own storage each
     return out
+
+# %% ../nbs/07e_lora.ipynb #a9972a1b
+def peft_adapter(adapters: dict, cfg: RunConfig) -> tuple[dict[str, torch.Tensor], dict]:
+    "(tensors of adapter_model.safetensors, adapter_config.json) of a LoRA run's adapters, as peft writes them"
+    tensors = peft_state(adapters, cfg.model)
+    modules = sorted({k.removeprefix('base_model.model.').rsplit('.', 2)[0] for k in tensors})
+    t = cfg.train
+    config = {'peft_type': 'LORA', 'task_type': 'CAUSAL_LM', 'r': t.lora_rank, 'lora_alpha': t.lora_alpha,
+              'lora_dropout': t.lora_dropout, 'target_modules': modules, 'bias': 'none', 'inference_mode': True,
+              'fan_in_fan_out': hf_family(cfg.model) == 'gpt2', 'base_model_name_or_path': None}
+    return tensors, config

@@ -140,6 +140,15 @@ def test_merged_hugging_face_export_equals_peft_on_the_base_export(lora_run, tmp
         want, got = peft_model(ids).logits, merged(ids).logits
     diff = (got - want).abs().max().item()
     assert diff <= 1e-5 and (want - before).abs().max().item() > 1e-4, diff
+    # the adapters as peft's own folder (interop.export_peft), loaded by PeftModel.from_pretrained on the base export
+    from peft import PeftModel
+    interop.export_peft(folder, tmp_path / 'peft')
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / 'base_hf'),
+                                       tmp_path / 'peft').eval()
+    with torch.no_grad():
+        assert (loaded(ids).logits - got).abs().max().item() <= 1e-5
+    with pytest.raises(CheckpointError, match='holds no LoRA adapters'):
+        interop.export_peft(base, tmp_path / 'peft_of_base')
 
 
 def test_a_gone_base_is_one_sentence(lora_run, tmp_path):
