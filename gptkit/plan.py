@@ -21,9 +21,10 @@ from .data.plan import check_data, data_plan
 from .data.prepare import tokenizer_digest
 from .data.samples import SPLITS, BlendPart
 from .engine import machine_defaults
-from .errors import ConfigError, DataError, GptkitError, shown
+from .errors import ConfigError, DataError, GptkitError, check, shown
 from .files import JSON_BYTES, read_text, write_atomic
 from .layout import BatchPlan, Layout
+from .lora import lora_problems
 from .runconfig import RunConfig, from_dict, resolve
 from .tokenizer import load as load_tokenizer
 
@@ -293,6 +294,7 @@ def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | Non
     "The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read"
     tok = read_tokenizer(cfg) if tok is None else tok
     cfg = tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size)
+    check(lora_problems(cfg))
     resume_from = resume_point(cfg, resume, tok)
     if resume_from is None and cfg.init:
         check_start(cfg, tok)
@@ -310,13 +312,17 @@ def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
 
 # %% ../nbs/11a_plan.ipynb #e1c2d3a2
 def task_summary(cfg: RunConfig) -> str | None:
-    "The line `gptkit train` prints for fine-tuning and document masking (None for plain pre-training)"
-    if cfg.train.task == 'sft':
-        return ('task sft: the loss learns the tokens the loss mask marks (the assistant\'s); packed conversations '
-                'attend within themselves and their positions restart')
-    if cfg.data.document_mask:
-        return 'documents masked: packed documents attend within themselves and their positions restart'
-    return None
+    "The line `gptkit train` prints for fine-tuning, LoRA and document masking (None for plain pre-training)"
+    t, said = cfg.train, []
+    if t.task == 'sft':
+        said.append('task sft: the loss learns the tokens the loss mask marks (the assistant\'s); packed '
+                    'conversations attend within themselves and their positions restart')
+    elif cfg.data.document_mask:
+        said.append('documents masked: packed documents attend within themselves and their positions restart')
+    if t.lora_rank:
+        said.append(f'LoRA rank {t.lora_rank}, alpha {t.lora_alpha:g}, dropout {t.lora_dropout:g} on '
+                    f'{t.lora_targets}: the base weights frozen, the adapters alone trained and saved')
+    return ' | '.join(said) or None
 
 def curriculum_summary(cfg: RunConfig) -> str | None:
     "The line `gptkit train --dry-run` prints for the run's sequence-length curriculum (None without one)"

@@ -40,6 +40,7 @@ from .engine import Schedule, build_engine, check_precision, compile_model, devi
 from .errors import ConfigError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
+from .lora import add_adapters
 from .microbatches import MicroBatching, mask_opener, micro_batches
 from .model import GPT, num_params
 from .moe import expert_load, moe_stats, set_moe_grad_scale
@@ -313,6 +314,8 @@ def _build(cfg: RunConfig, ds_override: dict | None, init: Path | None = None) -
     if init is not None:                                 # before the model is split: any layout starts from them
         start_weights(model, init)
     params, shapes = num_params(model), ckpt.model_shapes(model)
+    if cfg.train.lora_rank:                              # adapters on the loaded weights, every other weight frozen
+        add_adapters(model, cfg.train, cfg.parallel)
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
     if cfg.train.compile:
