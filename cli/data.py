@@ -23,6 +23,33 @@ def _bar(label: str) -> Progress:
                     console=out, transient=True)
 
 
+def _print_prepared(res, chat: bool):
+    "What a prepare wrote and dropped, the problems it met, and (for --chat) the loss mask"
+    t = Table(title=fmt.text(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None,
+              padding=(0, 2))
+    t.add_column(style='cyan')
+    t.add_column(justify='right')
+    t.add_row('documents read', f'{res.tally.documents:,}')
+    for reason, n in sorted(res.dropped.items()):
+        t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
+    for reason, n in sorted(res.tally.problems.items()):
+        t.add_row(f'  bad input: {reason.replace("_", " ")}', f'{n:,}')
+    t.add_row('documents written', f'{res.documents:,}')
+    t.add_row('tokens written', f'{res.tokens:,}')
+    if chat:
+        t.add_row('tokens trained (loss mask 1)', f'{res.trained:,} ({res.trained / max(res.tokens, 1):.0%})')
+    t.add_row('text read', f'{res.tally.bytes / 2**20:,.2f} MB')
+    t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s, {res.docs_per_s:,.0f} documents/s)')
+    out.print(t)
+    if chat:
+        out.print(f'loss mask: {fmt.text(res.mask_prefix)}.bin/.idx (conversations rendered with '
+                  f'{fmt.text(res.template)})', soft_wrap=True)
+    for ex in res.tally.examples:
+        out.print(f'[yellow]  {fmt.text(ex)}[/]')
+    for p in res.removed:
+        out.print(f'[dim]removed {fmt.text(p)}, left by a run that was killed[/]', soft_wrap=True)
+
+
 @data_app.command()
 @handles_errors
 def prepare(
@@ -46,12 +73,19 @@ def prepare(
     overwrite: Annotated[bool, Opt('--overwrite', help='Replace a dataset already at the output prefix.')] = False,
     keep_truncated: Annotated[bool, Opt('--keep-truncated', help='Keep what was read from a truncated or unreadable '
                                                                   'input instead of failing.')] = False,
+    chat: Annotated[bool, Opt('--chat', help="JSON Lines of conversations ('messages', or 'prompt' and 'completion'), "
+                                             "rendered with the tokenizer's chat template or the plain one; also "
+                                             'writes PREFIX_text_document_loss_mask.bin/.idx (1: an assistant '
+                                             'token).')] = False,
 ):
-    """Tokenize text into a Megatron indexed dataset (.bin/.idx)."""
-    from gptkit.data.prepare import PrepareConfig, prepare as run
+    """Tokenize text into a Megatron indexed dataset (.bin/.idx); with --chat, conversations and their loss mask."""
+    from gptkit.data.prepare import PrepareConfig, prepare
     cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
                         dedupe, clean, fix_unicode, strict, format=format, shard=shard, overwrite=overwrite,
                         keep_truncated=keep_truncated)
+    run = prepare
+    if chat:
+        from gptkit.data.chat import prepare_chat as run
     with _bar('preparing') as bar:
         task = bar.add_task('', total=None)
         update = lambda p: bar.update(task, total=p.input_total or None, completed=p.input_bytes,
@@ -59,24 +93,7 @@ def prepare(
                                                   f'tokens, '
                                                   f'{p.bytes / 2**20 / max(p.seconds, 1e-9):.1f} MB/s')
         res = run(cfg, update)
-    t = Table(title=fmt.text(f'{res.prefix}.bin/.idx'), title_justify='left', show_header=False, box=None,
-              padding=(0, 2))
-    t.add_column(style='cyan')
-    t.add_column(justify='right')
-    t.add_row('documents read', f'{res.tally.documents:,}')
-    for reason, n in sorted(res.dropped.items()):
-        t.add_row(f'  dropped: {reason.replace("_", " ")}', f'{n:,}')
-    for reason, n in sorted(res.tally.problems.items()):
-        t.add_row(f'  bad input: {reason.replace("_", " ")}', f'{n:,}')
-    t.add_row('documents written', f'{res.documents:,}')
-    t.add_row('tokens written', f'{res.tokens:,}')
-    t.add_row('text read', f'{res.tally.bytes / 2**20:,.2f} MB')
-    t.add_row('time', f'{res.seconds:.2f} s ({res.mb_per_s:.1f} MB/s, {res.docs_per_s:,.0f} documents/s)')
-    out.print(t)
-    for ex in res.tally.examples:
-        out.print(f'[yellow]  {fmt.text(ex)}[/]')
-    for p in res.removed:
-        out.print(f'[dim]removed {fmt.text(p)}, left by a run that was killed[/]', soft_wrap=True)
+    _print_prepared(res, chat)
 
 
 @data_app.command()
@@ -141,6 +158,10 @@ def corpora():
         role = (' [dim](quickstart training corpus)[/]' if f'builtin:{name}' in DEFAULT_CORPUS
                 else ' [dim](held out)[/]' if f'builtin:{name}' == HELD_OUT else '')
         t.add_row(f'builtin:{name}', f'{builtin_path(name).stat().st_size / 2**20:.2f} MiB', what + role)
+    from gptkit.data.chat import CHAT_SETS, chat_inputs
+    for name, (_, what) in CHAT_SETS.items():
+        size = chat_inputs([f'builtin:{name}'])[0].stat().st_size
+        t.add_row(f'builtin:{name}', f'{size / 2**20:.2f} MiB', what + ' [dim](conversations: prepare with --chat)[/]')
     out.print(t)
 
 

@@ -278,9 +278,11 @@ def compile_chat(template: str):
     env.globals['raise_exception'] = _refuse
     return env.from_string(template)
 
-def render_chat(compiled, messages: list[dict], eod: str) -> str:
-    "The prompt a compiled chat template makes of `messages`, ending where the reply starts (add_generation_prompt)"
-    return compiled.render(messages=messages, add_generation_prompt=True, bos_token=eod, eos_token=eod)
+def render_chat(compiled, messages: list[dict], eod: str, add_generation_prompt: bool = True) -> str:
+    """The text a compiled chat template makes of `messages`: a prompt ending where the reply starts, or (without
+    `add_generation_prompt`) the conversation as it stands, which is how fine-tuning data renders a finished one"""
+    return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=eod,
+                           eos_token=eod)
 
 # %% ../nbs/02_tokenizer.ipynb #a242a215
 def _reason(e: BaseException) -> str:
@@ -310,7 +312,8 @@ def _say(**reply):
 def _render_one(compiled, line: bytes, setup: dict) -> dict:
     "The reply to one conversation: its prompt, the prompt's length when too long, the template's error, or memory"
     try:
-        text = render_chat(compiled, json.loads(line), setup['eod'])
+        job = json.loads(line)   # {'messages': [...], 'add_generation_prompt': bool}
+        text = render_chat(compiled, job['messages'], setup['eod'], job['add_generation_prompt'])
     except MemoryError:
         return {'memory': True}
     except Exception as e:
@@ -373,9 +376,10 @@ class ChatRenderer:
             self._start()
             self._wait_ready()
 
-    def render(self, messages: list[dict], what: str = 'these messages') -> str:
+    def render(self, messages: list[dict], what: str = 'these messages', add_generation_prompt: bool = True) -> str:
         "The prompt the template makes of `messages`; a failure, a timeout or too much memory raises one sentence"
-        line = json.dumps(messages).encode('ascii') + b'\n'
+        job = {'messages': messages, 'add_generation_prompt': add_generation_prompt}
+        line = json.dumps(job).encode('ascii') + b'\n'
         with self.lock:
             if self.proc is None:
                 self._start()
