@@ -75,6 +75,8 @@ def _linear_names(model: nn.Module) -> dict[str, nn.Linear]:
 
 def add_adapters(model: nn.Module, train: TrainConfig, parallel: ParallelConfig | None = None) -> list[str]:
     "Wrap each linear layer named in `train.lora_targets` with a `LoRALinear`, freeze the rest; the wrapped names"
+    if not train.lora_rank:
+        return []                                   # rank 0: no LoRA, every weight trains
     if parallel is not None:
         check(lora_layout_problems(parallel))
     want, linears = lora_targets(train), _linear_names(model)
