@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 from typer.testing import CliRunner
 
 from gptkit.data.chat import (
@@ -144,6 +145,11 @@ def test_bad_rows_are_counted_and_named_and_a_file_with_none_usable_writes_nothi
         prepare_chat(PrepareConfig((str(bad),), str(tmp_path / 'bad')))
     assert 'bad.jsonl:1: no assistant turn' in str(e.value)
     assert sorted(p.name for p in tmp_path.glob('bad*')) == ['bad.jsonl']
+    packed = tmp_path / 'rows.jsonl.zst'                        # compressed input reads the same
+    packed.write_bytes(zstandard.ZstdCompressor().compress(src.read_bytes()))
+    again = prepare_chat(PrepareConfig((str(packed),), str(tmp_path / 'packed')))
+    assert again.documents == 2 and again.tally.problems == res.tally.problems
+    assert any(e.startswith(f'{packed}:7: invalid json') for e in again.tally.examples)
     with pytest.raises(DataError, match=r'rows.jsonl:2: no assistant turn.*\(--strict\)'):
         prepare_chat(PrepareConfig((str(src),), str(tmp_path / 'strict'), strict=True))
     assert not list(tmp_path.glob('strict*'))
