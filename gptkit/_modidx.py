@@ -935,6 +935,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'gptkit.lora.base_checkpoint': ('lora.html#base_checkpoint', 'gptkit/lora.py'),
                              'gptkit.lora.has_adapters': ('lora.html#has_adapters', 'gptkit/lora.py'),
                              'gptkit.lora.is_adapter': ('lora.html#is_adapter', 'gptkit/lora.py'),
+                             'gptkit.lora.load_base': ('lora.html#load_base', 'gptkit/lora.py'),
                              'gptkit.lora.lora_problems': ('lora.html#lora_problems', 'gptkit/lora.py'),
                              'gptkit.lora.lora_targets': ('lora.html#lora_targets', 'gptkit/lora.py'),
                              'gptkit.lora.merge_adapters': ('lora.html#merge_adapters', 'gptkit/lora.py'),

@@ -41,7 +41,7 @@ from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_ow
 from .expert_parallel import own_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
-from .lora import has_adapters, is_adapter, with_base
+from .lora import has_adapters, is_adapter, load_base, with_base
 from .model import GPT
 from .parallel import merge_weights
 from .runconfig import RunConfig, from_dict, save_config
@@ -376,9 +376,11 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
         path, client = _load_weights_only(engine, folder, state, parallel)
         return {**state, 'client': client}
     was, now = saved_layout(state, folder / 'state.json').dp, engine.dp_world_size
-    if was != now and partitioned(folder) and has_adapters(engine.module):
-        raise CheckpointError(f'{folder} holds LoRA adapters whose optimizer states are split over {was} '
-                              f'data-parallel ranks; resume it on {was} (this run has {now})')
+    if has_adapters(engine.module):      # a LoRA checkpoint holds its adapters; the base comes from its `init` (07e)
+        if was != now and partitioned(folder):
+            raise CheckpointError(f'{folder} holds LoRA adapters whose optimizer states are split over {was} '
+                                  f'data-parallel ranks; resume it on {was} (this run has {now})')
+        load_base(engine.module, read_config(folder), folder, load_weights)
     ep = ep_degree(engine.module)
     was_ep = saved_ep(state, folder / 'state.json')
     if was_ep != ep or (was != now and partitioned(folder) and max(was_ep, ep) > 1):   # experts' optimizer: per EP

@@ -22,7 +22,7 @@ from .store import CheckpointError
 
 # %% auto #0
 __all__ = ['LoRALinear', 'lora_targets', 'lora_problems', 'has_adapters', 'add_adapters', 'adapter_state', 'is_adapter',
-           'merge_adapters', 'merge_state', 'base_checkpoint', 'with_base', 'peft_state', 'peft_adapter']
+           'merge_adapters', 'merge_state', 'base_checkpoint', 'load_base', 'with_base', 'peft_state', 'peft_adapter']
 
 # %% ../nbs/07e_lora.ipynb #169c749d
 class LoRALinear(nn.Linear):
@@ -147,6 +147,12 @@ def base_checkpoint(cfg: RunConfig, where) -> Path:
         raise CheckpointError(f'{where} holds LoRA adapters only, and their base model {path} (init in its '
                               'config.json) is gone; put that checkpoint back there to load them')
     return path
+
+def load_base(model: nn.Module, cfg: RunConfig, where, read):
+    "Put the base weights of LoRA checkpoint `where` (`read(init)`) into `model`, under the adapters that load next"
+    extra = model.load_state_dict(read(base_checkpoint(cfg, where)), strict=False).unexpected_keys
+    if extra:
+        raise CheckpointError(f"{where}: its base model holds {', '.join(extra[:4])}, which this model has not")
 
 def with_base(weights: dict, cfg: RunConfig, where, read) -> dict:
     "`weights` of a checkpoint with its LoRA adapters merged, into its own base weights or those `read(init)` returns"

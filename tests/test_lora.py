@@ -11,7 +11,7 @@ import torch
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
-from conftest import run_here
+from conftest import TINY_SETS, run_here
 
 from gptkit import checkpoint as ck, interop, lora
 from gptkit.config import LLAMA, ModelConfig, TrainConfig
@@ -186,3 +186,24 @@ def test_estimate_counts_lora_and_names_its_flags():
     assert bad.returncode != 0 and "--lora-targets names 'wq'" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
     tp = run_here('estimate', '--preset', '125m', '--lora-rank', '8', '--tp', '2', '--gpus', '2')
     assert tp.returncode != 0 and '--tp 2: LoRA' in tp.stdout + tp.stderr, tp.stdout + tp.stderr
+
+
+def test_a_lora_run_through_gptkit_train_resumes_on_its_base(tiny_data, tmp_path):
+    "train.train with train.lora_rank: the checkpoints hold the adapters; a resume puts them back on the base (init)"
+    from gptkit import train
+    from gptkit.plan import run_config
+    prefix, tok = tiny_data
+    sets = [*TINY_SETS, f'data.prefix={prefix}', f'data.tokenizer={tok}']
+    train.train(run_config(sets=[*sets, 'train.iters=1'], out=str(tmp_path / 'base')))
+    cfg = run_config(sets=[*sets, 'train.iters=3', 'train.save_interval=2', 'train.lora_rank=4'],
+                     out=str(tmp_path / 'lora'), init=str(tmp_path / 'base'))
+    first = train.train(cfg, stop_after=2)
+    saved = read_torch_file(tmp_path / 'lora' / 'checkpoints' / 'iter_0000002' / 'mp_rank_00_model_states.pt')
+    assert saved['module'] and all(lora.is_adapter(k) for k in saved['module'])
+    adapters = {k: v.clone() for k, v in lora.adapter_state(first.engine.module).items()}
+    second = train.train(run_config(sets=[], resume=True, out=str(tmp_path / 'lora')), resume=True)
+    assert second.checkpoint.name == 'iter_0000003'
+    base = ck.load_weights(tmp_path / 'base')
+    now = second.engine.module.state_dict()
+    assert all(torch.equal(now[k], v) for k, v in base.items())            # the base under the resumed adapters
+    assert all(not torch.equal(now[k], v) for k, v in adapters.items())     # which trained on from step 2
