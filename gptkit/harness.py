@@ -28,7 +28,7 @@ INSTALL = "pip install 'gptkit[eval]'"
 LOCAL_BUILDERS = ('json', 'csv', 'parquet', 'text', 'arrow')   # datasets' builders that read the files data_files names
 
 # %% auto #0
-__all__ = ['INSTALL', 'LOCAL_BUILDERS', 'GENERATION_KEYS', 'require_lm_eval', 'continuation_logprobs', 'loglikelihoods',
+__all__ = ['INSTALL', 'LOCAL_BUILDERS', 'GENERATION_KEYS', 'require_lm_eval', 'continuation_logits', 'loglikelihoods',
            'rolling_windows', 'sampling_for', 'generations', 'GptkitLM', 'lm_class', 'task_names', 'local_files',
            'find_tasks', 'load_tasks', 'run_folder', 'metric_rows', 'save_results', 'evaluate_tasks']
 
@@ -52,9 +52,9 @@ def require_lm_eval(offline: bool = False):
     return lm_eval
 
 # %% ../nbs/16a_harness.ipynb #95cbf048
-def continuation_logprobs(gen, rows: list[list[int]], counts: list[int]) -> list[torch.Tensor]:
-    """fp32 log-probabilities [count, vocab] of the last `count` next tokens of each token row: the batch right-padded
-    through the blocks once, the output layer and softmax only where a continuation is scored"""
+def continuation_logits(gen, rows: list[list[int]], counts: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(fp32 logits [count, vocab], their logsumexp [count]) of the last `count` next tokens of each token row: the
+    batch right-padded through the blocks once, the output layer only where a continuation is scored"""
     model = gen.model
     x = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
     for i, r in enumerate(rows):
@@ -66,7 +66,8 @@ def continuation_logprobs(gen, rows: list[list[int]], counts: list[int]) -> list
         logits = model.logits(h[row, pos])                                      # (sum of counts, vocab or its block)
         if gen.tp_group is not None:
             logits = gather_from_tp(logits, model.head.group)[..., :model.vocab]
-        return list(logits.float().log_softmax(-1).split(counts))
+        logits = logits.float()
+        return list(zip(logits.split(counts), logits.logsumexp(-1).split(counts)))
 
 # %% ../nbs/16a_harness.ipynb #6afbc455
 def loglikelihoods(gen, requests: list, batch_size: int, max_length: int, hook=None) -> list[tuple[float, bool]]:
@@ -78,11 +79,12 @@ def loglikelihoods(gen, requests: list, batch_size: int, max_length: int, hook=N
     out = []
     for chunk in order.get_batched(n=batch_size):
         rows = [(ctx + cont)[-(max_length + 1):][:-1] for _, ctx, cont in chunk]
-        for (key, ctx, cont), lp in zip(chunk, continuation_logprobs(gen, rows, [len(c) for _, _, c in chunk])):
-            for key, toks, logp in order.get_cache(req_str=key, cxt_toks=ctx, cont_toks=cont, logits=lp[None]):
-                toks = torch.tensor(toks, device=logp.device)[None]               # (1, continuation)
-                greedy = bool((logp.argmax(-1)[:, -toks.shape[1]:] == toks).all())
-                answer = (float(logp.gather(2, toks[..., None]).sum()), greedy)
+        for (key, ctx, cont), (z, lse) in zip(chunk, continuation_logits(gen, rows, [len(c) for _, _, c in chunk])):
+            for key, toks, logits in order.get_cache(req_str=key, cxt_toks=ctx, cont_toks=cont, logits=z[None]):
+                toks = torch.tensor(toks, device=z.device)[None]                  # (1, continuation)
+                greedy = bool((logits.argmax(-1)[:, -toks.shape[1]:] == toks).all())
+                picked = logits.gather(2, toks[..., None])[0, :, 0] - lse[-toks.shape[1]:]   # log-probabilities
+                answer = (float(picked.sum()), greedy)
                 out.append(answer)
                 if hook is not None and key is not None:
                     hook.add_partial('loglikelihood', key, answer)

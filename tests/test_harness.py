@@ -23,7 +23,8 @@ DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 @pytest.fixture(scope='module', autouse=True)
 def offline_one_thread():
     require_lm_eval(offline=True)           # nothing from the network: the tasks read tests/data/harness
-    with torch_threads(1): yield
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope='module')
@@ -57,7 +58,8 @@ def test_metrics_equal_lm_evals_own_hflm_on_the_hugging_face_export(tiny_checkpo
     for task, metric, value, se, n in metric_rows(want):
         assert rows[task, metric][0] == pytest.approx(value, rel=1e-4, abs=1e-4), (task, metric)
         assert rows[task, metric][2] == n
-        if se is not None: assert rows[task, metric][1] == pytest.approx(se, rel=1e-4, abs=1e-4)
+        if se is not None:
+            assert rows[task, metric][1] == pytest.approx(se, rel=1e-4, abs=1e-4)
     assert 0 < rows['kjv_choice', 'acc'][0] < 1 and 0 < rows['kjv_choice', 'acc_norm'][0] < 1   # not all one way
     for task in ('kjv_choice', 'kjv_verses'):                                   # every log-likelihood, not just means
         for a, b in zip(responses(want, task), responses(got, task), strict=True):
@@ -91,7 +93,8 @@ def test_unknown_task_is_one_sentence_before_the_model_loads_and_nothing_is_writ
                                                                                       monkeypatch):
     import lm_eval.tasks
     class LocalOnly(lm_eval.tasks.TaskManager):      # lm-eval's own 14,000 tasks take 6-13 s to index: not looked at
-        def __init__(self, *args, include_defaults=True, **kw): super().__init__(*args, include_defaults=False, **kw)
+        def __init__(self, *args, include_defaults=True, **kw):
+            super().__init__(*args, include_defaults=False, **kw)
     monkeypatch.setattr(lm_eval.tasks, 'TaskManager', LocalOnly)
     run = shutil.copytree(tiny_checkpoint, tmp_path / 'run')
     r = run_here('eval', '--checkpoint', run, '--tasks', 'kjv_choice,kjv_nonesuch', '--include-path', DATA)
@@ -129,16 +132,20 @@ def _worker(rank, world, ckpt, init_file, out):
         got = evaluate_tasks(ckpt, TASKS, include_path=DATA, batch_size=3, offline=True, log_samples=True, tp=world,
                              device='cpu', out=out)
         assert (got is None) == (rank != 0)
-    finally: dist.destroy_process_group()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_tensor_parallel_metrics_equal_one_process(tiny_checkpoint, gptkit_results, tmp_path, request):
-    if 'slow' not in (request.config.getoption('--nb-flags') or ''): pytest.skip('slow: run with --nb-flags slow')
+    if 'slow' not in (request.config.getoption('--nb-flags') or ''):
+        pytest.skip('slow: run with --nb-flags slow')
     import torch.multiprocessing as mp
     env = {k: os.environ.pop(k) for k in DIST_ENV if k in os.environ}
-    try: mp.spawn(_worker, args=(2, str(tiny_checkpoint), str(tmp_path / 'init'), str(tmp_path / 'tp.json')),
-                  nprocs=2, join=True)
-    finally: os.environ.update(env)
+    try:
+        mp.spawn(_worker, args=(2, str(tiny_checkpoint), str(tmp_path / 'init'), str(tmp_path / 'tp.json')),
+                 nprocs=2, join=True)
+    finally:
+        os.environ.update(env)
     got = json.loads((tmp_path / 'tp.json').read_text())
     want = {r[:2]: r[2] for r in metric_rows(gptkit_results)}
     assert {r[:2]: r[2] for r in metric_rows(got)} == pytest.approx(want, rel=1e-5)
