@@ -1628,6 +1628,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.encode_batch': ( 'tokenizer.html#tokenizer.encode_batch',
                                                                                'gptkit/tokenizer.py'),
+                                  'gptkit.tokenizer.Tokenizer.encode_chat': ('tokenizer.html#tokenizer.encode_chat', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.fast': ('tokenizer.html#tokenizer.fast', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.token_bytes': ('tokenizer.html#tokenizer.token_bytes', 'gptkit/tokenizer.py'),
                                   'gptkit.tokenizer.Tokenizer.vocab_size': ('tokenizer.html#tokenizer.vocab_size', 'gptkit/tokenizer.py'),

@@ -136,8 +136,10 @@ def _sampling(param_names: dict, **kw) -> Sampling:
         k, m = e.problems[0]
         raise BadRequest(m.format(key=param_names.get(k, k)), param_names.get(k, k)) from None
 
-def encode_prompts(gen: Generator, prompts: list[str], limits: Limits, field: str) -> list[list[int]]:
-    "Each prompt's tokens; a prompt too long for the server is refused, by its characters before it is tokenized"
+def encode_prompts(gen: Generator, prompts: list[str], limits: Limits, field: str,
+                   templated: bool = False) -> list[list[int]]:
+    """Each prompt's tokens (`templated`: a chat template's, its markers as special tokens, as the chat data was
+    tokenized); a prompt too long for the server is refused, by its characters before it is tokenized"""
     most, chars = prompt_tokens(limits, gen.context), prompt_chars(gen.tok, limits, gen.context)
     rows = []
     for i, p in enumerate(prompts):
@@ -145,7 +147,7 @@ def encode_prompts(gen: Generator, prompts: list[str], limits: Limits, field: st
         if len(p) > chars:
             raise BadRequest(f'{where} has {len(p):,} characters; this server takes at most {most:,} tokens, which '
                              f'is at most {chars:,} characters', field, 400)
-        ids = gen.tok.encode(p) if p else [gen.tok.eod]
+        ids = (gen.tok.encode_chat(p) if templated else gen.tok.encode(p)) if p else [gen.tok.eod]
         if len(ids) > most:
             raise BadRequest(f'{where} has {len(ids):,} tokens; this server takes at most {most:,}', field, 400)
         rows.append(ids)

@@ -205,7 +205,8 @@ def init_config(cfg: RunConfig, folder: Path, old: RunConfig, given=(None, None,
     model = dataclasses.replace(old.model, **{k: getattr(cfg.model, k) for k in RESUME_MAY_CHANGE})
     saved = folder / 'tokenizer'
     data = cfg.data if cfg.data.tokenizer or not saved.is_dir() else dataclasses.replace(cfg.data, tokenizer=str(saved))
-    return dataclasses.replace(cfg, model=model, data=data, init=str(folder))
+    # the base is recorded whole: a LoRA run's adapters are read over it from any working directory
+    return dataclasses.replace(cfg, model=model, data=data, init=str(Path(folder).resolve()))
 
 def check_start(cfg: RunConfig, tok):
     "Refuse to start from `cfg.init` with another tokenizer than its own, or on data prepared with another one"

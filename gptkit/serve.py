@@ -300,7 +300,7 @@ async def chat(r: ChatRequest, request: Request):
         messages, n, s = chat_job(r, state.limits, state.renderer is not None)
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(state.rendering, chat_prompt, state.renderer, messages)
-        rows = encode_prompts(state.gen, [prompt], state.limits, 'messages') * n
+        rows = encode_prompts(state.gen, [prompt], state.limits, 'messages', state.renderer is not None) * n
         job = submit(request, rows, s)
     except BadRequest as e:
         return openai_error(e.message, e.param, e.status)

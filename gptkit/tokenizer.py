@@ -107,6 +107,10 @@ class Tokenizer:
         if self.words:
             return self.words.encode(text)
         return self.hf.encode(text, add_special_tokens=False).ids
+    def encode_chat(self, text: str) -> list[int]:
+        """A conversation a chat template rendered: its markers (`<|im_start|>` ...) as their special tokens, as
+        transformers' `apply_chat_template` tokenizes it (`encode` reads them as plain text)"""
+        return self.hf.encode(text, add_special_tokens=False).ids
     def encode_batch(self, texts: list[str], threads: int = 2) -> list[list[int]]:
         "Encode many texts at once (on `threads` threads with the fast encoder)"
         if self.fast:

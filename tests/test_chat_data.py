@@ -211,3 +211,20 @@ def test_the_built_in_set_is_what_its_generator_writes_and_its_held_out_question
     questions = [json.loads(line) for line in held.decode().splitlines()]
     assert len(questions) == 200 and not asked & {q['question'] for q in questions}
     assert {q['skill'] for q in questions} == {'add', 'compare', 'repeat', 'reverse', 'upper'}
+
+
+def test_the_server_tokenizes_a_templated_prompt_as_the_chat_data_was_tokenized(tmp_path):
+    "The prompt the server makes of a conversation's first turns is the start of that conversation's training tokens"
+    from types import SimpleNamespace
+
+    from gptkit.http_api import Limits, encode_prompts
+    from gptkit.tokenizer import compile_chat, load, render_chat
+    folder = chatml_tokenizer(tmp_path / 'tok')
+    _, res = prepared(tmp_path, folder)
+    tok = load(folder)
+    trained = IndexedDataset(res.prefix)[0].tolist()
+    prompt = render_chat(compile_chat(tok.chat_template), CONVERSATIONS[0][:-1], tok.decode([tok.eod]))
+    served, = encode_prompts(SimpleNamespace(tok=tok, context=512), [prompt], Limits(), 'messages', templated=True)
+    start = tok.hf.token_to_id('<|im_start|>')
+    assert served == trained[:len(served)] and start in served
+    assert tok.encode(prompt) != served          # read as plain text, the markers would be other tokens

@@ -261,6 +261,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
             if not result.documents:
                 raise _nothing_written(result)   # leaves no .bin/.idx behind
             write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
+            for ext in ('.idx', '.bin'):                   # nor an old chat dataset's loss mask (gptkit.data.chat)
+                Path(f'{cfg.prefix}_loss_mask{ext}').unlink(missing_ok=True)
         write_metadata(cfg.prefix, dataset_metadata(tok, cfg.tokenizer))
         result.seconds = time.perf_counter() - start
         if progress:
