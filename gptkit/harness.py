@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .encoders import around
 from .errors import ConfigError, DataError, GptkitError
 from .files import check_folder, finite_or_none, write_atomic
 from .generate import Generator
@@ -134,6 +135,7 @@ class GptkitLM:
         self.gen, self.tok, self.batch_size = generator, generator.tok, batch_size
         self.max_length, self.max_gen_toks = generator.context, max_gen_toks
         self._device = next(generator.model.parameters()).device
+        self.before, self.after = around(self.tok.hf) or ([], [])    # Llama 3's begin-of-text, as HF adds it
 
     @property
     def eot_token_id(self) -> int:
@@ -145,7 +147,10 @@ class GptkitLM:
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
                    **kw) -> list[int]:
+        "Ids as the export's tokenizer gives `HFLM` them: with what its post-processor adds, unless told not to"
         ids = self.tok.encode(string)
+        if add_special_tokens is not False:
+            ids = self.before + ids + self.after
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def tok_decode(self, ids) -> str:
