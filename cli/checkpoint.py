@@ -18,14 +18,15 @@ checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from
 app.add_typer(checkpoint_app, name='checkpoint')
 Arg, Opt = typer.Argument, typer.Option
 FORMATS = {'hf': 'Hugging Face', 'megatron': 'Megatron-LM legacy'}
+EXPORTS = {**FORMATS, 'peft': "peft's LoRA adapters"}   # what export writes: also a LoRA run's adapters alone
 CheckpointPath = Annotated[Path, Arg(metavar='PATH',
                                      help='A run folder, its checkpoints/ folder, or one iter_XXXXXXX folder.')]
 
 
-def _format(value: str, key: str) -> str:
+def _format(value: str, key: str, known: dict = FORMATS) -> str:
     "The format named by --to/--from, or a ConfigError naming the flag"
-    if value not in FORMATS:
-        raise ConfigError([(key, f"{{key}} must be {' or '.join(FORMATS)}, not {value!r}")])
+    if value not in known:
+        raise ConfigError([(key, f"{{key}} must be {', '.join(list(known)[:-1])} or {list(known)[-1]}, not {value!r}")])
     return value
 
 
@@ -87,26 +88,29 @@ def inspect(path: CheckpointPath,
 def export(path: CheckpointPath,
            out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
            to: Annotated[str, Opt('--to', help="hf (a transformers folder: GPT-2, Llama, Qwen2/3, Mistral, "
-                                                "Mixtral, Qwen3-MoE or OLMoE) or megatron (Megatron-LM's legacy "
-                                                "layout).")],
+                                                "Mixtral, Qwen3-MoE or OLMoE; a LoRA run's adapters merged), "
+                                                "megatron (Megatron-LM's legacy layout) or peft (a LoRA run's "
+                                                "adapters alone, as peft's adapter folder).")],
            max_shard_size: Annotated[Optional[str], Opt(help='hf: the most bytes per weights file (5GB when not '
                                                              'given; 500MB, 2GiB or a number of bytes); a bigger '
                                                              'model is written in shards with their index, '
                                                              'model.safetensors.index.json.')] = None):
     """Write a gptkit checkpoint as a Hugging Face folder (its model family's) or a Megatron-LM legacy checkpoint."""
-    fmt = _format(to, 'to')
+    fmt = _format(to, 'to', EXPORTS)
     if max_shard_size is not None and fmt != 'hf':
         raise ConfigError([('max_shard_size', '{key} is only used with --to hf')])
     from gptkit.hf_files import MAX_SHARD_SIZE
-    from gptkit.interop import export_hf
+    from gptkit.interop import export_hf, export_peft
     from gptkit.megatron import export_megatron
     most = MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
-    with err.status(f'exporting {text(path)} to {FORMATS[fmt]} ...'):
-        done = export_hf(path, out_dir, most) if fmt == 'hf' else export_megatron(path, out_dir)
-    shown = text(done)
-    hint = (f"load it with AutoModelForCausalLM.from_pretrained('{shown}') and AutoTokenizer" if fmt == 'hf'
-            else f'load it in Megatron-LM with --load {shown} --no-load-optim --no-load-rng')
-    out.print(f'[bold green]exported[/] {text(path)} to {shown} ({FORMATS[fmt]}); {hint}', soft_wrap=True)
+    write = {'hf': lambda: export_hf(path, out_dir, most), 'megatron': lambda: export_megatron(path, out_dir),
+             'peft': lambda: export_peft(path, out_dir)}[fmt]
+    with err.status(f'exporting {text(path)} to {EXPORTS[fmt]} ...'):
+        shown = text(write())
+    hint = {'hf': f"load it with AutoModelForCausalLM.from_pretrained('{shown}') and AutoTokenizer",
+            'megatron': f'load it in Megatron-LM with --load {shown} --no-load-optim --no-load-rng',
+            'peft': f"load it with PeftModel.from_pretrained(base, '{shown}') over the --to hf export of its base"}
+    out.print(f'[bold green]exported[/] {text(path)} to {shown} ({EXPORTS[fmt]}); {hint[fmt]}', soft_wrap=True)
 
 
 @checkpoint_app.command('import')

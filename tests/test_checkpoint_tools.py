@@ -357,7 +357,7 @@ def bad_hf(tiny_data, tmp_path_factory):
     (['import', '{bad_hf}', '{tmp}/out', '--from', 'hf'], 1, "activation_function 'relu' is not supported"),
     (['import', '{tmp}', '{tmp}/out', '--from', 'hf'], 1, 'is not a Hugging Face model folder: it has no config.json'),
     (['import', '{bad_hf}', '{tmp}/out', '--from', 'megatron'], 1, 'is not a Megatron legacy checkpoint'),
-    (['export', '{tmp}', '{tmp}/out', '--to', 'xyz'], 2, "--to must be hf or megatron, not 'xyz'"),
+    (['export', '{tmp}', '{tmp}/out', '--to', 'xyz'], 2, "--to must be hf, megatron or peft, not 'xyz'"),
     (['import', '{tmp}', '{tmp}/out', '--from', 'onnx'], 2, "--from must be hf or megatron, not 'onnx'"),
     (['export', '{tmp}', '{tmp}/out', '--to', 'hf'], 1, 'is not a gptkit checkpoint'),
 ])

@@ -207,3 +207,19 @@ def test_a_lora_run_through_gptkit_train_resumes_on_its_base(tiny_data, tmp_path
     now = second.engine.module.state_dict()
     assert all(torch.equal(now[k], v) for k, v in base.items())            # the base under the resumed adapters
     assert all(not torch.equal(now[k], v) for k, v in adapters.items())     # which trained on from step 2
+
+
+def test_checkpoint_export_to_peft_on_the_command_line(lora_run, tmp_path):
+    "`gptkit checkpoint export RUN OUT --to peft` writes peft's adapter folder; a run without adapters is refused"
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from gptkit_cli.main import app
+    _, base, run, *_ = lora_run
+    r = CliRunner().invoke(app, ['checkpoint', 'export', str(run), str(tmp_path / 'peft'), '--to', 'peft'])
+    assert r.exit_code == 0, r.output
+    config = _json.loads((tmp_path / 'peft' / 'adapter_config.json').read_text())
+    assert config['peft_type'] == 'LORA' and (tmp_path / 'peft' / 'adapter_model.safetensors').is_file()
+    r = CliRunner().invoke(app, ['checkpoint', 'export', str(base), str(tmp_path / 'none'), '--to', 'peft'])
+    assert r.exit_code == 1 and 'holds no LoRA adapters' in r.output and not (tmp_path / 'none').exists()
