@@ -228,3 +228,9 @@ def test_the_server_tokenizes_a_templated_prompt_as_the_chat_data_was_tokenized(
     start = tok.hf.token_to_id('<|im_start|>')
     assert served == trained[:len(served)] and start in served
     assert tok.encode(prompt) != served          # read as plain text, the markers would be other tokens
+
+
+def test_the_built_in_conversations_without_chat_say_to_add_it():
+    from gptkit.data.corpus import builtin_path
+    with pytest.raises(DataError, match=r'prepare it with gptkit data prepare --chat'):
+        builtin_path('conversations')

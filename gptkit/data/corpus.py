@@ -49,6 +49,9 @@ HELD_OUT = 'builtin:wikipedia'
 
 def builtin_path(name: str) -> Path:
     "The file behind `builtin:NAME`"
+    if name == 'conversations':          # gptkit.data.chat's set: conversations, read with their loss mask
+        raise DataError('builtin:conversations holds conversations, not text: prepare it with gptkit data prepare '
+                        '--chat (gptkit.data.chat.prepare_chat)')
     if name not in BUILTIN:
         raise DataError(f"builtin:{name}: no such built-in corpus; "
                         f"choose one of {', '.join('builtin:' + k for k in BUILTIN)}")
