@@ -299,7 +299,7 @@ def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = Fa
     return output.finish(code)
 
 
-def _leave_group():
+def leave_group():
     "Destroy the process group this rank joined, if it is still there (no barrier: a failed rank must not wait)"
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -312,7 +312,7 @@ def join_tp(device: str | None) -> tuple[int, str]:
 
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
-    atexit.register(_leave_group)     # gloo's threads stopped before exit, not torn down by it (a rank's SIGABRT)
+    atexit.register(leave_group)      # gloo's threads stopped before exit, not torn down by it (a rank's SIGABRT)
     if rank != 0:
         out.quiet = err.quiet = True
     if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu':

@@ -2,6 +2,7 @@
 that do)."""
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from gptkit.files import read_text
 from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
-from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, run_launcher, train_argv
+from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group, run_launcher, train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -237,6 +238,8 @@ def train(
     if (world > 1 or max_restarts) and not launched:
         raise typer.Exit(_launch(cfg, resume, world, launch, argv))
     rank = int(os.environ.get('RANK', 0))
+    if launched:           # gloo's threads stopped before the interpreter exits, not torn down by it (a rank's SIGABRT)
+        atexit.register(leave_group)
     return _run(_plan(cfg, resume, world, launched, rank), override, force, rank)
 
 

@@ -1,5 +1,10 @@
-"""`gptkit train --tp/--pp` through a launcher: the same losses as one process, checkpoints that resume, and tools that read any layout."""
+"""`gptkit train --tp/--pp` through a launcher: the same losses as one process, checkpoints that resume, and tools that read any layout.
+
+The runs fine-tune (train.task sft) on the built-in conversations: loss-masked targets and packed conversations kept
+apart by the document mask, through every layout (the plain pre-training path runs in test_parallel_model,
+test_resume_dp and the expert-parallel tests)."""
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -18,7 +23,17 @@ def _cli(*args):
 
 
 def _sets(*extra):
-    return [a for s in TINY_SETS + ['train.save_interval=3'] + list(extra) for a in ('--set', s)]
+    return [a for s in TINY_SETS + ['train.save_interval=3', 'train.task=sft'] + list(extra) for a in ('--set', s)]
+
+
+@pytest.fixture(scope='module')
+def sft_data(tiny_data, tmp_path_factory):
+    "(prefix, tokenizer): builtin:conversations with the tiny tokenizer, its loss mask beside it"
+    from gptkit.data.chat import prepare_chat
+    from gptkit.data.prepare import PrepareConfig
+    tok = tiny_data[1]
+    res = prepare_chat(PrepareConfig(('builtin:conversations',), str(tmp_path_factory.mktemp('sft') / 'chat'), tok))
+    return str(res.prefix), tok
 
 
 def _losses(run):
@@ -27,9 +42,9 @@ def _losses(run):
 
 
 @pytest.fixture(scope='module')
-def runs(tiny_data, tmp_path_factory):
+def runs(sft_data, tmp_path_factory):
     "One run per layout, all with the same global batch of 4 sequences"
-    prefix, tok = tiny_data
+    prefix, tok = sft_data
     root = tmp_path_factory.mktemp('layouts')
     layouts = {'one': [], 'tp2pp2': ['--tp', '2', '--pp', '2'],       # TP 2 alone: tests/test_parallel_model.py
                'dp2pp2': ['--pp', '2', '--nproc', '4', '--set', 'parallel.zero=1', '--set', 'train.recompute=full'],
@@ -38,6 +53,7 @@ def runs(tiny_data, tmp_path_factory):
         run = _cli if extra else run_here              # one process needs no launcher
         r = run('train', '--data', prefix, '--tokenizer', tok, '--out', str(root / name), *_sets(), *extra)
         assert r.returncode == 0, name + r.stdout[-3000:] + r.stderr[-3000:]
+        assert 'task sft' in r.stdout, r.stdout[-3000:]
     return root
 
 
@@ -49,8 +65,8 @@ def test_every_layout_trains_like_one_process(runs, name):
     assert ds['train_batch_size'] == 4
 
 
-def test_a_parallel_run_resumes_where_it_stopped(runs, tiny_data, tmp_path):
-    prefix, tok = tiny_data
+def test_a_parallel_run_resumes_where_it_stopped(runs, sft_data, tmp_path):
+    prefix, tok = sft_data
     shutil.copytree(runs / 'tp2pp2', tmp_path / 'again', ignore=shutil.ignore_patterns('iter_0000006', 'metrics.jsonl', 'tensorboard'))
     (tmp_path / 'again' / 'checkpoints' / 'latest').write_text('iter_0000003')
     r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'again'), *_sets(), '--tp', '2', '--pp', '2', '--resume')
@@ -129,8 +145,8 @@ def test_tools_read_any_layout(runs, tmp_path):
     assert e.returncode == 0 and (tmp_path / 'hf' / 'model.safetensors').is_file(), e.stderr[-2000:]
 
 
-def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, tiny_data, tmp_path):
-    prefix, tok = tiny_data
+def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, sft_data, tmp_path):
+    prefix, tok = sft_data
     shutil.copytree(runs / 'tp2pp2', tmp_path / 'run', ignore=shutil.ignore_patterns('metrics.jsonl', 'tensorboard'))
     # a resume takes the run's own config.json, layout included; asking for another layout is refused
     r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'), '--resume',
@@ -139,9 +155,9 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, tiny_d
     assert 'was saved with tp 2 pp 2' in r.stderr and 'gptkit checkpoint reshard' in r.stderr, r.stderr[-2000:]
 
 
-def test_training_continues_in_another_layout_after_reshard(runs, tiny_data, tmp_path):
+def test_training_continues_in_another_layout_after_reshard(runs, sft_data, tmp_path):
     "TP 2 x PP 2 -> reshard -> TP 2 x PP 1: the run goes on from step 6 with the weights it had (the optimizer restarts)"
-    prefix, tok = tiny_data
+    prefix, tok = sft_data
     assert run_here('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'tp2'), '--tp', '2').returncode == 0
     r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'tp2'), *_sets('train.iters=8', 'train.eval_iters=0'),
              '--tp', '2', '--resume')
@@ -149,4 +165,5 @@ def test_training_continues_in_another_layout_after_reshard(runs, tiny_data, tmp
     rows = [json.loads(l) for l in (tmp_path / 'tp2' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
     assert [row['iteration'] for row in rows] == [7, 8]
     last = _losses(runs / 'tp2pp2')[0][-1]
-    assert abs(rows[0]['loss'] - last) < 0.05, (rows[0]['loss'], last)     # where the run was, not a fresh model (ln 512 = 6.2)
+    fresh = math.log(512)                                 # a model of random weights guesses uniformly over 512 tokens
+    assert abs(rows[0]['loss'] - last) < 0.5 * (fresh - last), (rows[0]['loss'], last)   # where the run was, not fresh
