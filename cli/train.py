@@ -238,8 +238,6 @@ def train(
     if (world > 1 or max_restarts) and not launched:
         raise typer.Exit(_launch(cfg, resume, world, launch, argv))
     rank = int(os.environ.get('RANK', 0))
-    if launched:           # gloo's threads stopped before the interpreter exits, not torn down by it (a rank's SIGABRT)
-        atexit.register(leave_group)
     return _run(_plan(cfg, resume, world, launched, rank), override, force, rank)
 
 
@@ -262,6 +260,8 @@ def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list
 def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
     "This process's RunPlan (the one `gptkit train` handed it under a launcher, else made here); rank 0 shows it"
     from gptkit.plan import handed_plan, plan_run
+    if launched:           # gloo's threads stopped before the interpreter exits, not torn down by it (a rank's SIGABRT)
+        atexit.register(leave_group)
     restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
     plan = (handed_plan(restarted=restart > 0) if launched else None) or plan_run(cfg, resume or restart > 0, world)
     if rank == 0 and restart:
