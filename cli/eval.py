@@ -39,6 +39,8 @@ OutFile = Annotated[Optional[str], Opt('--out', help='Save the results here (--t
                                                      'RUN/eval/lm_eval-TIME.json).')]
 Offline = Annotated[bool, Opt(help='Never ask the Hugging Face Hub for a dataset: only what is cached or local '
                                    '(--tasks).')]
+TrustTaskCode = Annotated[bool, Opt(help='Let task files under --include-path run the Python code they name '
+                                         "(lm-eval's !function); refused otherwise.")]
 
 
 @app.command('eval')
@@ -69,12 +71,13 @@ def eval_(
     max_gen_toks: MaxGenToks = 256,
     out_file: OutFile = None,
     offline: Offline = False,
+    trust_task_code: TrustTaskCode = False,
 ):
     ("""Measure a checkpoint: perplexity per token and per word (Megatron's WikiText-103 way) and """
      """LAMBADA-style accuracy; with --tasks, lm-evaluation-harness tasks.""")
     if tasks is not None:
         return _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file,
-                        offline, device, tp, as_json, others=(text, jsonl, lambada))
+                        offline, device, tp, as_json, others=(text, jsonl, lambada), trust_code=trust_task_code)
     if text is not None and jsonl is not None:
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
@@ -103,7 +106,7 @@ def eval_(
 
 
 def _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file, offline,
-             device, tp, as_json, others):
+             device, tp, as_json, others, trust_code=False):
     "gptkit eval --tasks: lm-eval's simple_evaluate on the checkpoint; a table of every metric, the JSON saved"
     from gptkit.harness import evaluate_tasks, find_tasks, require_lm_eval
     if any(v is not None for v in others):
@@ -113,13 +116,13 @@ def _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewsho
         raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
     if tp > 1 and 'RANK' not in os.environ:
         require_lm_eval(offline)
-        find_tasks(tasks, include_path)          # an unknown task refused before any process starts
+        find_tasks(tasks, include_path, trust_code)   # an unknown task refused before any process starts
         raise typer.Exit(launch_tp(ctx, 'eval', tp))
     if tp > 1:
         _, device = join_tp(device)
     res = evaluate_tasks(checkpoint, tasks, include_path=include_path, limit=limit, batch_size=batch_size,
                          num_fewshot=num_fewshot, out=out_file, device=device, tp=tp, max_gen_toks=max_gen_toks,
-                         offline=offline)
+                         offline=offline, trust_code=trust_code)
     if res is None:                              # a rank after the first
         return
     if as_json:

@@ -706,6 +706,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'gptkit.harness.GptkitLM.tokenizer_name': ('harness.html#gptkitlm.tokenizer_name', 'gptkit/harness.py'),
                                 'gptkit.harness._beside': ('harness.html#_beside', 'gptkit/harness.py'),
                                 'gptkit.harness._rank': ('harness.html#_rank', 'gptkit/harness.py'),
+                                'gptkit.harness.code_in_tasks': ('harness.html#code_in_tasks', 'gptkit/harness.py'),
                                 'gptkit.harness.continuation_logits': ('harness.html#continuation_logits', 'gptkit/harness.py'),
                                 'gptkit.harness.evaluate_tasks': ('harness.html#evaluate_tasks', 'gptkit/harness.py'),
                                 'gptkit.harness.find_tasks': ('harness.html#find_tasks', 'gptkit/harness.py'),

@@ -31,7 +31,7 @@ LOCAL_BUILDERS = ('json', 'csv', 'parquet', 'text', 'arrow')   # datasets' build
 # %% auto #0
 __all__ = ['INSTALL', 'LOCAL_BUILDERS', 'GENERATION_KEYS', 'require_lm_eval', 'continuation_logits', 'loglikelihoods',
            'rolling_windows', 'sampling_for', 'generations', 'GptkitLM', 'lm_class', 'task_names', 'local_files',
-           'find_tasks', 'load_tasks', 'run_folder', 'metric_rows', 'save_results', 'evaluate_tasks']
+           'code_in_tasks', 'find_tasks', 'load_tasks', 'run_folder', 'metric_rows', 'save_results', 'evaluate_tasks']
 
 # %% ../nbs/16a_harness.ipynb #47e7138e
 def require_lm_eval(offline: bool = False):
@@ -235,13 +235,28 @@ def local_files(entry) -> dict | None:
     return {**kw, 'data_files': files}
 
 # %% ../nbs/16a_harness.ipynb #32be92ca
-def find_tasks(tasks, include_path: str | Path | None = None) -> tuple:
+def code_in_tasks(include_path: str | Path) -> list[tuple[Path, int]]:
+    "Where the task YAMLs under `include_path` name Python code for lm-eval to run (its `!function` tag): file, line"
+    found = []
+    for path in sorted(p for p in Path(include_path).rglob('*') if p.suffix in ('.yaml', '.yml') and p.is_file()):
+        for n, line in enumerate(path.read_text(encoding='utf-8', errors='replace').splitlines(), 1):
+            if '!function' in line.split('#', 1)[0]:
+                found.append((path, n))
+    return found
+
+def find_tasks(tasks, include_path: str | Path | None = None, trust_code: bool = False) -> tuple:
     """(lm-eval's TaskManager, what to load for each name): every name an lm-eval task, group or tag of
-    `include_path` or lm-eval's own; a task reading data files reads them from beside its YAML"""
+    `include_path` or lm-eval's own; a task reading data files reads them from beside its YAML. Task files that
+    name Python code are refused unless `trust_code` (lm-eval would import and run it)"""
     from lm_eval.tasks import TaskManager
     names = task_names(tasks)
     if include_path is not None and not Path(include_path).is_dir():
         raise ConfigError([('include_path', f'{{key}} {include_path}: no such folder')])
+    if include_path is not None and not trust_code and (code := code_in_tasks(include_path)):
+        path, line = code[0]
+        raise ConfigError([('include_path', f'{{key}}: {path}:{line} names Python code (!function) that lm-eval '
+                                            'would run; gptkit runs no code from the files it reads: pass '
+                                            '--trust-task-code (trust_code=True) only for task files you trust')])
     tm = TaskManager(include_path=str(include_path), include_defaults=False) if include_path else None
     if tm is None or any(n not in tm.all_tasks for n in names):
         tm = TaskManager(include_path=str(include_path) if include_path else None)
@@ -310,12 +325,13 @@ def _rank() -> int:
 def evaluate_tasks(checkpoint: str | Path, tasks, include_path: str | Path | None = None, limit: float | None = None,
                    batch_size: int = 8, num_fewshot: int | None = None, out: str | Path | None = None,
                    device: str | None = None, dtype=None, tp: int = 1, max_gen_toks: int = 256,
-                   offline: bool = False, log_samples: bool = False) -> dict | None:
+                   offline: bool = False, log_samples: bool = False, trust_code: bool = False) -> dict | None:
     """lm-eval's `simple_evaluate` of `tasks` on a gptkit checkpoint with `GptkitLM`: lm-eval's results, with 'file'
     (where they were saved) and 'gptkit' (checkpoint, step, seconds), on the first rank; None on the others.
-    The tasks are found and their data read before the model loads; nothing is written when anything fails"""
+    The tasks are found and their data read before the model loads; nothing is written when anything fails.
+    `trust_code`: run the Python code task files under `include_path` name (refused otherwise)"""
     lm_eval = require_lm_eval(offline)
-    tm, specs = find_tasks(tasks, include_path)
+    tm, specs = find_tasks(tasks, include_path, trust_code)
     folder = find(checkpoint)
     stamp = datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')
     path = Path(out) if out else run_folder(folder) / 'eval' / f'lm_eval-{stamp}.json'

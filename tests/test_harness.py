@@ -177,3 +177,21 @@ def test_tensor_parallel_metrics_equal_one_process(tiny_checkpoint, gptkit_resul
     want = {r[:2]: r[2] for r in metric_rows(gptkit_results)}
     assert {r[:2]: r[2] for r in metric_rows(got)} == pytest.approx(want, rel=1e-5)
     assert responses(got, 'kjv_complete') == json.loads(json.dumps(responses(gptkit_results, 'kjv_complete')))
+
+
+def test_a_task_file_that_names_python_code_is_refused_and_the_code_never_runs(tiny_checkpoint, tmp_path):
+    "lm-eval imports the module a task's `!function` names: gptkit refuses it unless told to trust the folder"
+    tasks = tmp_path / 'tasks'
+    tasks.mkdir()
+    shutil.copy(DATA / 'kjv_complete.jsonl', tasks)
+    marker = tmp_path / 'ran'
+    (tasks / 'utils.py').write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+                                    "def doc_to_text(doc):\n    return doc['prompt']\n")
+    yaml = (DATA / 'kjv_complete.yaml').read_text().replace('task: kjv_complete', 'task: coded')
+    (tasks / 'coded.yaml').write_text(yaml.replace('doc_to_text: "{{prompt}}"', 'doc_to_text: !function utils.doc_to_text'))
+    run = shutil.copytree(tiny_checkpoint, tmp_path / 'run')
+    r = run_here('eval', '--checkpoint', run, '--tasks', 'coded', '--include-path', tasks)
+    msg = said(r)
+    assert r.returncode == 2 and len(msg.splitlines()) == 1, msg
+    assert f'{tasks}/coded.yaml:9 names Python code (!function)' in msg and '--trust-task-code' in msg
+    assert not marker.exists() and not (run / 'eval').exists()
