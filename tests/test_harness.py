@@ -188,7 +188,8 @@ def test_a_task_file_that_names_python_code_is_refused_and_the_code_never_runs(t
     (tasks / 'utils.py').write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
                                     "def doc_to_text(doc):\n    return doc['prompt']\n")
     yaml = (DATA / 'kjv_complete.yaml').read_text().replace('task: kjv_complete', 'task: coded')
-    (tasks / 'coded.yaml').write_text(yaml.replace('doc_to_text: "{{prompt}}"', 'doc_to_text: !function utils.doc_to_text'))
+    coded = yaml.replace('doc_to_text: "{{prompt}}"', 'doc_to_text: !function utils.doc_to_text')
+    (tasks / 'coded.yaml').write_text(coded)
     run = shutil.copytree(tiny_checkpoint, tmp_path / 'run')
     r = run_here('eval', '--checkpoint', run, '--tasks', 'coded', '--include-path', tasks)
     msg = said(r)
