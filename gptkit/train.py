@@ -138,8 +138,8 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
             counted['dropped'] += 1
     norm = None
     if parallel.layout.pp == 1:
-        for m, (x, y, extra) in enumerate(batches):
-            backward(engine(x, y, **extra), True)
+        for m, (x, y, *extra) in enumerate(batches):          # (inputs, targets[, the model's keyword arguments])
+            backward(engine(x, y, **(extra[0] if extra else {})), True)
             if m == len(batches) - 1 and want_norm:
                 norm = grad_norm(engine.module, parallel)
             engine.step()

@@ -53,7 +53,7 @@ def record_lengths(monkeypatch):
 
 
 def test_first_steps_are_short_with_the_losses_of_batches_cut_by_hand(tiny_data, tmp_path, monkeypatch):
-    import gptkit.train as loop
+    import gptkit.microbatches as loop
     flat = ['optim.min_lr=3e-3', 'optim.warmup=0', 'train.eval_iters=0']     # one learning rate for both runs
     cfg = config(tiny_data, tmp_path / 'cur', *CURRICULUM, *flat)
     lengths = deepspeed_lengths(Curriculum.of(cfg.train, 32), 6)

@@ -45,8 +45,10 @@ def test_shapes_of_a_batch_and_everything_ignored():
     want = grads(lambda x, W: reference(x, W, t), x, W)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    none = torch.full_like(t, -100)
-    assert fused_cross_entropy(x, W, none).isnan() and reference(x, W, none).isnan()   # F.cross_entropy's 0 / 0
+    none = torch.full_like(t, -100)     # a micro-batch with nothing to learn (fine-tuning): loss 0 and no gradient,
+    assert reference(x, W, none).isnan()                  # where F.cross_entropy's mean is 0 / 0
+    loss, dx, dW = grads(lambda x, W: fused_cross_entropy(x, W, none), x, W)
+    assert loss.item() == 0 and not dx.any() and not dW.any()
 
 
 def test_bf16_as_close_to_fp32_as_the_plain_bf16_path():
