@@ -234,3 +234,13 @@ def test_the_built_in_conversations_without_chat_say_to_add_it():
     from gptkit.data.corpus import builtin_path
     with pytest.raises(DataError, match=r'prepare it with gptkit data prepare --chat'):
         builtin_path('conversations')
+
+
+def test_a_plain_prepare_over_a_chat_dataset_removes_its_loss_mask(tmp_path):
+    "The mask described the old tokens: a text prepared --overwrite at the same prefix must not keep it"
+    from gptkit.data.prepare import prepare
+    cfg, res = prepared(tmp_path, 'gpt2')
+    assert open_mask(res.prefix) is not None
+    (tmp_path / 'plain.txt').write_text('In the beginning God created the heaven and the earth.\n')
+    prepare(PrepareConfig((str(tmp_path / 'plain.txt'),), cfg.output_prefix, tokenizer='gpt2', overwrite=True))
+    assert open_mask(res.prefix) is None and not list(tmp_path.glob('*_loss_mask.*'))

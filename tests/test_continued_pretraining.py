@@ -225,3 +225,11 @@ def test_the_weights_reach_a_tensor_parallel_run(small, tiny_data, tiny_checkpoi
     first = [json.loads((small / run / 'metrics.jsonl').read_text().splitlines()[0]) for run in ('a', 'tp2')]
     assert first[0]['iteration'] == first[1]['iteration'] == 1
     assert first[1]['loss'] == pytest.approx(first[0]['loss'], abs=1e-5)
+
+
+def test_the_run_records_its_start_checkpoint_whole(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
+    "--init given relative to here: the run's config names it absolutely (a LoRA run reads its base from there later)"
+    from gptkit.plan import run_config
+    monkeypatch.chdir(tiny_checkpoint.parent)
+    cfg = run_config(sets=[f'data.prefix={tiny_data[0]}'], init=tiny_checkpoint.name, out=str(tmp_path / 'run'))
+    assert Path(cfg.init).is_absolute() and Path(cfg.init).is_relative_to(tiny_checkpoint.resolve())
