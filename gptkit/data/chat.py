@@ -27,7 +27,7 @@ from ..tokenizer import ChatRenderer, ChatTemplateError, ChatTooLong, asset, loa
 from .corpus import Deduper, clean_text, expand_inputs, repair_text
 from .document import Tally
 from .indexed import IndexedDataset, IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
-from .prepare import PrepareConfig, PrepareResult, Progress, dataset_metadata, shard_inputs
+from .prepare import PrepareConfig, PrepareResult, Progress, dataset_metadata, nothing_written, shard_inputs
 
 # %% auto #0
 __all__ = ['ROLES', 'CHAT_SETS', 'HELD_OUT_QUESTIONS', 'parse_conversation', 'held_out_questions', 'chat_inputs', 'Conversation',
@@ -289,11 +289,7 @@ def chat_problems(cfg: PrepareConfig) -> list[tuple[str, str]]:
 
 def _nothing_written(result: ChatResult) -> DataError:
     "The error for a run that kept no conversation: what each input held, and the first problems"
-    words = lambda c: ''.join(f', {n:,} {k.replace("_", " ")}' for k, n in sorted(c.items()) if k != 'documents')
-    per = '; '.join(f'{src}: {c["documents"]:,} conversations read{words(c)}' for src, c in result.tally.inputs.items())
-    dropped = f'; dropped{words(result.dropped)[1:]}' if result.dropped else ''
-    first = f'; first problems: {"; ".join(result.tally.examples)}' if result.tally.examples else ''
-    return DataError(f'{result.prefix}: no usable conversation, so nothing was written ({per}{dropped}{first})')
+    return nothing_written(result, 'no usable conversation, so nothing was written (', 'conversations', 'dropped')
 
 # %% ../../nbs/05a_chat.ipynb #aa9ae36c
 def _rendered(conversations: Iterable[Conversation], renderer: ConversationRenderer, result: ChatResult,

@@ -25,7 +25,8 @@ from .document import Document, Tally
 from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
 
 # %% auto #0
-__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'shard_inputs', 'tokenizer_digest', 'dataset_metadata', 'prepare']
+__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'nothing_written', 'shard_inputs', 'tokenizer_digest',
+           'dataset_metadata', 'prepare']
 
 # %% ../../nbs/05_prepare.ipynb #d78a3d93
 @dataclass(frozen=True)
@@ -105,13 +106,14 @@ class Progress:
     input_total: int = 0    # total size of the input files
 
 # %% ../../nbs/05_prepare.ipynb #406fd43c
-def _nothing_written(result: PrepareResult) -> DataError:
-    "The error for a run that wrote no document: every input's counts, and what the filters dropped"
+def nothing_written(result: PrepareResult, what: str = 'no document written, so no .bin/.idx (per input: ',
+                    read: str = 'documents', dropped_by: str = 'the filters dropped') -> DataError:
+    "The error for a run that wrote nothing: every input's counts (of `read`), what was dropped, the first problems"
     words = lambda c: ''.join(f', {n:,} {k.replace("_", " ")}' for k, n in sorted(c.items()) if k != 'documents')
-    per = '; '.join(f'{src}: {c["documents"]:,} documents read{words(c)}' for src, c in result.tally.inputs.items())
-    dropped = f'; the filters dropped{words(result.dropped)[1:]}' if result.dropped else ''
+    per = '; '.join(f'{src}: {c["documents"]:,} {read} read{words(c)}' for src, c in result.tally.inputs.items())
+    dropped = f'; {dropped_by}{words(result.dropped)[1:]}' if result.dropped else ''
     first = f'; first problems: {"; ".join(result.tally.examples)}' if result.tally.examples else ''
-    return DataError(f'{result.prefix}: no document written, so no .bin/.idx (per input: {per}{dropped}{first})')
+    return DataError(f'{result.prefix}: {what}{per}{dropped}{first})')
 
 # %% ../../nbs/05_prepare.ipynb #d7fa5959
 def _batches(docs: Iterable[Document], batch_bytes: int):
@@ -259,7 +261,7 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
                     progress(event(now - start))
                     last = now
             if not result.documents:
-                raise _nothing_written(result)   # leaves no .bin/.idx behind
+                raise nothing_written(result)    # leaves no .bin/.idx behind
             write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
             for ext in ('.idx', '.bin'):                   # nor an old chat dataset's loss mask (gptkit.data.chat)
                 Path(f'{cfg.prefix}_loss_mask{ext}').unlink(missing_ok=True)
