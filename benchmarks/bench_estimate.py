@@ -38,6 +38,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--repeat', type=int, default=5)
     n = ap.parse_args().repeat
+    from gptkit.machine import this_cpu
+    print(this_cpu().summary())   # ratios hold for this machine class only
     floor = wall([sys.executable, '-c', 'pass'], n)
     ours = wall([GPTKIT, 'estimate', '--params', '13B'], n)
     search = wall([GPTKIT, 'estimate', '--params', '175B', '--search', '--gpus', '1024'], n)

@@ -105,6 +105,8 @@ def main():
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, default=None, help='torch threads on a CPU (default: as torch chooses)')
     a = p.parse_args()
+    from gptkit.machine import this_cpu
+    print(this_cpu().summary())   # ratios hold for this machine class only
     if a.threads:
         torch.set_num_threads(a.threads)
     from gptkit.harness import find_tasks, lm_class, metric_rows, require_lm_eval

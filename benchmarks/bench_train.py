@@ -42,8 +42,11 @@ def main():
     ap.add_argument('--rounds', type=int, default=5)
     ap.add_argument('--steps', type=int, default=5, help='steps per round')
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    ap.add_argument('--dtype', default='fp32', choices=['fp32', 'bf16'])
+    ap.add_argument('--dtype', default='fp32', choices=['fp32', 'bf16', 'auto'],
+                    help="auto: the precision gptkit measures faster on this CPU (transformers runs in the same)")
     a = ap.parse_args()
+    from gptkit.machine import this_cpu
+    print(this_cpu().summary())   # ratios hold for this machine class only
 
     from gptkit.engine import build_engine, init_distributed
     from gptkit.estimate import flops_per_iteration
@@ -53,6 +56,11 @@ def main():
 
     cfg = resolve(a.preset, sets=[f'model.vocab={a.vocab}', 'model.dropout=0', f'train.micro_batch={a.batch}',
                                   f'train.global_batch={a.batch}', f'train.precision={a.dtype}', 'optim.lr=1e-4', 'optim.warmup=0'])
+    from gptkit.machine import settle_precision
+    cfg, why = settle_precision(cfg)
+    if why:
+        print(why)
+        a.dtype = cfg.train.precision
     m, dev = cfg.model, torch.device(a.device)
     dtype = torch.bfloat16 if a.dtype == 'bf16' else torch.float32
     cuda = dev.type == 'cuda'

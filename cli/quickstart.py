@@ -50,7 +50,10 @@ def quickstart(
     _estimate_stage()
     run = out_dir / 'run'
     o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
-    out.print(f'\nDone in {time.perf_counter() - start:.1f} s. Next: [bold]gptkit train --preset {preset} '
+    from gptkit.machine import this_cpu
+    cpu = this_cpu()
+    out.print(f'\nDone in {time.perf_counter() - start:.1f} s on this {fmt.text(cpu.name)} (machine class '
+              f'{cpu.machine_class}, {torch_threads()} threads). Next: [bold]gptkit train --preset {preset} '
               f'--set train.micro_batch={QUICK_BATCH} --set train.global_batch={QUICK_BATCH} --data '
               f'{o}/data/corpus_text_document '
               f'--tokenizer {o}/tokenizer --out {r} --resume --iters {2 * iters}[/] to train on, '
@@ -60,6 +63,11 @@ def quickstart(
               f'[bold]gptkit checkpoint export {r} {o}/hf --to hf[/], [bold]gptkit estimate --help[/], and the '
               f'notebooks in nbs/.')
     _sample_stage(run)
+
+
+def torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
 
 
 def _data_stage(out_dir: Path, vocab_size: int):
@@ -105,6 +113,8 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
               f'{cfg.model.seq_len}) '
               f'for {iters} steps of {cfg.tokens_per_step:,} tokens on DeepSpeed, on this {device_type().upper()} '
               f'in {cfg.train.precision}')
+    if plan.precision_why is not None:
+        out.print(f'   {fmt.text(plan.precision_why)}')
     result = train(plan, callbacks=[RichProgress()])
     held = []
     for d in list(read_documents([HELD_OUT]))[:HELD_OUT_ARTICLES]:
@@ -126,7 +136,7 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
     "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
     from gptkit.generate import Generator
     from gptkit.sampling import Sampling
-    gen = Generator.from_checkpoint(run, device='cpu')
+    gen = Generator.from_checkpoint(run, device='cpu', dtype='auto')
     out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {fmt.text(run)} '
               '--top-k 40 '
               f'--temperature 0.8 '

@@ -90,6 +90,8 @@ def _summary(cfg: RunConfig):
 
 def _data_summary(plan):
     "Where the weights come from, and each split's datasets: weight, samples drawn and epochs (or why there are none)"
+    if plan.precision_why is not None:
+        out.print(fmt.text(plan.precision_why))
     if plan.init_from is not None:
         out.print(f'weights from {fmt.text(plan.init_from)}: step 0, a fresh optimizer and learning-rate schedule')
     if plan.data_error is not None:

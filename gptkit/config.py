@@ -313,7 +313,7 @@ def get_preset(name: str, key: str = 'preset') -> Preset:
 
 # %% ../nbs/00_config.ipynb #08183000
 RECOMPUTE = ('none', 'selective', 'full')
-PRECISIONS = ('fp32', 'fp16', 'bf16')
+PRECISIONS = ('fp32', 'fp16', 'bf16', 'auto')   # auto: measured on a CPU, 16-bit on a GPU (gptkit.machine)
 TASKS = ('pretrain', 'sft')          # train.task: learn every token, or the loss mask's (supervised fine-tuning)
 OFFLOADS = ('none', 'optimizer', 'optimizer+params')
 
@@ -361,7 +361,7 @@ class TrainConfig:
     "How a step is shaped (batch sizes, precision, recomputation, attention kernel) and how long the run lasts"
     micro_batch: int = 1           # sequences per GPU per forward/backward
     global_batch: int | None = None  # sequences per optimizer step; None: micro_batch x dp (no accumulation)
-    precision: str = 'bf16'        # fp32, fp16 or bf16 (mixed precision with fp32 master weights)
+    precision: str = 'bf16'        # fp32, fp16, bf16 (mixed, fp32 master weights) or auto (a CPU's default)
     recompute: str = 'none'        # activation recomputation: none, selective (attention only) or full
     flash: bool = True             # fused attention that never stores the s x s score matrices
     compile: bool = False          # torch.compile each transformer block (tp = pp = 1, ZeRO 0-2)

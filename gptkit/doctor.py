@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from . import ops as M
 from .engine import build_engine, free_port, init_distributed
 from .estimate import flops_per_iteration
+from .machine import settle_precision, this_cpu
 from .model import GPT
 from .runconfig import resolve
 from .train import peak_flops
@@ -59,7 +60,8 @@ def device_checks() -> list[Check]:
     "What torch sees: the CUDA it was built for, each GPU, NCCL, bf16, and whether Triton can reach a GPU"
     if not torch.cuda.is_available():
         built = torch.version.cuda or 'none (a CPU build)'
-        return [Check('cuda', 'skipped', f'no GPU visible; torch built for CUDA {built}'),
+        return [Check('cpu', 'ok', this_cpu().summary().removeprefix('CPU ')),
+                Check('cuda', 'skipped', f'no GPU visible; torch built for CUDA {built}'),
                 Check('nccl', 'skipped', 'no GPU: multi-process runs use gloo'),
                 Check('triton gpu', 'skipped', "no GPU: the kernels run only in Triton's interpreter here")]
     out = [Check('cuda', 'ok', f'torch built for CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s)')]
@@ -129,13 +131,15 @@ def kernel_checks(device: str | None = None, dtype=None, tokens: int = 4096, hid
 
 # %% ../nbs/18_doctor.ipynb #d355330f
 def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | None = None) -> list[Check]:
-    "`steps` training steps of `preset` (GPU: 125m in bf16; CPU: tiny in fp32) on random tokens; TFLOP/s and MFU"
+    "`steps` training steps of `preset` (GPU: 125m in bf16; CPU: tiny, its precision measured) on random tokens"
     cuda = torch.cuda.is_available()
     preset = preset or ('125m' if cuda else 'tiny')
-    precision = 'bf16' if cuda and torch.cuda.is_bf16_supported() else 'fp16' if cuda else 'fp32'
+    precision = 'bf16' if cuda and torch.cuda.is_bf16_supported() else 'fp16' if cuda else 'auto'
     mb = micro_batch or (8 if cuda else 4)
     cfg = resolve(preset, sets=[f'train.micro_batch={mb}', f'train.global_batch={mb}', f'train.precision={precision}',
                                 'model.dropout=0', 'optim.warmup=0'])
+    cfg, why = settle_precision(cfg)
+    precision = cfg.train.precision
     init_distributed()
     torch.manual_seed(0)
     engine, _ = build_engine(cfg, GPT(cfg.model), iters=steps)
@@ -160,7 +164,8 @@ def train_check(preset: str | None = None, steps: int = 20, micro_batch: int | N
            f'{mb * cfg.model.seq_len / t:,.0f} tokens/s'
     if not all(map(lambda v: v == v and abs(v) < 1e4, losses)):
         return [Check('train', 'failed', f'{what}; the loss is not finite: {losses}')]
-    out = [Check('train', 'ok', f'{what}; loss {losses[0]:.2f} -> {losses[-1]:.2f}'),
+    out = [Check('precision', 'ok', why)] if why else []
+    out += [Check('train', 'ok', f'{what}; loss {losses[0]:.2f} -> {losses[-1]:.2f}'),
            Check('train TFLOP/s', 'ok', f'{flops / t / 1e12:.3f} TFLOP/s of model FLOPs', flops / t / 1e12)]
     if peak:
         out.append(Check('train MFU', 'ok', f'{flops / t / peak:.1%} of the {peak / 1e12:.0f} TFLOP/s peak',

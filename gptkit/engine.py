@@ -123,8 +123,8 @@ def device_type() -> str:
     return 'cuda' if torch.cuda.is_available() else 'cpu'
 
 def machine_defaults() -> dict:
-    "Settings this machine changes (under every other source of `config.resolve`): fp32 on a CPU, where bf16 is slow"
-    return {} if device_type() == 'cuda' else {'train': {'precision': 'fp32'}}
+    "Settings this machine changes (under every other source of `config.resolve`): on a CPU, the measured precision"
+    return {} if device_type() == 'cuda' else {'train': {'precision': 'auto'}}
 
 def world_size(cfg: RunConfig, nproc: int | None = None) -> int:
     "Processes that run `cfg`: a launcher's WORLD_SIZE inside one, else `nproc`, else one per rank (tp x pp x dp)"
@@ -191,6 +191,9 @@ def check_precision(cfg: RunConfig):
     import torch
     from deepspeed.accelerator import get_accelerator
     precision = cfg.train.precision
+    if precision == 'auto':
+        raise ConfigError([('train.precision', '{key} auto is settled by gptkit.plan.plan_run (or '
+                                               'gptkit.machine.settle_precision) before an engine is built')])
     dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': torch.float32}[precision]
     acc = get_accelerator()
     why = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +22,7 @@ from .batching import RunningBatch, agree
 from .checkpoint import check_device, load_model
 from .errors import ConfigError
 from .layout import Layout
+from .machine import choose_precision, measured, this_cpu
 from .model import OutputLayer
 from .parallel import ParallelState, apply_tp
 from .sampling import Chunk, Sampling
@@ -28,8 +30,9 @@ from .store import CheckpointError
 from .tensor_parallel import gather_from_tp
 
 # %% auto #0
-__all__ = ['DecodeLinear', 'DecodeHead', 'decode_layout', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'Generator',
-           'reference_greedy']
+__all__ = ['DECODE_BYTES', 'DECODE_ROWS', 'DECODE_DTYPES', 'DecodeLinear', 'head_product', 'DecodeHead', 'DecodeChoice',
+           'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode', 'Completion',
+           'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator', 'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
 class DecodeLinear(nn.Module):
@@ -43,33 +46,130 @@ class DecodeLinear(nn.Module):
         y = y @ self.weight_t if self.bias is None else torch.addmm(self.bias, y, self.weight_t)
         return y.view(*x.shape[:-1], y.shape[-1])
 
+def head_product(form: str, h, rows, rows_t=None):
+    """Logits of the hidden rows `h` [n, hidden] by the output matrix `rows` [vocab, hidden] in `form`: 'plain'
+    (`F.linear`), 'transposed' (times `rows_t`, its transposed copy) or 'rows' ((W @ h^T)^T, made contiguous:
+    sampling's max, exp and argmax over a transposed result ran 2.5-7x slower than over a copy)"""
+    if form == 'transposed':
+        return h @ rows_t
+    if form == 'rows':
+        return (rows @ h.t()).t().contiguous()
+    return torch.nn.functional.linear(h, rows)
+
 class DecodeHead(nn.Module):
-    """The output layer for decoding on a CPU. One row: times the real vocabulary's rows transposed (a copy); more
-    rows: the matrix as it is times the rows transposed, which the CPU's matmul runs faster than either other way,
-    made contiguous: sampling's max, exp and argmax over the rows of the transposed result ran 2.5-7x slower
-    (batch 8, vocabulary 8,192, one and two threads) than over a copy, which costs a fraction of that"""
-    def __init__(self, head, weight):
+    """The output layer for decoding on a CPU: the product in `forms[0]` for one row, `forms[1]` for more (see
+    `head_product`); the transposed copy is made only when a form uses it"""
+    def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows')):
         super().__init__()
         self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
-        self.rows = weight[:head.vocab]
-        self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
+        self.rows, self.forms = weight[:head.vocab], tuple(forms)
+        self.weight_t = None
+        if 'transposed' in self.forms:
+            self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
     def forward(self, x, weight=None):
         h = x.reshape(-1, x.shape[-1])
-        y = h @ self.weight_t if h.shape[0] == 1 else (self.rows @ h.t()).t().contiguous()
+        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t)
         return y.reshape(*x.shape[:-1], self.vocab)
 
-def decode_layout(model):
-    "A copy of `model` for decoding: the same embeddings and norms; each nn.Linear and the output layer transposed"
+@dataclass(frozen=True)
+class DecodeChoice:
+    "How a CPU decodes: the dtype, the form of every nn.Linear, the output layer's form for one row and for more"
+    dtype: str = 'fp32'
+    linear: str = 'transposed'                  # or 'plain': nn.Linear as it is
+    head: tuple = ('transposed', 'rows')
+    why: str = ''
+
+def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
+    "A copy of `model` for decoding as `choice` says: the same embeddings and norms; the linears and head in its forms"
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     shared.update({id(g): g for m in model.modules() if (g := getattr(m, 'group', None)) is not None})  # TP groups
     net = copy.deepcopy(model, shared)                  # no tensor is copied here
-    for m in list(net.modules()):
+    for m in list(net.modules()) if choice.linear == 'transposed' else ():
         for name, child in list(m.named_children()):
             if type(child) is nn.Linear:
                 setattr(m, name, DecodeLinear(child))
     if type(net.head) is OutputLayer and net.wte is not None:
-        net.head = DecodeHead(net.head, net.output_weight())
+        net.head = DecodeHead(net.head, net.output_weight(), choice.head)
     return net.eval()
+
+# %% ../nbs/14c_generate.ipynb #99016f26
+DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer
+DECODE_ROWS = (1, 8)
+
+def decode_shapes(model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    "([out, in] of each nn.Linear in order, up to `DECODE_BYTES` in fp32), [vocab, hidden] of the output layer, capped"
+    linears, total = [], 0
+    for m in model.modules():
+        if type(m) is nn.Linear and total < DECODE_BYTES:
+            linears.append(tuple(m.weight.shape))
+            total += m.weight.numel() * 4
+    vocab, hidden = model.cfg.vocab, model.cfg.hidden
+    return linears, (max(1, min(vocab, DECODE_BYTES // (4 * hidden))), hidden)
+
+def _timed(fn, rounds: int = 3) -> float:
+    fn()
+    best = float('inf')
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+def measure_decode(linears, head) -> dict[str, float]:
+    "Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory"
+    out = {}
+    for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
+        ws = [torch.rand(o, i).to(dtype) for o, i in linears]
+        for form in ('plain', 'transposed'):
+            mats = ws if form == 'plain' else [w.t().contiguous() for w in ws]
+            for n in DECODE_ROWS:
+                xs = [torch.rand(n, w.shape[1]).to(dtype) for w in ws]
+                pairs = list(zip(xs, mats))
+                run = ((lambda: [torch.nn.functional.linear(x, w) for x, w in pairs]) if form == 'plain' else
+                       (lambda: [x @ w for x, w in pairs]))
+                out[f'{name} linear {form} {n}'] = _timed(run) if ws else 1e-9
+        del ws, mats
+        rows = torch.rand(*head).to(dtype)
+        rows_t = rows.t().contiguous()
+        for n in DECODE_ROWS:
+            h = torch.rand(n, head[1]).to(dtype)
+            for form in ('plain', 'transposed', 'rows'):
+                out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t))
+    return out
+
+# %% ../nbs/14c_generate.ipynb #de358028
+def _best(seconds: dict, dtype: str) -> tuple[str, tuple, dict]:
+    "(linear form, head forms, {rows: seconds of a step}) with the least time in `dtype`"
+    lin = min(('plain', 'transposed'), key=lambda f: sum(seconds[f'{dtype} linear {f} {n}'] for n in DECODE_ROWS))
+    heads = tuple(min(('plain', 'transposed', 'rows'), key=lambda f: seconds[f'{dtype} head {f} {n}'])
+                  for n in DECODE_ROWS)
+    step = {n: seconds[f'{dtype} linear {lin} {n}'] + seconds[f'{dtype} head {h} {n}']
+            for n, h in zip(DECODE_ROWS, heads)}
+    return lin, heads, step
+
+def decode_choice(seconds: dict, dtypes=('fp32', 'bf16'), cached: bool = False) -> DecodeChoice:
+    "The `DecodeChoice` that `measure_decode`'s `seconds` call for, among `dtypes` (bf16 when `BF16_GAIN` x faster)"
+    best = {d: _best(seconds, d) for d in dtypes}
+    total = {d: sum(step.values()) for d, (_, _, step) in best.items()}
+    dtype = dtypes[0]
+    if 'bf16' in dtypes and 'fp32' in dtypes:
+        dtype = choose_precision(total['fp32'] / total['bf16'])
+    lin, heads, step = best[dtype]
+    said = ', '.join(f'batch {n} {s * 1e3:.2f} ms' for n, s in step.items())
+    vs = '' if len(dtypes) == 1 else f' ({total["fp32"] / total["bf16"]:.2f}x as fast in bf16 as in fp32)'
+    why = (f'decoding in {dtype}{vs}: linears {lin}, output layer {heads[0]} at one row and {heads[1]} at more; the '
+           f'matrix products of a step took {said} ({"cached" if cached else "measured now"}, {this_cpu().name})')
+    return DecodeChoice(dtype, lin, heads, why)
+
+def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
+    "Measure (or read from the cache) and choose how `model` decodes on this CPU; `dtypes` default: its own dtype's"
+    dtypes = dtypes or ({torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(next(model.parameters()).dtype, 'fp32'),)
+    linears, head = decode_shapes(model)
+    keys = [f'{d} {p} {f} {n}' for d in ('fp32', 'bf16') for p, forms in (('linear', ('plain', 'transposed')),
+            ('head', ('plain', 'transposed', 'rows'))) for f in forms for n in DECODE_ROWS]
+    m = measured('decode', [(1, o, i) for o, i in linears] + [(1, *head)],
+                 lambda shapes: measure_decode(linears, head), keys=keys)
+    return decode_choice(m.seconds, dtypes, m.cached)
 
 # %% ../nbs/14c_generate.ipynb #2ccd7d35
 @dataclass
@@ -99,6 +199,14 @@ def tensor_parallel_part(model, tp: int):
                                   f'{tp}), and this one runs in {world}')])
     return apply_tp(model, ParallelState.build(Layout(tp=tp)))
 
+DECODE_DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'auto': 'auto'}
+
+def decode_dtype(name: str, key: str = 'dtype'):
+    "The dtype `from_checkpoint` takes for `--dtype` `name`: a torch dtype, or 'auto'"
+    if name not in DECODE_DTYPES:
+        raise ConfigError([(key, f"{{key}} must be one of {', '.join(DECODE_DTYPES)}, not {name!r}")])
+    return DECODE_DTYPES[name]
+
 def _device_dtype(device: str | None, dtype):
     device = device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if dtype is None:
@@ -111,10 +219,12 @@ def _device_dtype(device: str | None, dtype):
 # %% ../nbs/14c_generate.ipynb #c172fdf7
 class Generator:
     "Text generation with a KV cache for a gptkit model and its tokenizer"
-    def __init__(self, model, tokenizer):
-        "On a CPU the generator decodes with `decode_layout(model)`, made now: later changes to `model` are not seen"
+    def __init__(self, model, tokenizer, decode: DecodeChoice | None = None):
+        """On a CPU the generator decodes with `decode_layout(model, decode)`, made now (later changes to `model` are
+        not seen); `decode` default: `choose_decode(model)`, measured for the model's shapes and dtype"""
         cpu = next(model.parameters()).device.type == 'cpu'
-        self.model, self.tok = decode_layout(model) if cpu else model.eval(), tokenizer
+        self.decode = (decode or choose_decode(model)) if cpu else None
+        self.model, self.tok = decode_layout(model, self.decode) if cpu else model.eval(), tokenizer
         self.context = model.cfg.seq_len
         # tensor parallelism: the logits come in vocabulary blocks, gathered so that every rank sees them whole
         self.tp_group = getattr(model.head, 'group', None)
@@ -122,16 +232,22 @@ class Generator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None, tp: int = 1) -> 'Generator':
-        """Load any gptkit checkpoint (run, checkpoints or iter folder); fp32 on CPU, bf16/fp16 on GPU. With `tp` > 1,
+        """Load any gptkit checkpoint (run, checkpoints or iter folder); fp32 on CPU, bf16/fp16 on GPU; `dtype='auto'`:
+        on a CPU, fp32 or bf16 as `choose_decode` measures for its shapes. With `tp` > 1,
         in each of `tp` processes (torchrun): that rank's shard, split as training splits it; all ranks then run the
         same calls in step"""
-        device, dtype = _device_dtype(check_device(device), dtype)
+        auto = isinstance(dtype, str) and dtype == 'auto'
+        device, dtype = _device_dtype(check_device(device), None if auto else dtype)
         loaded = load_model(path, device='cpu' if tp > 1 else device, dtype=dtype)
         if loaded.tokenizer is None:
             raise CheckpointError(f'{loaded.folder} has no tokenizer/ folder to turn text into tokens')
         if tp > 1:
             loaded.model = tensor_parallel_part(loaded.model, tp).to(device)
-        g = cls(loaded.model, loaded.tokenizer)
+        decode = None
+        if auto and device == 'cpu':
+            decode = choose_decode(loaded.model, ('fp32', 'bf16'))
+            loaded.model = loaded.model.to(torch.bfloat16 if decode.dtype == 'bf16' else torch.float32)
+        g = cls(loaded.model, loaded.tokenizer, decode)
         loaded.model, g.loaded = g.model, loaded          # the original's matrices are not kept twice
         return g
 

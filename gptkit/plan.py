@@ -25,6 +25,7 @@ from .errors import ConfigError, DataError, GptkitError, check, shown
 from .files import JSON_BYTES, read_text, write_atomic
 from .layout import BatchPlan, Layout
 from .lora import lora_problems
+from .machine import settle_precision
 from .runconfig import RunConfig, from_dict, resolve
 from .tokenizer import load as load_tokenizer
 
@@ -244,6 +245,7 @@ class RunPlan:
     data: dict                        # each split's `BlendPart`s (`data_plan`)
     resume_from: Path | None = None   # the checkpoint it continues from; None: a fresh start
     data_error: str | None = None     # why the data plan could not be made (`preview_run` only)
+    precision_why: str | None = None  # how train.precision auto was settled (`machine.settle_precision`)
     tokenizer: object = field(default=None, compare=False, repr=False)   # in the process that read it
 
     @property
@@ -267,7 +269,8 @@ class RunPlan:
         "The plan as JSON (the tokenizer aside: a rank that needs it reads `cfg.data.tokenizer`)"
         data = {k: [dataclasses.asdict(p) for p in parts] for k, parts in self.data.items()}
         resume = None if self.resume_from is None else str(self.resume_from)
-        return json.dumps({'config': self.cfg.to_dict(), 'data': data, 'resume_from': resume})
+        return json.dumps({'config': self.cfg.to_dict(), 'data': data, 'resume_from': resume,
+                           'precision_why': self.precision_why})
 
     @classmethod
     def from_json(cls, text: str) -> RunPlan:
@@ -275,7 +278,8 @@ class RunPlan:
         d = json.loads(text)
         data = {k: [BlendPart(**p) for p in parts] for k, parts in d['data'].items()}
         resume = d['resume_from']
-        return cls(from_dict(d['config']), data, None if resume is None else Path(resume))
+        return cls(from_dict(d['config']), data, None if resume is None else Path(resume),
+                   precision_why=d.get('precision_why'))
 
 def read_tokenizer(cfg: RunConfig):
     "The run's tokenizer, after checking --out, the tokenizer and that every dataset of every split's blend exists"
@@ -292,24 +296,25 @@ def check_masks(cfg: RunConfig, data: dict) -> dict:
     return data
 
 def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | None = None, tok=None) -> RunPlan:
-    "The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read"
+    """The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read.
+    Its precision is settled here: `auto` becomes what `gptkit.machine` measured for the run's shapes"""
     tok = read_tokenizer(cfg) if tok is None else tok
-    cfg = tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size)
+    cfg, why = settle_precision(tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size))
     check(lora_problems(cfg))
     resume_from = resume_point(cfg, resume, tok)
     if resume_from is None and cfg.init:
         check_start(cfg, tok)
-    return RunPlan(cfg, check_masks(cfg, data_plan(cfg)), resume_from, tokenizer=tok)
+    return RunPlan(cfg, check_masks(cfg, data_plan(cfg)), resume_from, precision_why=why, tokenizer=tok)
 
 def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
     "What `--dry-run` shows: the plan without checks or a resume point; a data plan that cannot be made is `data_error`"
-    cfg = tokenizer_vocab(cfg).for_world(world or cfg.parallel.world_size)
+    cfg, why = settle_precision(tokenizer_vocab(cfg).for_world(world or cfg.parallel.world_size))
     if not (cfg.data.prefix or cfg.data.train_prefix):
-        return RunPlan(cfg, {})
+        return RunPlan(cfg, {}, precision_why=why)
     try:
-        return RunPlan(cfg, check_masks(cfg, data_plan(cfg)))
+        return RunPlan(cfg, check_masks(cfg, data_plan(cfg)), precision_why=why)
     except GptkitError as e:
-        return RunPlan(cfg, {}, data_error=str(e))
+        return RunPlan(cfg, {}, data_error=str(e), precision_why=why)
 
 # %% ../nbs/11a_plan.ipynb #e1c2d3a2
 def task_summary(cfg: RunConfig) -> str | None:

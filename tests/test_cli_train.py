@@ -56,10 +56,16 @@ def test_the_configured_layout_decides_the_processes_and_the_world_is_checked():
     assert r.exit_code == 2 and want in ' '.join(r.output.split()), r.output
 
 
-def test_cpu_defaults_to_fp32_unless_asked(tmp_path):
+@pytest.mark.parametrize('bf16_seconds, precision', [(0.19, 'fp32'), (0.0012, 'bf16')])
+def test_a_cpu_trains_in_the_precision_it_measured_faster_unless_asked(tmp_path, monkeypatch, bf16_seconds, precision):
+    "The decision on both sides: bf16 emulated (19x slower than fp32) and on AMX tiles (8x faster), as measured there"
+    import gptkit.machine as machine
+    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: {'fp32': 0.01, 'bf16': bf16_seconds})
     r = run('train', '--preset', 'tiny', '--dry-run')
-    assert '"precision": "fp32"' in r.output
-    assert '"precision": "bf16"' in run('train', '--preset', 'tiny', '--dry-run', '--set', 'train.precision=bf16').output
+    assert f'"precision": "{precision}"' in r.output and f'train.precision auto -> {precision}' in ' '.join(r.output.split())
+    asked = run('train', '--preset', 'tiny', '--dry-run', '--set', 'train.precision=fp32').output
+    assert '"precision": "fp32"' in asked and 'auto ->' not in asked
 
 
 def test_config_file_and_overrides(tmp_path):

@@ -141,13 +141,13 @@ def small(tiny_data, tiny_checkpoint, tmp_path_factory):
     d = tmp_path_factory.mktemp('small')
     gptkit('train', '--init', tiny_checkpoint, '--data', tiny_data[0], '--out', d / 'a', '--iters', 3,
            '--set', 'train.global_batch=4', '--set', 'train.micro_batch=4', '--set', 'train.eval_iters=1',
-           '--set', 'train.log_interval=1')
+           '--set', 'train.log_interval=1', '--set', 'train.precision=fp32')    # compared with runs in other layouts
     return d
 
 
 def test_a_trained_run_starts_another_fresh_and_the_new_run_resumes_as_usual(small, tiny_data):
     "Its optimizer, schedule and data position are not taken: AdamW counts the new run's steps alone"
-    common = ['--data', tiny_data[0], '--set', 'train.global_batch=4', '--set', 'train.micro_batch=4',
+    common = ['--data', tiny_data[0], '--set', 'train.precision=fp32', '--set', 'train.global_batch=4', '--set', 'train.micro_batch=4',
               '--set', 'train.eval_iters=1', '--set', 'optim.warmup=1']
     gptkit('train', '--init', small / 'a', '--out', small / 'b', '--iters', 2, *common)
     states = read_torch_file(small / 'b' / 'checkpoints' / 'iter_0000002' / 'mp_rank_00_model_states.pt')
@@ -221,7 +221,7 @@ def test_the_weights_reach_a_tensor_parallel_run(small, tiny_data, tiny_checkpoi
     "Loaded before the model is split: two tensor-parallel processes start from the same loss as one process"
     gptkit('train', '--init', tiny_checkpoint, '--data', tiny_data[0], '--out', small / 'tp2', '--iters', 1,
            '--tp', 2, '--nproc', 2, '--set', 'train.global_batch=4', '--set', 'train.micro_batch=4',
-           '--set', 'train.eval_iters=1', '--set', 'train.log_interval=1')
+           '--set', 'train.eval_iters=1', '--set', 'train.log_interval=1', '--set', 'train.precision=fp32')
     first = [json.loads((small / run / 'metrics.jsonl').read_text().splitlines()[0]) for run in ('a', 'tp2')]
     assert first[0]['iteration'] == first[1]['iteration'] == 1
     assert first[1]['loss'] == pytest.approx(first[0]['loss'], abs=1e-5)

@@ -1,0 +1,219 @@
+"Issue 35: the CPU's precision and decode layout chosen by measuring, on both sides of each decision"
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_SETS, run_here
+import gptkit.machine as machine
+from gptkit.config import ModelConfig
+from gptkit.generate import DecodeChoice, Generator, decode_choice, decode_layout
+from gptkit.machine import (BF16_GAIN, CPU, Measured, choose_precision, measured, parse_cpuinfo, precision_reason,
+                            settle_precision, this_cpu)
+from gptkit.model import GPT
+from gptkit.plan import RunPlan, plan_run, run_config
+from gptkit.runconfig import resolve
+
+# seconds of the same products, as the two machine classes measured them (bf16 emulated; AMX tiles)
+NO_BF16 = {'fp32': 0.010, 'bf16': 0.190}
+AMX = {'fp32': 0.010, 'bf16': 0.0012}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    "gptkit's measurement cache in a folder of this test's own"
+    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path / 'cache'))
+    return tmp_path / 'cache' / 'machine.json'
+
+
+def as_measured(monkeypatch, seconds):
+    "Make every training measurement report `seconds`, as a machine of that class would"
+    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: dict(seconds))
+
+
+def test_the_cpu_features_and_class_come_from_cpuinfo():
+    xeon = parse_cpuinfo('model name\t: Intel Xeon\nflags\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n')
+    old = parse_cpuinfo('model name\t: Old\nflags\t: sse2 avx avx2\n')
+    assert (xeon.machine_class, old.machine_class) == ('AMX', 'AVX2')
+    assert xeon.summary() == ('CPU Intel Xeon: AVX2 yes, AVX-512 yes, AVX-512-bf16 yes, AMX yes '
+                              '(machine class AMX)')
+    assert 'AVX-512-bf16 no' in old.summary()
+    assert this_cpu().name and this_cpu().summary().startswith('CPU ')
+
+
+@pytest.mark.parametrize('seconds, precision', [(NO_BF16, 'fp32'), (AMX, 'bf16')])
+def test_auto_takes_bf16_only_where_it_measured_clearly_faster(cache, monkeypatch, seconds, precision):
+    as_measured(monkeypatch, seconds)
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
+    assert cfg.train.precision == precision
+    assert f'-> {precision}' in why and 'measured now' in why and this_cpu().name in why
+    assert choose_precision(BF16_GAIN) == 'bf16' and choose_precision(BF16_GAIN - 0.01) == 'fp32'
+
+
+def test_an_explicit_precision_always_wins(cache, monkeypatch):
+    as_measured(monkeypatch, AMX)
+    for p in ('fp32', 'bf16'):
+        cfg = resolve('tiny', sets=[f'train.precision={p}'])
+        assert settle_precision(cfg) == (cfg, None)
+    assert not cache.exists()                       # nothing was measured
+
+
+def test_a_measurement_is_made_once_and_read_from_the_cache(cache, monkeypatch):
+    calls = []
+    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: calls.append(shapes) or dict(AMX))
+    cfg = resolve('tiny', sets=['train.precision=auto'])
+    _, first = settle_precision(cfg)
+    _, again = settle_precision(cfg)
+    assert len(calls) == 1 and 'measured now' in first and 'cached' in again
+    entry, = json.loads(cache.read_text()).values()
+    assert entry['kind'] == 'train' and entry['seconds'] == AMX and entry['cpu'] == this_cpu().name
+
+
+@pytest.mark.parametrize('text', ['{broken', '[1, 2]', '{"k": {"seconds": {"fp32": "x"}}}', '{"a": ' * 200])
+def test_a_damaged_cache_is_measured_over_and_replaced(cache, monkeypatch, caplog, text):
+    as_measured(monkeypatch, NO_BF16)
+    cache.parent.mkdir(parents=True)
+    cache.write_text(text)
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto']))
+    assert cfg.train.precision == 'fp32' and 'measured now' in why
+    assert json.loads(cache.read_text())           # valid JSON again
+    assert not list(cache.parent.glob('.*.tmp'))
+
+
+def test_an_unwritable_cache_folder_only_loses_the_cache(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / 'file'
+    blocker.write_text('not a folder')
+    monkeypatch.setenv(machine.CACHE_ENV, str(blocker / 'cache'))
+    as_measured(monkeypatch, AMX)
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto']))
+    assert cfg.train.precision == 'bf16' and 'cannot keep measurements' in caplog.text
+
+
+def test_processes_that_start_together_measure_once_and_agree(cache, tmp_path):
+    "Two processes (the ranks of one launch) ask at once: the lock makes one measure and the other read its figures"
+    log = tmp_path / 'calls'
+    code = ('import sys, time, gptkit.machine as m\n'
+            'def slow(shapes, rounds=5):\n'
+            f'    open({str(log)!r}, "a").write("x")\n'
+            '    time.sleep(1.0)\n'
+            '    return {"fp32": 0.01, "bf16": 0.001}\n'
+            'm.product_seconds = slow\n'
+            'print(m.measured("train", [(64, 64, 64)]).cached)\n')
+    env = {'GPTKIT_CACHE': str(cache.parent), 'PATH': '/usr/bin:/bin'}
+    procs = [subprocess.Popen([sys.executable, '-c', code], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert said == ['False', 'True'] and log.read_text() == 'x'
+
+
+def test_a_real_measurement_on_this_machine_decides_consistently(cache):
+    "Measured for real here: the figures are positive, and the choice is the rule applied to them"
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
+    (m,) = [Measured(e['seconds'], 1.0) for e in json.loads(cache.read_text()).values()]
+    assert all(v > 0 for v in m.seconds.values())
+    assert cfg.train.precision == choose_precision(m.speedup)
+    assert f'{m.speedup:.2f}x' in why
+
+
+def test_the_cpu_default_is_auto_and_the_plan_says_what_it_became(tiny_data, cache, monkeypatch, tmp_path):
+    as_measured(monkeypatch, AMX)
+    data = {'prefix': tiny_data[0], 'tokenizer': tiny_data[1]}
+    sets = [s for s in TINY_SETS if not s.startswith('train.precision')]
+    cfg = run_config(sets=sets, overrides={'data': data}, out=str(tmp_path / 'run'))
+    assert cfg.train.precision == ('bf16' if torch.cuda.is_available() else 'auto')
+    plan = plan_run(cfg)
+    assert plan.cfg.train.precision == 'bf16' and 'auto -> bf16' in plan.precision_why
+    assert RunPlan.from_json(plan.to_json()).precision_why == plan.precision_why   # handed to the ranks as it is
+    fixed = plan_run(run_config(sets=TINY_SETS, overrides={'data': data}, out=str(tmp_path / 'run2')))
+    assert (fixed.cfg.train.precision, fixed.precision_why) == ('fp32', None)
+
+
+@pytest.mark.parametrize('seconds, precision', [(NO_BF16, 'fp32'), (AMX, 'bf16')])
+def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monkeypatch, tmp_path, seconds, precision):
+    as_measured(monkeypatch, seconds)
+    sets = [s for s in TINY_SETS if not s.startswith('train.precision')]
+    r = run_here('train', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', tmp_path / 'run',
+                 '--iters', 2, *[a for s in sets for a in ('--set', s)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = ' '.join(r.stdout.split())
+    assert f'train.precision auto -> {precision}' in text
+    saved = json.loads((tmp_path / 'run' / 'config.json').read_text())
+    assert saved['train']['precision'] == precision                 # a resume trains on in the same precision
+
+
+def test_the_reason_names_the_figures():
+    m = Measured({'fp32': 2.0, 'bf16': 0.5}, 1e9)
+    why = precision_reason(m, 'bf16', CPU('Test CPU', frozenset({'avx512_bf16'})))
+    assert '4.00x' in why and '2.0 vs 0.5 GFLOP/s' in why and 'Test CPU (AVX-512-bf16)' in why
+
+
+# Generation: the decode layout and dtype
+
+SIDES = {
+    'fp32 wins': ({}, 'fp32'),
+    'bf16 wins': ({'bf16': 0.2}, 'bf16'),
+}
+
+
+def decode_seconds(bf16: float = 1.0) -> dict:
+    out = {}
+    for d in ('fp32', 'bf16'):
+        for part, forms in (('linear', ('plain', 'transposed')), ('head', ('plain', 'transposed', 'rows'))):
+            for f in forms:
+                for n in (1, 8):
+                    out[f'{d} {part} {f} {n}'] = (bf16 if d == 'bf16' else 1.0) * (0.5 if f == 'rows' and n == 8 else 1)
+    return out
+
+
+@pytest.mark.parametrize('side', SIDES)
+def test_generation_picks_its_dtype_by_measuring_and_tokens_stay_the_models(tiny_checkpoint, cache, monkeypatch, side):
+    over, dtype = SIDES[side]
+    import gptkit.generate as generate
+    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head: decode_seconds(**over))
+    gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
+    assert gen.decode.dtype == dtype and gen.decode.head == ('plain', 'rows')
+    assert next(gen.model.parameters()).dtype == (torch.bfloat16 if dtype == 'bf16' else torch.float32)
+    assert f'decoding in {dtype}' in gen.decode.why
+    from gptkit.sampling import Sampling
+    out = gen.complete(['In the beginning'], Sampling(max_new_tokens=5, greedy=True, stop_at_eod=False))
+    assert len(out[0].tokens) == 5
+
+
+def test_an_explicit_decode_dtype_is_kept(tiny_checkpoint, cache, monkeypatch):
+    import gptkit.generate as generate
+    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head: decode_seconds(bf16=0.1))
+    gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu')           # the library's default: fp32
+    assert gen.decode.dtype == 'fp32' and next(gen.model.parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize('choice', [DecodeChoice(), DecodeChoice('fp32', 'plain', ('plain', 'plain')),
+                                    DecodeChoice('fp32', 'plain', ('rows', 'transposed'))])
+def test_every_decode_layout_gives_the_models_logits(choice):
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(layers=2, hidden=32, heads=2, seq_len=32, vocab=300, dropout=0.0)).eval()
+    net = decode_layout(m, choice)
+    for rows in (1, 3):
+        ids = torch.randint(0, 300, (rows, 9))
+        with torch.no_grad():
+            torch.testing.assert_close(net(ids), m(ids), rtol=1e-5, atol=1e-5)
+    assert (net.head.weight_t is not None) == ('transposed' in choice.head)
+
+
+def test_the_decode_decision_on_both_sides():
+    assert decode_choice(decode_seconds()).dtype == 'fp32'
+    assert decode_choice(decode_seconds(bf16=1 / BF16_GAIN)).dtype == 'bf16'
+    assert decode_choice(decode_seconds(bf16=1 / (BF16_GAIN - 0.05))).dtype == 'fp32'
+    assert decode_choice(decode_seconds(bf16=0.1), ('fp32',)).dtype == 'fp32'
+
+
+def test_generate_refuses_an_unknown_dtype_in_one_sentence(tiny_checkpoint):
+    r = run_here('generate', '--checkpoint', tiny_checkpoint, '--prompt', 'x', '--dtype', 'fp8')
+    assert r.returncode != 0 and 'Traceback' not in r.stdout + r.stderr
+    assert '--dtype must be one of fp32, bf16, auto' in ' '.join((r.stdout + r.stderr).split())
+
+
+def test_every_benchmark_prints_the_cpu_and_its_features():
+    for f in sorted((ROOT / 'benchmarks').glob('*.py')):
+        assert 'this_cpu().summary()' in f.read_text(), f'{f.name} does not print the CPU and its features'
