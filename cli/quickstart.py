@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRESETS, ParallelConfig, TrainConfig
+from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRECISIONS, PRESETS, ParallelConfig, TrainConfig
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import count_params, estimate, search
@@ -37,16 +37,20 @@ def quickstart(
     preset: Annotated[str, typer.Option(help="The model trained: 'tiny' (GPT), 'llama-tiny' (rotary, RMSNorm, "
                                              "SwiGLU, grouped-query attention) or 'moe-tiny' (llama-tiny's choices "
                                              'with 8 experts, 2 per token).')] = 'tiny',
+    precision: Annotated[str, typer.Option(help='auto (on a CPU: bf16 where this machine runs its products 1.3x as '
+                                                'fast as fp32, else fp32), fp32 or bf16.')] = 'auto',
 ):
     ("""The pipeline on the built-in corpus, on this machine: tokenizer, dataset, training the tiny model, """
      """evaluation, sizing real runs, and a sample of text from the model.""")
     if preset.lower() not in QUICK_PRESETS:
         choices = ', '.join(QUICK_PRESETS)
         raise ConfigError([('preset', f'{{key}} must be one of {choices} (CPU-sized), not {preset!r}')])
+    if precision not in PRECISIONS:
+        raise ConfigError([('precision', f"{{key}} must be one of {', '.join(PRECISIONS)}, not {precision!r}")])
     preset = preset.lower()
     start = time.perf_counter()
     _data_stage(out_dir, vocab_size)
-    _train_stage(out_dir, iters, preset)
+    _train_stage(out_dir, iters, preset, precision)
     _estimate_stage()
     run = out_dir / 'run'
     o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
@@ -94,7 +98,7 @@ def _data_stage(out_dir: Path, vocab_size: int):
               f'({res.mb_per_s:.1f} MB/s) -> {fmt.text(res.prefix)}.bin/.idx\n')
 
 
-def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
+def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny', precision: str = 'auto'):
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
     from gptkit.evaluate import text_loss, token_counts, unigram_loss
     from gptkit.plan import plan_run, run_config
@@ -104,7 +108,7 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
     cfg = run_config(preset, sets=[f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}',
                                    'train.eval_iters=8', f'train.log_interval={max(1, min(10, iters // 20))}',
                                    f'train.micro_batch={QUICK_BATCH}', f'train.global_batch={QUICK_BATCH}',
-                                   'optim.warmup=0.05'],
+                                   'optim.warmup=0.05', f'train.precision={precision}'],
                      overrides={'data': {'prefix': str(out_dir / 'data' / 'corpus_text_document'),
                                          'tokenizer': str(out_dir / 'tokenizer')}}, vocab=False, out=str(run))
     plan = plan_run(cfg)                             # the tokenizer read once, for the run and the held-out text
@@ -128,7 +132,7 @@ def _train_stage(out_dir: Path, iters: int, preset: str = 'tiny'):
               f'loss [bold]{ours:.3f}[/] (perplexity '
               f'{math.exp(ours):,.0f}) '
               f'against [bold]{base:.3f}[/] (perplexity {math.exp(base):,.0f}) for a unigram model of the training '
-              f'data\n')
+              f'data: {base - ours:.2f} nats better\n')
     return ours, base
 
 

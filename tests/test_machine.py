@@ -217,3 +217,10 @@ def test_generate_refuses_an_unknown_dtype_in_one_sentence(tiny_checkpoint):
 def test_every_benchmark_prints_the_cpu_and_its_features():
     for f in sorted((ROOT / 'benchmarks').glob('*.py')):
         assert 'this_cpu().summary()' in f.read_text(), f'{f.name} does not print the CPU and its features'
+
+
+def test_the_quickstart_refuses_an_unknown_precision_before_any_work(tmp_path):
+    r = run_here('quickstart', '--out', tmp_path / 'qs', '--precision', 'fp8')
+    assert r.returncode != 0 and 'Traceback' not in r.stdout + r.stderr
+    assert '--precision must be one of fp32, fp16, bf16, auto' in ' '.join((r.stdout + r.stderr).split())
+    assert not (tmp_path / 'qs').exists()
