@@ -971,6 +971,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'gptkit.machine.choose_precision': ('machine.html#choose_precision', 'gptkit/machine.py'),
                                 'gptkit.machine.measure_key': ('machine.html#measure_key', 'gptkit/machine.py'),
                                 'gptkit.machine.measured': ('machine.html#measured', 'gptkit/machine.py'),
+                                'gptkit.machine.nodes_problems': ('machine.html#nodes_problems', 'gptkit/machine.py'),
                                 'gptkit.machine.parse_cpuinfo': ('machine.html#parse_cpuinfo', 'gptkit/machine.py'),
                                 'gptkit.machine.precision_reason': ('machine.html#precision_reason', 'gptkit/machine.py'),
                                 'gptkit.machine.product_flops': ('machine.html#product_flops', 'gptkit/machine.py'),

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import DataError
+from .errors import DataError, check
 from .files import JSON_BYTES, read_json, write_atomic
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 __all__ = ['log', 'FEATURES', 'MAX_ROWS', 'MAX_COLUMNS', 'CACHE_ENV', 'BF16_GAIN', 'CPU', 'parse_cpuinfo', 'this_cpu', 'capped',
            'product_flops', 'product_seconds', 'cache_folder', 'measure_key', 'Measured', 'measured',
            'choose_precision', 'training_products', 'PrecisionChoice', 'precision_reason', 'auto_precision',
-           'settle_precision']
+           'nodes_problems', 'settle_precision']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -226,11 +226,24 @@ def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: st
     precision = choose_precision(m.speedup)
     return PrecisionChoice(precision, precision_reason(m, precision, this_cpu()))
 
+def nodes_problems(precision: str, nodes: int | None = None) -> list[tuple[str, str]]:
+    """`auto` refused for a CPU run over several machines (`nodes`, else torchrun's WORLD_SIZE over LOCAL_WORLD_SIZE):
+    each would measure its own CPU, and nodes that decided differently would train in different precisions"""
+    import torch
+    if nodes is None:
+        world, local = os.environ.get('WORLD_SIZE', ''), os.environ.get('LOCAL_WORLD_SIZE', '')
+        nodes = 2 if world.isdigit() and local.isdigit() and int(world) > int(local) > 0 else 1
+    if precision != 'auto' or nodes < 2 or torch.cuda.is_available():
+        return []
+    return [('train.precision', '{key} auto is measured on each machine, and this run spans several: set fp32 or '
+                                'bf16 so that every node trains in the same one')]
+
 def settle_precision(cfg):
     "(`cfg` with `train.precision` auto replaced by `auto_precision`'s choice, why; None when it was given)"
     import dataclasses
     if cfg.train.precision != 'auto':
         return cfg, None
+    check(nodes_problems('auto'))
     p = cfg.parallel
     choice = auto_precision(cfg.model, cfg.train.micro_batch, p.tp, p.ep)
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=choice.precision)), choice.why

@@ -224,3 +224,21 @@ def test_the_quickstart_refuses_an_unknown_precision_before_any_work(tmp_path):
     assert r.returncode != 0 and 'Traceback' not in r.stdout + r.stderr
     assert '--precision must be one of fp32, fp16, bf16, auto' in ' '.join((r.stdout + r.stderr).split())
     assert not (tmp_path / 'qs').exists()
+
+
+def test_auto_is_refused_for_a_cpu_run_over_several_machines(tmp_path, monkeypatch):
+    "Each node would measure its own CPU: nodes that decided differently would train in different precisions"
+    if torch.cuda.is_available():
+        pytest.skip('on a GPU auto is the GPU\'s 16-bit type, the same on every node')
+    r = run_here('train', '--preset', 'tiny', '--nnodes', 2, '--nproc', 1, '--master-addr', '127.0.0.1',
+                 '--out', tmp_path / 'run')
+    said = ' '.join((r.stdout + r.stderr).split())
+    assert r.returncode != 0 and 'auto is measured on each machine' in said and 'Traceback' not in said
+    assert not (tmp_path / 'run').exists()
+    shown = run_here('train', '--preset', 'tiny', '--nnodes', 2, '--nproc', 1, '--master-addr', '127.0.0.1',
+                     '--dry-run')                    # a job shown or written for a cluster is not refused here
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    monkeypatch.setenv('WORLD_SIZE', '4')                # a rank of someone's own torchrun over two nodes
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
+    with pytest.raises(Exception, match='auto is measured on each machine'):
+        settle_precision(resolve('tiny', sets=['train.precision=auto']))
