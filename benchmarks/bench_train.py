@@ -62,7 +62,7 @@ def main():
         print(why)
         a.dtype = cfg.train.precision
     m, dev = cfg.model, torch.device(a.device)
-    dtype = torch.bfloat16 if a.dtype == 'bf16' else torch.float32
+    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(a.dtype, torch.float32)
     cuda = dev.type == 'cuda'
     init_distributed()
     torch.manual_seed(0)

@@ -116,6 +116,8 @@ def _estimate_on(device, a: dict):
     "The estimate (or --search) of the model and layout the flags in `a` describe, on `device`"
     if a['save_hardware'] is not None or a['name'] is not None:
         raise ConfigError([('save_hardware' if a['save_hardware'] else 'name', '{key} goes with --calibrate RUN')])
+    if a['precision'] == 'auto':            # a CPU run's setting: a GPU estimate names its precision
+        raise ConfigError([('precision', '{key} must be fp32, fp16 or bf16 for an estimate, not auto')])
     model, base, note = resolve_model(a['params'], a['preset'], **{k: v for k, v in a.items() if k in MODEL_DIMS})
     n_tokens, batch = parse_size(a['tokens'], 'tokens'), a['global_batch'] or (base.global_batch if base else None)
     gpus, per_node = a['gpus'], a['gpus_per_node']

@@ -42,6 +42,14 @@ class Launch:
     def world(self) -> int:
         return self.nproc * self.nnodes
 
+    @property
+    def nodes(self) -> int:
+        "Machines the launch spans: --nnodes, or the hosts a DeepSpeed hostfile names"
+        if self.hostfile is None or not self.hostfile.is_file():
+            return self.nnodes
+        lines = self.hostfile.read_text(errors='replace').splitlines()
+        return max(self.nnodes, sum(1 for line in lines if line.strip() and not line.lstrip().startswith('#')))
+
     def problems(self, launching: bool = True) -> list[tuple[str, str]]:
         "What cannot work; `launching` False (a job file) leaves the master to the scheduler"
         out = []

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from gptkit.files import json_text
+from gptkit.machine import settle_precision
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.train import RichProgress, resolve_run
@@ -51,12 +52,14 @@ def profile(
     if data is None:
         with err.status('tokenizing the built-in KJV text'):
             data, tokenizer = prepare_builtin(out_dir / 'data', tokenizer=tokenizer)
-    cfg = resolve_run(preset, config, set_ or [], data, tokenizer, None, None, None)
+    cfg, why = settle_precision(resolve_run(preset, config, set_ or [], data, tokenizer, None, None, None))
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:
         out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: profiling '
                   f'step{"s" if len(ranges) > 1 or ranges[0][0] != ranges[0][1] else ""} '
                   f'{steps} of {ranges[-1][1] + 1 + deepspeed_flops} on {cfg.train.precision} -> {fmt.text(out_dir)}')
+    if why is not None and not as_json:
+        out.print(fmt.text(why))
     res = profile_run(cfg, ranges, out_dir, deepspeed_flops=deepspeed_flops, stack=stack, callbacks=callbacks,
                       force=force)
     if as_json:

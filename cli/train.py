@@ -247,7 +247,7 @@ def train(
 def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list[str]) -> int:
     "The run planned once here and saved in its folder, then its processes started by the launcher, told where"
     from gptkit.plan import PLAN_ENV, hand_over, plan_run
-    check(nodes_problems(cfg.train.precision, launch.nnodes))      # nodes that measured apart could disagree
+    check(nodes_problems(cfg.train.precision, launch.nodes))      # nodes that measured apart could disagree
     plan = plan_run(cfg, resume, world)          # checked once here, not in every process the launcher starts
     # RUN/plan.json, refused while a training runs there; the processes of another node (--node-rank 1, 2, ...)
     # start without it and plan themselves, as those a hostfile's ssh starts do

@@ -117,22 +117,23 @@ def _timed(fn, rounds: int = 3) -> float:
 
 def measure_decode(linears, head) -> dict[str, float]:
     "Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory"
-    out = {}
+    out, g = {}, torch.Generator().manual_seed(0)     # not the global generator: sampling's seeds stay as they were
+    rand = lambda *shape: torch.rand(*shape, generator=g)
     for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
-        ws = [torch.rand(o, i).to(dtype) for o, i in linears]
+        ws = [rand(o, i).to(dtype) for o, i in linears]
         for form in ('plain', 'transposed'):
             mats = ws if form == 'plain' else [w.t().contiguous() for w in ws]
             for n in DECODE_ROWS:
-                xs = [torch.rand(n, w.shape[1]).to(dtype) for w in ws]
+                xs = [rand(n, w.shape[1]).to(dtype) for w in ws]
                 pairs = list(zip(xs, mats))
                 run = ((lambda: [torch.nn.functional.linear(x, w) for x, w in pairs]) if form == 'plain' else
                        (lambda: [x @ w for x, w in pairs]))
                 out[f'{name} linear {form} {n}'] = _timed(run) if ws else 1e-9
         del ws, mats
-        rows = torch.rand(*head).to(dtype)
+        rows = rand(*head).to(dtype)
         rows_t = rows.t().contiguous()
         for n in DECODE_ROWS:
-            h = torch.rand(n, head[1]).to(dtype)
+            h = rand(n, head[1]).to(dtype)
             for form in ('plain', 'transposed', 'rows'):
                 out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t))
     return out
@@ -223,7 +224,8 @@ class Generator:
         """On a CPU the generator decodes with `decode_layout(model, decode)`, made now (later changes to `model` are
         not seen); `decode` default: `choose_decode(model)`, measured for the model's shapes and dtype"""
         cpu = next(model.parameters()).device.type == 'cpu'
-        self.decode = (decode or choose_decode(model)) if cpu else None
+        tensor_parallel = getattr(model.head, 'group', None) is not None    # its layers are not nn.Linear
+        self.decode = (decode or (DecodeChoice() if tensor_parallel else choose_decode(model))) if cpu else None
         self.model, self.tok = decode_layout(model, self.decode) if cpu else model.eval(), tokenizer
         self.context = model.cfg.seq_len
         # tensor parallelism: the logits come in vocabulary blocks, gathered so that every rank sees them whole
@@ -244,7 +246,7 @@ class Generator:
         if tp > 1:
             loaded.model = tensor_parallel_part(loaded.model, tp).to(device)
         decode = None
-        if auto and device == 'cpu':
+        if auto and device == 'cpu' and tp == 1:          # under --tp each rank would measure apart: fp32
             decode = choose_decode(loaded.model, ('fp32', 'bf16'))
             loaded.model = loaded.model.to(torch.bfloat16 if decode.dtype == 'bf16' else torch.float32)
         g = cls(loaded.model, loaded.tokenizer, decode)

@@ -3,12 +3,14 @@
 # %% ../nbs/10a_machine.ipynb #50aab851
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import platform
+import stat
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,10 +23,10 @@ from .files import JSON_BYTES, read_json, write_atomic
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'FEATURES', 'MAX_ROWS', 'MAX_COLUMNS', 'CACHE_ENV', 'BF16_GAIN', 'CPU', 'parse_cpuinfo', 'this_cpu', 'capped',
-           'product_flops', 'product_seconds', 'cache_folder', 'measure_key', 'Measured', 'measured',
-           'choose_precision', 'training_products', 'PrecisionChoice', 'precision_reason', 'auto_precision',
-           'nodes_problems', 'settle_precision']
+__all__ = ['log', 'FEATURES', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'ISA_ENV', 'BF16_GAIN',
+           'CPU', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds', 'cache_folder',
+           'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision', 'training_products',
+           'PrecisionChoice', 'precision_reason', 'auto_precision', 'nodes_problems', 'settle_precision']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -51,16 +53,14 @@ class CPU:
 
 # %% ../nbs/10a_machine.ipynb #2a3cb31b
 def parse_cpuinfo(text: str) -> CPU:
-    "The CPU that `/proc/cpuinfo`'s `text` describes (its first processor)"
-    name, flags = '', frozenset()
+    "The CPU that `/proc/cpuinfo`'s `text` describes: its first processor's 'model name' and 'flags' (Arm: 'Features')"
+    fields = {}
     for line in text.splitlines():
         key, _, value = line.partition(':')
-        key = key.strip()
-        if key == 'model name' and not name:
-            name = value.strip()
-        elif key == 'flags' and not flags:
-            flags = frozenset(value.split())
-    return CPU(name or platform.processor() or platform.machine() or 'unknown', flags)
+        fields.setdefault(key.strip(), value.strip())
+    flags = frozenset((fields.get('flags') or fields.get('Features') or '').split())
+    arm = ' '.join(f'{k} {fields[k]}' for k in ('CPU implementer', 'CPU part') if k in fields)
+    return CPU(fields.get('model name') or arm or platform.processor() or platform.machine() or 'unknown', flags)
 
 @lru_cache(maxsize=1)
 def this_cpu() -> CPU:
@@ -72,19 +72,19 @@ def this_cpu() -> CPU:
 
 # %% ../nbs/10a_machine.ipynb #87c783fb
 MAX_ROWS, MAX_COLUMNS = 2048, 4096
-
-def capped(shapes) -> list[tuple[int, int, int]]:
-    "Each product (rows, columns, inner) within `MAX_ROWS` x `MAX_COLUMNS`, once (the order kept)"
-    out = []
-    for m, n, k in shapes:
-        s = (max(1, min(int(m), MAX_ROWS)), max(1, min(int(n), MAX_COLUMNS)), max(1, min(int(k), MAX_COLUMNS)))
-        if s not in out:
-            out.append(s)
-    return out
+MAX_FLOPS = 4e9          # of one pass: past it the rows shrink (emulated bf16 runs a few GFLOP/s: seconds, not minutes)
+MEASURE_SECONDS = 2.0    # the rounds stop when they have taken this long (one round at least)
 
 def product_flops(shapes) -> float:
     "FLOPs of one pass over `shapes`"
     return float(sum(2 * m * n * k for m, n, k in shapes))
+
+def capped(shapes) -> list[tuple[int, int, int]]:
+    "Each product (rows, columns, inner) within `MAX_ROWS` x `MAX_COLUMNS`, rows shrunk to `MAX_FLOPS`, once each"
+    out = [(max(1, min(int(m), MAX_ROWS)), max(1, min(int(n), MAX_COLUMNS)), max(1, min(int(k), MAX_COLUMNS)))
+           for m, n, k in shapes]
+    scale = min(1.0, MAX_FLOPS / max(product_flops(out), 1.0))
+    return list(dict.fromkeys((max(min(m, 16), int(m * scale)), n, k) for m, n, k in out))
 
 def _operands(shapes, dtype):
     import torch
@@ -97,16 +97,20 @@ def _one_pass(operands) -> float:
         a @ b
     return time.perf_counter() - start
 
-def product_seconds(shapes, rounds: int = 5) -> dict[str, float]:
-    "Fastest seconds of one pass over `shapes` in fp32 and in bf16 ({'fp32': s, 'bf16': s}), rounds alternating"
+def product_seconds(shapes, rounds: int = 5, budget: float = MEASURE_SECONDS) -> dict[str, float]:
+    """Fastest seconds of one pass over `shapes` in fp32 and in bf16 ({'fp32': s, 'bf16': s}), rounds alternating
+    until `rounds` or `budget` seconds"""
     import torch
     operands = {'fp32': _operands(shapes, torch.float32), 'bf16': _operands(shapes, torch.bfloat16)}
     best = {}
     for name, ops in operands.items():          # warm up: oneDNN builds its kernels for each shape once
         _one_pass(ops)
+    start = time.perf_counter()
     for _ in range(rounds):
         for name, ops in operands.items():
             best[name] = min(best.get(name, float('inf')), _one_pass(ops))
+        if time.perf_counter() - start > budget:
+            break
     return best
 
 # %% ../nbs/10a_machine.ipynb #a9f8878e
@@ -118,12 +122,25 @@ def cache_folder() -> Path:
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'gptkit'
 
-def measure_key(kind: str, shapes) -> str:
-    "The cache key of measuring `shapes` for `kind` on this CPU, torch and thread count"
+ISA_ENV = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')   # settings that change the kernels
+
+def measure_key(kind: str, shapes, threads: int | None = None) -> str:
+    "The cache key of measuring `shapes` for `kind` on this CPU, its kernels, torch and `threads` (default: this one's)"
     import torch
     cpu = this_cpu()
-    what = [kind, cpu.name, sorted(cpu.flags), torch.__version__, torch.get_num_threads(), [list(s) for s in shapes]]
+    isa = [torch.backends.cpu.get_cpu_capability()] + [os.environ.get(v, '') for v in ISA_ENV]
+    what = [kind, cpu.name, sorted(cpu.flags), isa, torch.__version__, threads or torch.get_num_threads(),
+            [list(s) for s in shapes]]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
+
+def lock_file(folder: Path) -> int:
+    "A descriptor of the cache's lock file, which must be a regular file (a FIFO or device there is refused)"
+    fd = os.open(folder / 'machine.json.lock', os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, 'machine.json.lock is not a regular file')
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 def _read_cache(path: Path) -> dict:
     if not path.exists():
@@ -137,10 +154,11 @@ def _read_cache(path: Path) -> dict:
 # %% ../nbs/10a_machine.ipynb #d0472424
 @dataclass(frozen=True)
 class Measured:
-    "What one kind of work took on this machine in each dtype (seconds), and whether it came from the cache"
+    "What one kind of work took on this machine in each dtype (seconds); from the cache? kept in it?"
     seconds: dict
     flops: float
     cached: bool = False
+    kept: bool = True
 
     def rate(self, dtype: str) -> float:
         "FLOP/s in `dtype`"
@@ -151,36 +169,50 @@ class Measured:
         "How many times as fast bf16 ran as fp32"
         return self.seconds['fp32'] / self.seconds['bf16']
 
-def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16')) -> Measured:
+def on_threads(threads: int | None, fn, *args):
+    "`fn(*args)` with torch on `threads` threads (None: as it is)"
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads or old)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(old)
+
+def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16'), threads: int | None = None) -> Measured:
     """`measure(shapes)` ({name: seconds}, at least `keys`; default `product_seconds` of the `capped` shapes) for
-    `kind`, from the cache when it holds it"""
+    `kind` on `threads` threads, from the cache when it holds it"""
     shapes = capped(shapes) if measure is None else [tuple(int(v) for v in s) for s in shapes]
-    key, folder = measure_key(kind, shapes), cache_folder()
-    path = folder / 'machine.json'
+    measure, folder = measure or product_seconds, cache_folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / 'machine.json.lock', 'a')
+        fd = lock_file(folder)
     except OSError as e:
         log.warning('cannot keep measurements in %s (%s); measuring without a cache', folder, e.strerror or e)
-        return Measured((measure or product_seconds)(shapes), product_flops(shapes))
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cache = _read_cache(path)
-        hit = cache.get(key)
-        if isinstance(hit, dict) and _valid(hit.get('seconds'), keys):
-            return Measured(hit['seconds'], product_flops(shapes), cached=True)
-        seconds = (measure or product_seconds)(shapes)
-        cache[key] = {'kind': kind, 'shapes': ['x'.join(map(str, s)) for s in shapes], 'seconds': seconds,
-                      'cpu': this_cpu().name, 'when': datetime.now(timezone.utc).isoformat(timespec='seconds')}
-        try:
-            write_atomic(path, json.dumps(cache, indent=1))
-        except Exception as e:
-            log.warning('could not cache the measurement in %s: %s', path, e)
+        return Measured(on_threads(threads, measure, shapes), product_flops(shapes), kept=False)
+    try:
+        return _cached_or_measured(folder / 'machine.json', kind, shapes, measure, keys, threads)
+    finally:
+        os.close(fd)                            # and with it the lock
+
+def _cached_or_measured(path: Path, kind: str, shapes, measure, keys, threads) -> Measured:
+    key, cache = measure_key(kind, shapes, threads), _read_cache(path)
+    hit = cache.get(key)
+    if isinstance(hit, dict) and _valid(hit.get('seconds'), keys):
+        return Measured(hit['seconds'], product_flops(shapes), cached=True)
+    seconds = on_threads(threads, measure, shapes)
+    cache[key] = {'kind': kind, 'shapes': ['x'.join(map(str, s)) for s in shapes], 'seconds': seconds,
+                  'cpu': this_cpu().name, 'when': datetime.now(timezone.utc).isoformat(timespec='seconds')}
+    try:
+        write_atomic(path, json.dumps(cache, indent=1))
+    except Exception as e:
+        log.warning('could not cache the measurement in %s: %s', path, e)
+        return Measured(seconds, product_flops(shapes), kept=False)
     return Measured(seconds, product_flops(shapes))
 
 def _valid(seconds, keys) -> bool:
     return (isinstance(seconds, dict) and set(seconds) >= set(keys)
-            and all(isinstance(v, (int, float)) and 0 < v < 1e4 for v in seconds.values()))
+            and all(isinstance(v, (int, float)) and 1e-9 < v < 1e4 for v in seconds.values()))
 
 # %% ../nbs/10a_machine.ipynb #2017e968
 BF16_GAIN = 1.3     # bf16 must run the products at least this many times as fast as fp32 to be chosen
@@ -204,9 +236,10 @@ def training_products(model, micro_batch: int, tp: int = 1, ep: int = 1) -> list
 # %% ../nbs/10a_machine.ipynb #bf2f8a71
 @dataclass(frozen=True)
 class PrecisionChoice:
-    "The precision `auto` became, and why"
+    "The precision `auto` became, why, and whether the figures it rests on are kept for other processes to read"
     precision: str
     why: str
+    kept: bool = True
 
 def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m`"
@@ -216,34 +249,44 @@ def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
             f'in fp32 ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
             f'{cpu.name} ({cpu.machine_class}), so it {took}')
 
-def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: str | None = None) -> PrecisionChoice:
-    "What `train.precision=auto` trains `model` in: a GPU's 16-bit type, or on a CPU the measured choice"
+def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: str | None = None,
+                   threads: int | None = None) -> PrecisionChoice:
+    "What `train.precision=auto` trains `model` in: a GPU's 16-bit type, or on a CPU the choice measured on `threads`"
     import torch
-    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cuda':
+    if (device or ('cuda' if torch.cuda.is_available() else 'cpu')).startswith('cuda'):
         half = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
         return PrecisionChoice(half, f'train.precision auto -> {half}: the 16-bit type this GPU computes fastest')
-    m = measured('train', training_products(model, micro_batch, tp, ep))
+    m = measured('train', training_products(model, micro_batch, tp, ep), threads=threads)
     precision = choose_precision(m.speedup)
-    return PrecisionChoice(precision, precision_reason(m, precision, this_cpu()))
+    return PrecisionChoice(precision, precision_reason(m, precision, this_cpu()), m.kept)
 
 def nodes_problems(precision: str, nodes: int | None = None) -> list[tuple[str, str]]:
     """`auto` refused for a CPU run over several machines (`nodes`, else torchrun's WORLD_SIZE over LOCAL_WORLD_SIZE):
     each would measure its own CPU, and nodes that decided differently would train in different precisions"""
     import torch
-    if nodes is None:
-        world, local = os.environ.get('WORLD_SIZE', ''), os.environ.get('LOCAL_WORLD_SIZE', '')
+    if nodes is None:                           # torchrun's LOCAL_WORLD_SIZE, DeepSpeed's launcher's LOCAL_SIZE
+        world = os.environ.get('WORLD_SIZE', '')
+        local = os.environ.get('LOCAL_WORLD_SIZE', os.environ.get('LOCAL_SIZE', ''))
         nodes = 2 if world.isdigit() and local.isdigit() and int(world) > int(local) > 0 else 1
     if precision != 'auto' or nodes < 2 or torch.cuda.is_available():
         return []
     return [('train.precision', '{key} auto is measured on each machine, and this run spans several: set fp32 or '
                                 'bf16 so that every node trains in the same one')]
 
-def settle_precision(cfg):
-    "(`cfg` with `train.precision` auto replaced by `auto_precision`'s choice, why; None when it was given)"
+def settle_precision(cfg, world: int | None = None):
+    """(`cfg` with `train.precision` auto replaced by `auto_precision`'s choice, why; None when it was given). In a run
+    of `world` processes (default: the launcher's WORLD_SIZE), measured on the threads each has (torchrun's
+    OMP_NUM_THREADS, 1 unless set), and only when other processes can read the figures: they must decide alike"""
     import dataclasses
     if cfg.train.precision != 'auto':
         return cfg, None
     check(nodes_problems('auto'))
+    world = world or int(os.environ.get('WORLD_SIZE') or 1)
+    threads = int(os.environ.get('OMP_NUM_THREADS') or 1) if world > 1 else None
     p = cfg.parallel
-    choice = auto_precision(cfg.model, cfg.train.micro_batch, p.tp, p.ep)
+    choice = auto_precision(cfg.model, cfg.train.micro_batch, p.tp, p.ep, threads=threads)
+    if world > 1 and not choice.kept:
+        check([('train.precision', f'{{key}} auto is measured once for all {world} processes, and the measurement '
+                                   f'could not be kept in {cache_folder()} (see the warning above): set {CACHE_ENV} '
+                                   'to a folder they can write, or set fp32 or bf16')])
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=choice.precision)), choice.why

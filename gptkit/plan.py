@@ -22,7 +22,7 @@ from .data.prepare import tokenizer_digest
 from .data.samples import SPLITS, BlendPart
 from .engine import machine_defaults
 from .errors import ConfigError, DataError, GptkitError, check, shown
-from .files import JSON_BYTES, read_text, write_atomic
+from .files import JSON_BYTES, read_json, read_text, write_atomic
 from .layout import BatchPlan, Layout
 from .lora import lora_problems
 from .machine import settle_precision
@@ -32,8 +32,8 @@ from .tokenizer import load as load_tokenizer
 # %% auto #0
 __all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
            'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'start_point', 'init_config',
-           'check_start', 'RunPlan', 'read_tokenizer', 'check_masks', 'plan_run', 'preview_run', 'task_summary',
-           'curriculum_summary', 'hand_over', 'handed_plan']
+           'check_start', 'RunPlan', 'read_tokenizer', 'check_masks', 'resumed_precision', 'plan_run', 'preview_run',
+           'task_summary', 'curriculum_summary', 'hand_over', 'handed_plan']
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
@@ -295,12 +295,26 @@ def check_masks(cfg: RunConfig, data: dict) -> dict:
             opened(part.prefix)              # refused, naming the dataset, when it has none or one that does not fit
     return data
 
+def resumed_precision(cfg: RunConfig) -> tuple[RunConfig, str | None]:
+    "`train.precision` auto as the run in `cfg.out` saved it (a resume trains on in it, whatever is measured now)"
+    saved = Path(cfg.out) / 'config.json'
+    if cfg.train.precision != 'auto' or not saved.is_file():
+        return cfg, None
+    train = read_json(saved, 'run config', JSON_BYTES, DataError, dict).get('train')
+    precision = train.get('precision') if isinstance(train, dict) else None
+    if precision not in ('fp32', 'fp16', 'bf16'):
+        return cfg, None
+    kept = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
+    return kept, f'train.precision auto -> {precision}: the precision of the run it resumes ({saved})'
+
 def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | None = None, tok=None) -> RunPlan:
     """The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read.
     Its precision is settled here: `auto` becomes what `gptkit.machine` measured for the run's shapes"""
     tok = read_tokenizer(cfg) if tok is None else tok
-    cfg, why = settle_precision(tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size))
+    cfg = tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size)
     check(lora_problems(cfg))
+    cfg, why = resumed_precision(cfg) if resume else (cfg, None)
+    cfg, why = settle_precision(cfg, world or cfg.parallel.world_size) if why is None else (cfg, why)
     resume_from = resume_point(cfg, resume, tok)
     if resume_from is None and cfg.init:
         check_start(cfg, tok)
@@ -308,7 +322,8 @@ def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | Non
 
 def preview_run(cfg: RunConfig, world: int | None = None) -> RunPlan:
     "What `--dry-run` shows: the plan without checks or a resume point; a data plan that cannot be made is `data_error`"
-    cfg, why = settle_precision(tokenizer_vocab(cfg).for_world(world or cfg.parallel.world_size))
+    cfg = tokenizer_vocab(cfg).for_world(world or cfg.parallel.world_size)
+    cfg, why = settle_precision(cfg, world or cfg.parallel.world_size)
     if not (cfg.data.prefix or cfg.data.train_prefix):
         return RunPlan(cfg, {}, precision_why=why)
     try:

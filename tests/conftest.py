@@ -1,10 +1,20 @@
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# what the tests measure about this machine (train.precision=auto, the decode layout) goes to a cache of their own,
+# not the user's ~/.cache/gptkit; notebooks run by nbdev-test inherit it
+MEASURE_CACHE = tempfile.mkdtemp(prefix='gptkit-test-cache-')
+os.environ['GPTKIT_CACHE'] = MEASURE_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(MEASURE_CACHE, ignore_errors=True)
 
 
 def pytest_addoption(parser):

@@ -242,3 +242,81 @@ def test_auto_is_refused_for_a_cpu_run_over_several_machines(tmp_path, monkeypat
     monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
     with pytest.raises(Exception, match='auto is measured on each machine'):
         settle_precision(resolve('tiny', sets=['train.precision=auto']))
+
+
+def test_an_arm_cpuinfo_gives_its_features():
+    arm = parse_cpuinfo('processor\t: 0\nFeatures\t: fp asimd sve bf16\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n')
+    assert arm.flags >= {'sve', 'bf16'} and arm.name == 'CPU implementer 0x41 CPU part 0xd40'
+
+
+def test_a_big_models_products_are_scaled_to_a_budget_and_the_rounds_to_a_time():
+    from gptkit.config import PRESETS
+    from gptkit.machine import MAX_FLOPS, capped, product_flops, product_seconds, training_products
+    big = capped(training_products(PRESETS['llama-3.1-8b'].model, 1))
+    assert product_flops(big) <= MAX_FLOPS * 1.01 and all(n <= 4096 and k <= 4096 for _, n, k in big)
+    import time
+    start = time.perf_counter()
+    seconds = product_seconds([(256, 256, 256)], rounds=10**6, budget=0.2)
+    assert time.perf_counter() - start < 5 and set(seconds) == {'fp32', 'bf16'}
+
+
+def test_a_lock_that_is_not_a_file_is_refused_not_waited_on(cache, monkeypatch, caplog):
+    import os
+    cache.parent.mkdir(parents=True)
+    os.mkfifo(cache.parent / 'machine.json.lock')
+    as_measured(monkeypatch, AMX)
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto']))
+    assert cfg.train.precision == 'bf16' and 'not a regular file' in caplog.text
+
+
+def test_processes_of_one_run_refuse_auto_when_the_cache_cannot_be_kept(tmp_path, monkeypatch):
+    blocker = tmp_path / 'file'
+    blocker.write_text('')
+    monkeypatch.setenv(machine.CACHE_ENV, str(blocker / 'cache'))
+    as_measured(monkeypatch, AMX)
+    with pytest.raises(Exception, match='could not be kept'):
+        settle_precision(resolve('tiny', sets=['train.precision=auto']), world=2)
+
+
+def test_a_run_of_several_processes_is_measured_on_the_threads_each_has(cache, monkeypatch):
+    seen = []
+    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: seen.append(torch.get_num_threads())
+                        or dict(AMX))
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    before = torch.get_num_threads()
+    settle_precision(resolve('tiny', sets=['train.precision=auto']), world=2)
+    settle_precision(resolve('tiny', sets=['train.precision=auto']), world=1)
+    assert seen == [1, before] and torch.get_num_threads() == before
+
+
+def test_a_resume_trains_on_in_the_precision_the_run_saved(tmp_path, cache, monkeypatch):
+    from gptkit.plan import resumed_precision
+    as_measured(monkeypatch, NO_BF16)                     # today's measurement would say fp32
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'config.json').write_text(json.dumps({'train': {'precision': 'bf16'}}))
+    cfg, why = resumed_precision(resolve('tiny', sets=['train.precision=auto'], out=str(run)))
+    assert cfg.train.precision == 'bf16' and 'the precision of the run it resumes' in why
+    (run / 'config.json').write_text(json.dumps({'train': ['bf16']}))          # not a config: measured as usual
+    assert resumed_precision(resolve('tiny', sets=['train.precision=auto'], out=str(run)))[1] is None
+
+
+def test_measuring_the_decode_layout_leaves_the_global_random_numbers_alone():
+    from gptkit.generate import measure_decode
+    torch.manual_seed(0)
+    want = torch.rand(3)
+    torch.manual_seed(0)
+    measure_decode([(16, 8)], (32, 8))
+    assert torch.equal(torch.rand(3), want)
+
+
+def test_an_estimate_names_its_precision(tmp_path):
+    r = run_here('estimate', '--preset', '125m', '--precision', 'auto')
+    assert r.returncode != 0 and '--precision must be fp32, fp16 or bf16 for an estimate' in ' '.join(r.stdout.split() + r.stderr.split())
+
+
+def test_a_hostfile_counts_its_hosts_as_nodes(tmp_path):
+    from gptkit_cli.launch import Launch
+    hosts = tmp_path / 'hosts'
+    hosts.write_text('# the cluster\nworker-1 slots=2\n\nworker-2 slots=2\n')
+    assert Launch('deepspeed', 2, 1, hostfile=hosts).nodes == 2 and Launch('torchrun', 2, 1).nodes == 1
