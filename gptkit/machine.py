@@ -245,9 +245,10 @@ def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m`"
     where = 'cached' if m.cached else 'measured now'
     took = 'takes bf16' if precision == 'bf16' else f'stays in fp32 (bf16 needs {BF16_GAIN:g}x)'
+    limits = ''.join(f'; kernels limited by {v}={os.environ[v]}' for v in ISA_ENV if os.environ.get(v))
     return (f'train.precision auto -> {precision}: this run\'s matrix products ran {m.speedup:.2f}x as fast in bf16 as '
             f'in fp32 ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
-            f'{cpu.name} ({cpu.machine_class}), so it {took}')
+            f'{cpu.name} ({cpu.machine_class}{limits}), so it {took}')
 
 def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: str | None = None,
                    threads: int | None = None) -> PrecisionChoice:

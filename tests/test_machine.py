@@ -143,10 +143,12 @@ def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monke
     assert saved['train']['precision'] == precision                 # a resume trains on in the same precision
 
 
-def test_the_reason_names_the_figures():
+def test_the_reason_names_the_figures(monkeypatch):
     m = Measured({'fp32': 2.0, 'bf16': 0.5}, 1e9)
     why = precision_reason(m, 'bf16', CPU('Test CPU', frozenset({'avx512_bf16'})))
     assert '4.00x' in why and '2.0 vs 0.5 GFLOP/s' in why and 'Test CPU (AVX-512-bf16)' in why
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')          # the CPU has bf16 instructions; its kernels may not
+    assert 'kernels limited by ONEDNN_MAX_CPU_ISA=AVX2' in precision_reason(m, 'fp32', CPU('Test CPU'))
 
 
 # Generation: the decode layout and dtype
