@@ -970,6 +970,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'gptkit.machine.cache_folder': ('machine.html#cache_folder', 'gptkit/machine.py'),
                                 'gptkit.machine.capped': ('machine.html#capped', 'gptkit/machine.py'),
                                 'gptkit.machine.choose_precision': ('machine.html#choose_precision', 'gptkit/machine.py'),
+                                'gptkit.machine.kernel_limits': ('machine.html#kernel_limits', 'gptkit/machine.py'),
                                 'gptkit.machine.lock_file': ('machine.html#lock_file', 'gptkit/machine.py'),
                                 'gptkit.machine.measure_key': ('machine.html#measure_key', 'gptkit/machine.py'),
                                 'gptkit.machine.measured': ('machine.html#measured', 'gptkit/machine.py'),

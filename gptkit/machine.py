@@ -23,13 +23,15 @@ from .files import JSON_BYTES, read_json, write_atomic
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'FEATURES', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'ISA_ENV', 'BF16_GAIN',
-           'CPU', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds', 'cache_folder',
-           'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision', 'training_products',
-           'PrecisionChoice', 'precision_reason', 'auto_precision', 'nodes_problems', 'settle_precision']
+__all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'BF16_GAIN',
+           'CPU', 'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds',
+           'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision',
+           'training_products', 'PrecisionChoice', 'precision_reason', 'auto_precision', 'nodes_problems',
+           'settle_precision']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
+ISA_ENV = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')   # settings that limit the kernels
 
 @dataclass(frozen=True)
 class CPU:
@@ -47,9 +49,13 @@ class CPU:
         return next((f for f in reversed(FEATURES) if self.has(f)), 'other')
 
     def summary(self) -> str:
-        "One line for a benchmark or `gptkit doctor`: the model, each feature yes or no, and the class"
+        "One line for a benchmark or `gptkit doctor`: the model, each feature yes or no, the class, any kernel limit"
         said = ', '.join(f'{f} {"yes" if self.has(f) else "no"}' for f in FEATURES)
-        return f'CPU {self.name}: {said} (machine class {self.machine_class})'
+        return f'CPU {self.name}: {said} (machine class {self.machine_class}{kernel_limits()})'
+
+def kernel_limits() -> str:
+    "'; kernels limited by VAR=VALUE' for each setting that keeps PyTorch's kernels from the CPU's best instructions"
+    return ''.join(f'; kernels limited by {v}={os.environ[v]}' for v in ISA_ENV if os.environ.get(v))
 
 # %% ../nbs/10a_machine.ipynb #2a3cb31b
 def parse_cpuinfo(text: str) -> CPU:
@@ -121,8 +127,6 @@ def cache_folder() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
     return Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'gptkit'
-
-ISA_ENV = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')   # settings that change the kernels
 
 def measure_key(kind: str, shapes, threads: int | None = None) -> str:
     "The cache key of measuring `shapes` for `kind` on this CPU, its kernels, torch and `threads` (default: this one's)"
@@ -245,10 +249,9 @@ def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m`"
     where = 'cached' if m.cached else 'measured now'
     took = 'takes bf16' if precision == 'bf16' else f'stays in fp32 (bf16 needs {BF16_GAIN:g}x)'
-    limits = ''.join(f'; kernels limited by {v}={os.environ[v]}' for v in ISA_ENV if os.environ.get(v))
     return (f'train.precision auto -> {precision}: this run\'s matrix products ran {m.speedup:.2f}x as fast in bf16 as '
             f'in fp32 ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
-            f'{cpu.name} ({cpu.machine_class}{limits}), so it {took}')
+            f'{cpu.name} ({cpu.machine_class}{kernel_limits()}), so it {took}')
 
 def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: str | None = None,
                    threads: int | None = None) -> PrecisionChoice:
