@@ -247,7 +247,7 @@ class PrecisionChoice:
 
 def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m`"
-    where = 'cached' if m.cached else 'measured now'
+    where = f'cached in {cache_folder() / "machine.json"}: delete it to measure again' if m.cached else 'measured now'
     took = 'takes bf16' if precision == 'bf16' else f'stays in fp32 (bf16 needs {BF16_GAIN:g}x)'
     return (f'train.precision auto -> {precision}: this run\'s matrix products ran {m.speedup:.2f}x as fast in bf16 as '
             f'in fp32 ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
