@@ -14,6 +14,7 @@ from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRECISIONS, PRESETS, Para
 from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import count_params, estimate, search
+from gptkit.machine import this_cpu
 from gptkit.perf import GPUS
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
@@ -54,10 +55,9 @@ def quickstart(
     _estimate_stage()
     run = out_dir / 'run'
     o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
-    from gptkit.machine import this_cpu
     cpu = this_cpu()
     out.print(f'\nDone in {time.perf_counter() - start:.1f} s on this {fmt.text(cpu.name)} (machine class '
-              f'{cpu.machine_class}, {torch_threads()} threads). Next: [bold]gptkit train --preset {preset} '
+              f'{cpu.machine_class}, {_torch_threads()} threads). Next: [bold]gptkit train --preset {preset} '
               f'--set train.micro_batch={QUICK_BATCH} --set train.global_batch={QUICK_BATCH} --data '
               f'{o}/data/corpus_text_document '
               f'--tokenizer {o}/tokenizer --out {r} --resume --iters {2 * iters}[/] to train on, '
@@ -69,7 +69,8 @@ def quickstart(
     _sample_stage(run)
 
 
-def torch_threads() -> int:
+def _torch_threads() -> int:
+    "torch's threads, torch imported only now (off the CLI's start-up path)"
     import torch
     return torch.get_num_threads()
 

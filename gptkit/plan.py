@@ -313,8 +313,9 @@ def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | Non
     tok = read_tokenizer(cfg) if tok is None else tok
     cfg = tokenizer_vocab(cfg, tok).for_world(world or cfg.parallel.world_size)
     check(lora_problems(cfg))
-    cfg, why = resumed_precision(cfg) if resume else (cfg, None)
-    cfg, why = settle_precision(cfg, world or cfg.parallel.world_size) if why is None else (cfg, why)
+    cfg, kept = resumed_precision(cfg) if resume else (cfg, None)
+    cfg, measured = settle_precision(cfg, world or cfg.parallel.world_size)    # nothing left to settle when kept
+    why = kept or measured
     resume_from = resume_point(cfg, resume, tok)
     if resume_from is None and cfg.init:
         check_start(cfg, tok)
