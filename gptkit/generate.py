@@ -30,52 +30,82 @@ from .store import CheckpointError
 from .tensor_parallel import gather_from_tp
 
 # %% auto #0
-__all__ = ['DECODE_BYTES', 'DECODE_ROWS', 'DECODE_DTYPES', 'DecodeLinear', 'head_product', 'DecodeHead', 'DecodeChoice',
-           'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode', 'Completion',
-           'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator', 'reference_greedy']
+__all__ = ['DECODE_BYTES', 'DECODE_ROWS', 'DECODE_FORMS', 'DECODE_DTYPES', 'packed_weight', 'packed_product', 'DecodeLinear',
+           'head_product', 'DecodeHead', 'DecodeChoice', 'decode_layout', 'decode_shapes', 'measure_decode',
+           'decode_choice', 'choose_decode', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'decode_dtype',
+           'Generator', 'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
+def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's packed copy of the matrix `w` [out, in]: its blocked layout for products of a few rows, as PyTorch's
+    compiler and IPEX prepare a linear layer for a CPU; None where this PyTorch or CPU has no such kernel (bf16
+    without AVX-512 or AVX-NE-CONVERT, a build without oneDNN)"""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), 1)    # 1: packed for one row
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+
+def packed_product(x, packed, bias=None):
+    "x @ W^T (+ `bias`) over `packed`, the `packed_weight` of W, for x [..., in] of any rows"
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, 'none', [], '')
+
 class DecodeLinear(nn.Module):
-    "nn.Linear for decoding on a CPU: the weight kept transposed, [in, out], which a matmul of a few rows reads faster"
-    def __init__(self, linear: nn.Linear):
+    """nn.Linear for decoding on a CPU, its weight in `form`: 'transposed' ([in, out], which a matmul of a few rows
+    reads in order) or 'packed' (`packed_weight`); the weight is read once, when it is made"""
+    def __init__(self, linear: nn.Linear, form: str = 'transposed'):
         super().__init__()
-        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
-        self.bias = linear.bias
+        self.form, self.bias = form, linear.bias
+        self.weight_t = self.packed = None
+        if form == 'packed':
+            self.packed = packed_weight(linear.weight)        # an opaque oneDNN tensor: kept out of state_dict
+            if self.packed is None:
+                raise ValueError(f'no packed kernel for {linear.weight.dtype} on this CPU')
+        else:
+            self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
     def forward(self, x):
+        if self.packed is not None:
+            return packed_product(x, self.packed, self.bias)
         y = x.reshape(-1, x.shape[-1])
         y = y @ self.weight_t if self.bias is None else torch.addmm(self.bias, y, self.weight_t)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-def head_product(form: str, h, rows, rows_t=None):
+def head_product(form: str, h, rows, rows_t=None, packed=None):
     """Logits of the hidden rows `h` [n, hidden] by the output matrix `rows` [vocab, hidden] in `form`: 'plain'
-    (`F.linear`), 'transposed' (times `rows_t`, its transposed copy) or 'rows' ((W @ h^T)^T, made contiguous:
-    sampling's max, exp and argmax over a transposed result ran 2.5-7x slower than over a copy)"""
+    (`F.linear`), 'transposed' (times `rows_t`, its transposed copy), 'rows' ((W @ h^T)^T, made contiguous:
+    sampling's max, exp and argmax over a transposed result ran 2.5-7x slower than over a copy) or 'packed' (over
+    `packed`, its `packed_weight`)"""
     if form == 'transposed':
         return h @ rows_t
     if form == 'rows':
         return (rows @ h.t()).t().contiguous()
+    if form == 'packed':
+        return packed_product(h, packed)
     return torch.nn.functional.linear(h, rows)
 
 class DecodeHead(nn.Module):
     """The output layer for decoding on a CPU: the product in `forms[0]` for one row, `forms[1]` for more (see
-    `head_product`); the transposed copy is made only when a form uses it"""
+    `head_product`); the transposed or packed copy is made only when a form uses it"""
     def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows')):
         super().__init__()
         self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
         self.rows, self.forms = weight[:head.vocab], tuple(forms)
-        self.weight_t = None
+        self.weight_t = self.packed = None
         if 'transposed' in self.forms:
             self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
+        if 'packed' in self.forms:
+            self.packed = packed_weight(self.rows)
+            if self.packed is None:
+                raise ValueError(f'no packed kernel for {self.rows.dtype} on this CPU')
     def forward(self, x, weight=None):
         h = x.reshape(-1, x.shape[-1])
-        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t)
+        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t, self.packed)
         return y.reshape(*x.shape[:-1], self.vocab)
 
 @dataclass(frozen=True)
 class DecodeChoice:
     "How a CPU decodes: the dtype, the form of every nn.Linear, the output layer's form for one row and for more"
     dtype: str = 'fp32'
-    linear: str = 'transposed'                  # or 'plain': nn.Linear as it is
+    linear: str = 'transposed'                  # 'plain' (nn.Linear as it is), 'transposed' or 'packed'
     head: tuple = ('transposed', 'rows')
     why: str = ''
 
@@ -84,10 +114,10 @@ def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     shared.update({id(g): g for m in model.modules() if (g := getattr(m, 'group', None)) is not None})  # TP groups
     net = copy.deepcopy(model, shared)                  # no tensor is copied here
-    for m in list(net.modules()) if choice.linear == 'transposed' else ():
+    for m in list(net.modules()) if choice.linear != 'plain' else ():
         for name, child in list(m.named_children()):
             if type(child) is nn.Linear:
-                setattr(m, name, DecodeLinear(child))
+                setattr(m, name, DecodeLinear(child, choice.linear))
     if type(net.head) is OutputLayer and net.wte is not None:
         net.head = DecodeHead(net.head, net.output_weight(), choice.head)
     return net.eval()
@@ -95,6 +125,7 @@ def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
 # %% ../nbs/14c_generate.ipynb #99016f26
 DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer
 DECODE_ROWS = (1, 8)
+DECODE_FORMS = {'linear': ('plain', 'transposed', 'packed'), 'head': ('plain', 'transposed', 'rows', 'packed')}
 
 def decode_shapes(model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     "([out, in] of each nn.Linear in order, up to `DECODE_BYTES` in fp32), [vocab, hidden] of the output layer, capped"
@@ -115,35 +146,50 @@ def _timed(fn, rounds: int = 3) -> float:
         best = min(best, time.perf_counter() - start)
     return best
 
+def _linear_pass(form: str, ws: list, n: int, rand):
+    "One pass of `n` rows through the matrices `ws` [out, in] in `form`, as a function; None where `form` has no kernel"
+    if form == 'packed':
+        mats = [packed_weight(w) for w in ws]
+        if any(p is None for p in mats):
+            return None
+    else:
+        mats = ws if form == 'plain' else [w.t().contiguous() for w in ws]
+    pairs = [(rand(n, w.shape[1]).to(w.dtype), p) for w, p in zip(ws, mats)]
+    if form == 'packed':
+        return lambda: [packed_product(x, p) for x, p in pairs]
+    if form == 'plain':
+        return lambda: [torch.nn.functional.linear(x, w) for x, w in pairs]
+    return lambda: [x @ w for x, w in pairs]
+
 def measure_decode(linears, head) -> dict[str, float]:
-    "Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory"
+    """Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory;
+    a form this PyTorch or CPU has no kernel for (oneDNN's packed bf16 without AVX-512) is left out"""
     out, g = {}, torch.Generator().manual_seed(0)     # not the global generator: sampling's seeds stay as they were
     rand = lambda *shape: torch.rand(*shape, generator=g)
     for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
         ws = [rand(o, i).to(dtype) for o, i in linears]
-        for form in ('plain', 'transposed'):
-            mats = ws if form == 'plain' else [w.t().contiguous() for w in ws]
+        for form in DECODE_FORMS['linear']:
             for n in DECODE_ROWS:
-                xs = [rand(n, w.shape[1]).to(dtype) for w in ws]
-                pairs = list(zip(xs, mats))
-                run = ((lambda: [torch.nn.functional.linear(x, w) for x, w in pairs]) if form == 'plain' else
-                       (lambda: [x @ w for x, w in pairs]))
-                out[f'{name} linear {form} {n}'] = _timed(run) if ws else 1e-9
-        del ws, mats
+                run = _linear_pass(form, ws, n, rand)
+                if run is not None:
+                    out[f'{name} linear {form} {n}'] = _timed(run) if ws else 1e-9
+        del ws
         rows = rand(*head).to(dtype)
-        rows_t = rows.t().contiguous()
+        rows_t, packed = rows.t().contiguous(), packed_weight(rows)
         for n in DECODE_ROWS:
             h = rand(n, head[1]).to(dtype)
-            for form in ('plain', 'transposed', 'rows'):
-                out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t))
+            for form in DECODE_FORMS['head']:
+                if form != 'packed' or packed is not None:
+                    out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t, packed))
     return out
 
 # %% ../nbs/14c_generate.ipynb #de358028
 def _best(seconds: dict, dtype: str) -> tuple[str, tuple, dict]:
-    "(linear form, head forms, {rows: seconds of a step}) with the least time in `dtype`"
-    lin = min(('plain', 'transposed'), key=lambda f: sum(seconds[f'{dtype} linear {f} {n}'] for n in DECODE_ROWS))
-    heads = tuple(min(('plain', 'transposed', 'rows'), key=lambda f: seconds[f'{dtype} head {f} {n}'])
-                  for n in DECODE_ROWS)
+    "(linear form, head forms, {rows: seconds of a step}) with the least time in `dtype`, among the forms measured"
+    timed = lambda part, n: [f for f in DECODE_FORMS[part] if f'{dtype} {part} {f} {n}' in seconds]
+    lin = min([f for f in timed('linear', 1) if f in timed('linear', DECODE_ROWS[-1])],
+              key=lambda f: sum(seconds[f'{dtype} linear {f} {n}'] for n in DECODE_ROWS))
+    heads = tuple(min(timed('head', n), key=lambda f: seconds[f'{dtype} head {f} {n}']) for n in DECODE_ROWS)
     step = {n: seconds[f'{dtype} linear {lin} {n}'] + seconds[f'{dtype} head {h} {n}']
             for n, h in zip(DECODE_ROWS, heads)}
     return lin, heads, step
@@ -166,9 +212,10 @@ def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
     "Measure (or read from the cache) and choose how `model` decodes on this CPU; `dtypes` default: its own dtype's"
     dtypes = dtypes or ({torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(next(model.parameters()).dtype, 'fp32'),)
     linears, head = decode_shapes(model)
-    keys = [f'{d} {p} {f} {n}' for d in ('fp32', 'bf16') for p, forms in (('linear', ('plain', 'transposed')),
-            ('head', ('plain', 'transposed', 'rows'))) for f in forms for n in DECODE_ROWS]
-    m = measured('decode', [(1, o, i) for o, i in linears] + [(1, *head)],
+    keys = [f'{d} {p} {f} {n}' for d in ('fp32', 'bf16') for p, forms in DECODE_FORMS.items()
+            for f in forms if f != 'packed' for n in DECODE_ROWS]                  # packed: where it has a kernel
+    kind = 'decode ' + ' '.join(f for forms in DECODE_FORMS.values() for f in forms)   # new forms: measured anew
+    m = measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
                  lambda shapes: measure_decode(linears, head), keys=keys)
     return decode_choice(m.seconds, dtypes, m.cached)
 

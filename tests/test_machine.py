@@ -10,7 +10,8 @@ import torch
 from conftest import ROOT, TINY_SETS, run_here
 import gptkit.machine as machine
 from gptkit.config import ModelConfig
-from gptkit.generate import DecodeChoice, Generator, decode_choice, decode_layout
+from gptkit.generate import (DECODE_FORMS, DecodeChoice, Generator, decode_choice, decode_layout, measure_decode,
+                             packed_weight)
 from gptkit.machine import (BF16_GAIN, CPU, Measured, choose_precision, measured, parse_cpuinfo, precision_reason,
                             settle_precision, this_cpu)
 from gptkit.model import GPT
@@ -159,13 +160,17 @@ SIDES = {
 }
 
 
-def decode_seconds(bf16: float = 1.0) -> dict:
+def decode_seconds(bf16: float = 1.0, packed: float | None = None) -> dict:
+    "A measurement of the decode forms: bf16 `bf16` x fp32's time; oneDNN's packed forms at `packed` x (None: no kernel)"
     out = {}
     for d in ('fp32', 'bf16'):
-        for part, forms in (('linear', ('plain', 'transposed')), ('head', ('plain', 'transposed', 'rows'))):
+        for part, forms in DECODE_FORMS.items():
             for f in forms:
                 for n in (1, 8):
-                    out[f'{d} {part} {f} {n}'] = (bf16 if d == 'bf16' else 1.0) * (0.5 if f == 'rows' and n == 8 else 1)
+                    if f == 'packed' and packed is None:
+                        continue
+                    scale = (0.5 if f == 'rows' and n == 8 else 1) * (packed if f == 'packed' else 1)
+                    out[f'{d} {part} {f} {n}'] = (bf16 if d == 'bf16' else 1.0) * scale
     return out
 
 
@@ -201,6 +206,49 @@ def test_every_decode_layout_gives_the_models_logits(choice):
         with torch.no_grad():
             torch.testing.assert_close(net(ids), m(ids), rtol=1e-5, atol=1e-5)
     assert (net.head.weight_t is not None) == ('transposed' in choice.head)
+
+
+BF16_PACKS = packed_weight(torch.ones(1, 1, dtype=torch.bfloat16)) is not None     # oneDNN's bf16 kernels run here
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_the_packed_layout_gives_the_models_logits_and_greedy_tokens(dtype):
+    if dtype == torch.bfloat16 and not BF16_PACKS:
+        pytest.skip('this CPU has no oneDNN bf16 kernels (AVX-512 or AVX-NE-CONVERT): the choice is tested with figures')
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(layers=2, hidden=64, heads=4, seq_len=64, vocab=300, dropout=0.0)).eval().to(dtype)
+    net = decode_layout(m, DecodeChoice('bf16' if dtype == torch.bfloat16 else 'fp32', 'packed', ('packed', 'packed')))
+    assert not any(type(x) is torch.nn.Linear for x in net.modules()) and net.head.packed is not None
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for rows in (1, 3):
+        ids = torch.randint(0, 300, (rows, 9))
+        with torch.no_grad():
+            torch.testing.assert_close(net(ids).float(), m(ids).float(), rtol=tol, atol=tol)
+    tok = type('Tok', (), {'eod': 299, 'encode': lambda self, t: [1, 2, 3], 'decode': lambda self, ids: 'x' * len(ids)})()
+    from gptkit.generate import reference_greedy
+    from gptkit.sampling import Sampling
+    gen = Generator(m, tok, DecodeChoice('fp32', 'packed', ('packed', 'packed')))
+    got = gen.complete(['p'], Sampling(max_new_tokens=8, greedy=True, stop_at_eod=False))[0].tokens
+    assert got == reference_greedy(gen.model, [1, 2, 3], 8)
+
+
+def test_a_cpu_without_packed_kernels_measures_and_chooses_among_the_other_forms(monkeypatch):
+    import gptkit.generate as generate
+    monkeypatch.setattr(generate, 'packed_weight', lambda w: None)       # bf16 on an AVX2 CPU: oneDNN refuses
+    seconds = measure_decode([(16, 8)], (32, 8))
+    assert seconds and not any(' packed ' in k for k in seconds)
+    assert decode_choice(seconds).linear in ('plain', 'transposed')
+    assert decode_choice(decode_seconds()).linear != 'packed'
+    assert decode_choice(decode_seconds(packed=0.4)).linear == 'packed'
+    assert decode_choice(decode_seconds(packed=0.4)).head == ('packed', 'packed')
+    assert decode_choice(decode_seconds(packed=1.5)).linear != 'packed'
+
+
+def test_the_packed_forms_are_measured_where_they_have_kernels():
+    seconds = measure_decode([(16, 8)], (32, 8))
+    for dtype in ('fp32', 'bf16'):
+        packs = packed_weight(torch.ones(1, 1, dtype=torch.float32 if dtype == 'fp32' else torch.bfloat16)) is not None
+        assert (f'{dtype} linear packed 1' in seconds) == packs and (f'{dtype} head packed 8' in seconds) == packs
 
 
 def test_the_decode_decision_on_both_sides():
