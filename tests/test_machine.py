@@ -30,12 +30,19 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / 'cache' / 'machine.json'
 
 
+@pytest.fixture
+def unlimited(monkeypatch):
+    "No setting that limits the kernels (a suite run with ONEDNN_MAX_CPU_ISA set, to stand for another class, has one)"
+    for var in machine.ISA_ENV:
+        monkeypatch.delenv(var, raising=False)
+
+
 def as_measured(monkeypatch, seconds):
     "Make every training measurement report `seconds`, as a machine of that class would"
     monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: dict(seconds))
 
 
-def test_the_cpu_features_and_class_come_from_cpuinfo():
+def test_the_cpu_features_and_class_come_from_cpuinfo(unlimited):
     xeon = parse_cpuinfo('model name\t: Intel Xeon\nflags\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n')
     old = parse_cpuinfo('model name\t: Old\nflags\t: sse2 avx avx2\n')
     assert (xeon.machine_class, old.machine_class) == ('AMX', 'AVX2')
@@ -144,7 +151,7 @@ def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monke
     assert saved['train']['precision'] == precision                 # a resume trains on in the same precision
 
 
-def test_the_reason_names_the_figures(monkeypatch):
+def test_the_reason_names_the_figures(monkeypatch, unlimited):
     m = Measured({'fp32': 2.0, 'bf16': 0.5}, 1e9)
     why = precision_reason(m, 'bf16', CPU('Test CPU', frozenset({'avx512_bf16'})))
     assert '4.00x' in why and '2.0 vs 0.5 GFLOP/s' in why and 'Test CPU (AVX-512-bf16)' in why
