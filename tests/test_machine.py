@@ -168,7 +168,7 @@ SIDES = {
 
 
 def decode_seconds(bf16: float = 1.0, packed: float | None = None) -> dict:
-    "A measurement of the decode forms: bf16 `bf16` x fp32's time; oneDNN's packed forms at `packed` x (None: no kernel)"
+    "Decode forms measured: bf16 at `bf16` x fp32's time; oneDNN's packed forms at `packed` x (None: no kernel)"
     out = {}
     for d in ('fp32', 'bf16'):
         for part, forms in DECODE_FORMS.items():
@@ -221,7 +221,7 @@ BF16_PACKS = packed_weight(torch.ones(1, 1, dtype=torch.bfloat16)) is not None  
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 def test_the_packed_layout_gives_the_models_logits_and_greedy_tokens(dtype):
     if dtype == torch.bfloat16 and not BF16_PACKS:
-        pytest.skip('this CPU has no oneDNN bf16 kernels (AVX-512 or AVX-NE-CONVERT): the choice is tested with figures')
+        pytest.skip('no oneDNN bf16 kernels on this CPU (AVX-512 or AVX-NE-CONVERT): the choice is tested with figures')
     torch.manual_seed(0)
     m = GPT(ModelConfig(layers=2, hidden=64, heads=4, seq_len=64, vocab=300, dropout=0.0)).eval().to(dtype)
     net = decode_layout(m, DecodeChoice('bf16' if dtype == torch.bfloat16 else 'fp32', 'packed', ('packed', 'packed')))
@@ -231,7 +231,8 @@ def test_the_packed_layout_gives_the_models_logits_and_greedy_tokens(dtype):
         ids = torch.randint(0, 300, (rows, 9))
         with torch.no_grad():
             torch.testing.assert_close(net(ids).float(), m(ids).float(), rtol=tol, atol=tol)
-    tok = type('Tok', (), {'eod': 299, 'encode': lambda self, t: [1, 2, 3], 'decode': lambda self, ids: 'x' * len(ids)})()
+    tok = type('Tok', (), {'eod': 299, 'encode': lambda self, t: [1, 2, 3],
+                           'decode': lambda self, ids: 'x' * len(ids)})()
     from gptkit.generate import reference_greedy
     from gptkit.sampling import Sampling
     gen = Generator(m, tok, DecodeChoice('fp32', 'packed', ('packed', 'packed')))
