@@ -54,13 +54,10 @@ class DecodeLinear(nn.Module):
     reads in order) or 'packed' (`packed_weight`); the weight is read once, when it is made"""
     def __init__(self, linear: nn.Linear, form: str = 'transposed'):
         super().__init__()
-        self.form, self.bias = form, linear.bias
-        self.weight_t = self.packed = None
+        self.bias, self.weight_t, self.packed = linear.bias, None, None
         if form == 'packed':
             self.packed = packed_weight(linear.weight)        # an opaque oneDNN tensor: kept out of state_dict
-            if self.packed is None:
-                raise ValueError(f'no packed kernel for {linear.weight.dtype} on this CPU')
-        else:
+        if self.packed is None:                               # (a cached choice this PyTorch cannot pack: transposed)
             self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
     def forward(self, x):
         if self.packed is not None:
@@ -88,14 +85,14 @@ class DecodeHead(nn.Module):
     def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows')):
         super().__init__()
         self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
-        self.rows, self.forms = weight[:head.vocab], tuple(forms)
-        self.weight_t = self.packed = None
+        self.rows, self.weight_t, self.packed = weight[:head.vocab], None, None
+        if 'packed' in forms:
+            self.packed = packed_weight(self.rows)
+        if self.packed is None:                   # (a cached choice this PyTorch cannot pack: F.linear instead)
+            forms = tuple('plain' if f == 'packed' else f for f in forms)
+        self.forms = tuple(forms)
         if 'transposed' in self.forms:
             self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
-        if 'packed' in self.forms:
-            self.packed = packed_weight(self.rows)
-            if self.packed is None:
-                raise ValueError(f'no packed kernel for {self.rows.dtype} on this CPU')
     def forward(self, x, weight=None):
         h = x.reshape(-1, x.shape[-1])
         y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t, self.packed)

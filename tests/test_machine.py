@@ -252,6 +252,21 @@ def test_a_cpu_without_packed_kernels_measures_and_chooses_among_the_other_forms
     assert decode_choice(decode_seconds(packed=1.5)).linear != 'packed'
 
 
+def test_a_cached_packed_choice_on_a_pytorch_that_cannot_pack_still_decodes(tiny_checkpoint, cache, monkeypatch):
+    "A cache written where oneDNN packed (say, a machine.json carried to another build): the layout falls back"
+    import gptkit.generate as generate
+    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head: decode_seconds(packed=0.1))
+    monkeypatch.setattr(generate, 'packed_weight', lambda w: None)
+    gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu')
+    assert gen.decode.linear == 'packed' and gen.model.head.forms == ('plain', 'plain')
+    linears = [m for m in gen.model.modules() if type(m).__name__ == 'DecodeLinear']
+    assert linears and all(m.weight_t is not None and m.packed is None for m in linears)
+    from gptkit.generate import reference_greedy
+    from gptkit.sampling import Sampling
+    got = gen.complete(['In the beginning'], Sampling(max_new_tokens=5, greedy=True, stop_at_eod=False))[0]
+    assert got.tokens == reference_greedy(gen.model, got.prompt_tokens, 5)
+
+
 def test_the_packed_forms_are_measured_where_they_have_kernels():
     seconds = measure_decode([(16, 8)], (32, 8))
     for dtype in ('fp32', 'bf16'):
