@@ -676,6 +676,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'gptkit.generate.decode_shapes': ('generate.html#decode_shapes', 'gptkit/generate.py'),
                                  'gptkit.generate.head_product': ('generate.html#head_product', 'gptkit/generate.py'),
                                  'gptkit.generate.measure_decode': ('generate.html#measure_decode', 'gptkit/generate.py'),
+                                 'gptkit.generate.mkl_packed': ('generate.html#mkl_packed', 'gptkit/generate.py'),
+                                 'gptkit.generate.mkl_product': ('generate.html#mkl_product', 'gptkit/generate.py'),
                                  'gptkit.generate.packed_product': ('generate.html#packed_product', 'gptkit/generate.py'),
                                  'gptkit.generate.packed_weight': ('generate.html#packed_weight', 'gptkit/generate.py'),
                                  'gptkit.generate.reference_greedy': ('generate.html#reference_greedy', 'gptkit/generate.py'),

@@ -30,10 +30,10 @@ from .store import CheckpointError
 from .tensor_parallel import gather_from_tp
 
 # %% auto #0
-__all__ = ['DECODE_BYTES', 'DECODE_ROWS', 'DECODE_FORMS', 'DECODE_DTYPES', 'packed_weight', 'packed_product', 'DecodeLinear',
-           'head_product', 'DecodeHead', 'DecodeChoice', 'decode_layout', 'decode_shapes', 'measure_decode',
-           'decode_choice', 'choose_decode', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'decode_dtype',
-           'Generator', 'reference_greedy']
+__all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'DECODE_DTYPES', 'packed_weight',
+           'packed_product', 'mkl_packed', 'mkl_product', 'DecodeLinear', 'head_product', 'DecodeHead', 'DecodeChoice',
+           'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode', 'Completion',
+           'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator', 'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
 def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -48,6 +48,26 @@ def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
 def packed_product(x, packed, bias=None):
     "x @ W^T (+ `bias`) over `packed`, the `packed_weight` of W, for x [..., in] of any rows"
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, 'none', [], '')
+
+MKL_ROWS = 8      # the rows MKL's packed output layer is made for (its kernels serve that row count alone)
+
+def mkl_packed(w: torch.Tensor) -> torch.Tensor | None:
+    """MKL's packed copy of the fp32 matrix `w` [out, in] for products of `MKL_ROWS` rows (PyTorch's compiler makes
+    the same for a frozen fp32 linear layer); None where there is none (bf16, a build without MKL)"""
+    try:
+        return torch.ops.mkl._mkl_reorder_linear_weight(w.detach().contiguous(), MKL_ROWS)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+
+def mkl_product(h, packed, w):
+    """h @ w^T for the rows `h` [n, in] over `packed`, `mkl_packed(w)`: fewer than `MKL_ROWS` rows padded with zeros to
+    `MKL_ROWS`, more than it by `F.linear` over `w`"""
+    n = h.shape[0]
+    if n > MKL_ROWS:
+        return torch.nn.functional.linear(h, w)
+    if n < MKL_ROWS:
+        h = torch.cat([h, h.new_zeros(MKL_ROWS - n, h.shape[1])])
+    return torch.ops.mkl._mkl_linear(h.contiguous(), packed, w, None, MKL_ROWS)[:n]
 
 class DecodeLinear(nn.Module):
     """nn.Linear for decoding on a CPU, its weight in `form`: 'transposed' ([in, out], which a matmul of a few rows
@@ -66,17 +86,19 @@ class DecodeLinear(nn.Module):
         y = y @ self.weight_t if self.bias is None else torch.addmm(self.bias, y, self.weight_t)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-def head_product(form: str, h, rows, rows_t=None, packed=None):
+def head_product(form: str, h, rows, rows_t=None, packed=None, mkl=None):
     """Logits of the hidden rows `h` [n, hidden] by the output matrix `rows` [vocab, hidden] in `form`: 'plain'
     (`F.linear`), 'transposed' (times `rows_t`, its transposed copy), 'rows' ((W @ h^T)^T, made contiguous:
-    sampling's max, exp and argmax over a transposed result ran 2.5-7x slower than over a copy) or 'packed' (over
-    `packed`, its `packed_weight`)"""
+    sampling's max, exp and argmax over a transposed result ran 2.5-7x slower than over a copy), 'packed' (over
+    `packed`, its `packed_weight`) or 'mkl8' (over `mkl`, its `mkl_packed`)"""
     if form == 'transposed':
         return h @ rows_t
     if form == 'rows':
         return (rows @ h.t()).t().contiguous()
     if form == 'packed':
         return packed_product(h, packed)
+    if form == 'mkl8':
+        return mkl_product(h, mkl, rows)
     return torch.nn.functional.linear(h, rows)
 
 class DecodeHead(nn.Module):
@@ -85,17 +107,18 @@ class DecodeHead(nn.Module):
     def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows')):
         super().__init__()
         self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
-        self.rows, self.weight_t, self.packed = weight[:head.vocab], None, None
-        if 'packed' in forms:
-            self.packed = packed_weight(self.rows)
-        if self.packed is None:                   # (a cached choice this PyTorch cannot pack: F.linear instead)
-            forms = tuple('plain' if f == 'packed' else f for f in forms)
+        self.rows, self.weight_t = weight[:head.vocab], None
+        self.packed = packed_weight(self.rows) if 'packed' in forms else None
+        self.mkl = mkl_packed(self.rows) if 'mkl8' in forms else None           # never copied: MKL's copy stays put
+        for form, made in (('packed', self.packed), ('mkl8', self.mkl)):
+            if made is None:                      # (a cached choice this PyTorch cannot make: F.linear instead)
+                forms = tuple('plain' if f == form else f for f in forms)
         self.forms = tuple(forms)
         if 'transposed' in self.forms:
             self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
     def forward(self, x, weight=None):
         h = x.reshape(-1, x.shape[-1])
-        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t, self.packed)
+        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t, self.packed, self.mkl)
         return y.reshape(*x.shape[:-1], self.vocab)
 
 @dataclass(frozen=True)
@@ -122,7 +145,8 @@ def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
 # %% ../nbs/14c_generate.ipynb #99016f26
 DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer
 DECODE_ROWS = (1, 8)
-DECODE_FORMS = {'linear': ('plain', 'transposed', 'packed'), 'head': ('plain', 'transposed', 'rows', 'packed')}
+DECODE_FORMS = {'linear': ('plain', 'transposed', 'packed'), 'head': ('plain', 'transposed', 'rows', 'packed', 'mkl8')}
+DECODE_OPTIONAL = ('packed', 'mkl8')     # forms with kernels only on some CPUs and builds: measured where they run
 
 def decode_shapes(model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     "([out, in] of each nn.Linear in order, up to `DECODE_BYTES` in fp32), [vocab, hidden] of the output layer, capped"
@@ -160,7 +184,7 @@ def _linear_pass(form: str, ws: list, n: int, rand):
 
 def measure_decode(linears, head) -> dict[str, float]:
     """Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory;
-    a form this PyTorch or CPU has no kernel for (oneDNN's packed bf16 without AVX-512) is left out"""
+    a form this PyTorch or CPU has no kernel for (oneDNN's packed bf16 without AVX-512, MKL's in bf16) is left out"""
     out, g = {}, torch.Generator().manual_seed(0)     # not the global generator: sampling's seeds stay as they were
     rand = lambda *shape: torch.rand(*shape, generator=g)
     for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
@@ -172,12 +196,13 @@ def measure_decode(linears, head) -> dict[str, float]:
                     out[f'{name} linear {form} {n}'] = _timed(run) if ws else 1e-9
         del ws
         rows = rand(*head).to(dtype)
-        rows_t, packed = rows.t().contiguous(), packed_weight(rows)
+        rows_t, packed, mkl = rows.t().contiguous(), packed_weight(rows), mkl_packed(rows)
+        made = {'packed': packed, 'mkl8': mkl}
         for n in DECODE_ROWS:
             h = rand(n, head[1]).to(dtype)
             for form in DECODE_FORMS['head']:
-                if form != 'packed' or packed is not None:
-                    out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t, packed))
+                if made.get(form, rows) is not None:
+                    out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t, packed, mkl))
     return out
 
 # %% ../nbs/14c_generate.ipynb #de358028
@@ -210,7 +235,7 @@ def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
     dtypes = dtypes or ({torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(next(model.parameters()).dtype, 'fp32'),)
     linears, head = decode_shapes(model)
     keys = [f'{d} {p} {f} {n}' for d in ('fp32', 'bf16') for p, forms in DECODE_FORMS.items()
-            for f in forms if f != 'packed' for n in DECODE_ROWS]                  # packed: where it has a kernel
+            for f in forms if f not in DECODE_OPTIONAL for n in DECODE_ROWS]      # the others: where they run
     kind = 'decode ' + ' '.join(f for forms in DECODE_FORMS.values() for f in forms)   # new forms: measured anew
     m = measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
                  lambda shapes: measure_decode(linears, head), keys=keys)

@@ -10,8 +10,8 @@ import torch
 from conftest import ROOT, TINY_SETS, run_here
 import gptkit.machine as machine
 from gptkit.config import ModelConfig
-from gptkit.generate import (DECODE_FORMS, DecodeChoice, Generator, decode_choice, decode_layout, measure_decode,
-                             packed_weight)
+from gptkit.generate import (DECODE_FORMS, MKL_ROWS, DecodeChoice, Generator, decode_choice, decode_layout,
+                             measure_decode, mkl_packed, packed_weight)
 from gptkit.machine import (BF16_GAIN, CPU, Measured, choose_precision, measured, parse_cpuinfo, precision_reason,
                             settle_precision, this_cpu)
 from gptkit.model import GPT
@@ -167,16 +167,16 @@ SIDES = {
 }
 
 
-def decode_seconds(bf16: float = 1.0, packed: float | None = None) -> dict:
-    "Decode forms measured: bf16 at `bf16` x fp32's time; oneDNN's packed forms at `packed` x (None: no kernel)"
-    out = {}
+def decode_seconds(bf16: float = 1.0, packed: float | None = None, mkl8: float | None = None) -> dict:
+    "Decode forms measured: bf16 at `bf16` x fp32's time; the packed forms at `packed`, `mkl8` x (None: no kernel)"
+    out, optional = {}, {'packed': packed, 'mkl8': mkl8}
     for d in ('fp32', 'bf16'):
         for part, forms in DECODE_FORMS.items():
             for f in forms:
                 for n in (1, 8):
-                    if f == 'packed' and packed is None:
+                    if f in optional and optional[f] is None:
                         continue
-                    scale = (0.5 if f == 'rows' and n == 8 else 1) * (packed if f == 'packed' else 1)
+                    scale = (0.5 if f == 'rows' and n == 8 else 1) * optional.get(f, 1)
                     out[f'{d} {part} {f} {n}'] = (bf16 if d == 'bf16' else 1.0) * scale
     return out
 
@@ -267,11 +267,40 @@ def test_a_cached_packed_choice_on_a_pytorch_that_cannot_pack_still_decodes(tiny
     assert got.tokens == reference_greedy(gen.model, got.prompt_tokens, 5)
 
 
+MKL_PACKS = mkl_packed(torch.ones(1, 1)) is not None
+
+
+@pytest.mark.skipif(not MKL_PACKS, reason='this PyTorch has no MKL: the choice is tested with figures')
+def test_the_mkl_output_layer_gives_the_models_logits_at_any_rows():
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(layers=2, hidden=32, heads=2, seq_len=32, vocab=300, dropout=0.0)).eval()
+    net = decode_layout(m, DecodeChoice('fp32', 'transposed', ('mkl8', 'mkl8')))
+    assert net.head.mkl is not None
+    for rows in (1, 5, MKL_ROWS, MKL_ROWS + 3):              # padded to MKL_ROWS; more rows by F.linear
+        h = torch.randn(rows, 32)
+        with torch.no_grad():
+            y = net.head(h)
+        assert y.shape == (rows, 300) and y.is_contiguous()
+        torch.testing.assert_close(y, m.logits(h), rtol=1e-5, atol=1e-5)
+
+
+def test_the_mkl_form_is_chosen_by_its_figures_and_falls_back_where_it_cannot_be_made(monkeypatch):
+    assert decode_choice(decode_seconds(mkl8=0.2)).head == ('mkl8', 'mkl8')
+    assert decode_choice(decode_seconds(mkl8=1.5)).head == ('plain', 'rows')        # slower: not taken
+    import gptkit.generate as generate
+    monkeypatch.setattr(generate, 'mkl_packed', lambda w: None)
+    seconds = measure_decode([(16, 8)], (32, 8))
+    assert not any(' mkl8 ' in k for k in seconds)
+    m = GPT(ModelConfig(layers=1, hidden=32, heads=2, seq_len=32, vocab=300, dropout=0.0)).eval()
+    assert decode_layout(m, DecodeChoice('fp32', 'plain', ('mkl8', 'mkl8'))).head.forms == ('plain', 'plain')
+
+
 def test_the_packed_forms_are_measured_where_they_have_kernels():
     seconds = measure_decode([(16, 8)], (32, 8))
     for dtype in ('fp32', 'bf16'):
         packs = packed_weight(torch.ones(1, 1, dtype=torch.float32 if dtype == 'fp32' else torch.bfloat16)) is not None
         assert (f'{dtype} linear packed 1' in seconds) == packs and (f'{dtype} head packed 8' in seconds) == packs
+    assert ('fp32 head mkl8 8' in seconds) == MKL_PACKS and 'bf16 head mkl8 1' not in seconds      # MKL packs fp32
 
 
 def test_the_decode_decision_on_both_sides():
