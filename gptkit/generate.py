@@ -201,7 +201,7 @@ def measure_decode(linears, head) -> dict[str, float]:
         for n in DECODE_ROWS:
             h = rand(n, head[1]).to(dtype)
             for form in DECODE_FORMS['head']:
-                if made.get(form, rows) is not None:
+                if form not in made or made[form] is not None:
                     out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t, packed, mkl))
     return out
 
