@@ -16,8 +16,8 @@ from .errors import ConfigError, check, shown
 # %% auto #0
 __all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'QWEN2', 'QWEN3',
            'MIXTRAL', 'OLMOE', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'MOE_PRESETS', 'RECOMPUTE', 'PRECISIONS',
-           'TASKS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig', 'Preset', 'get_preset',
-           'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
+           'ATTENTION_PRECISIONS', 'TASKS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig', 'Preset',
+           'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
 
 # %% ../nbs/00_config.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -314,6 +314,7 @@ def get_preset(name: str, key: str = 'preset') -> Preset:
 # %% ../nbs/00_config.ipynb #08183000
 RECOMPUTE = ('none', 'selective', 'full')
 PRECISIONS = ('fp32', 'fp16', 'bf16', 'auto')   # auto: measured on a CPU, 16-bit on a GPU (gptkit.machine)
+ATTENTION_PRECISIONS = ('auto', 'fp32', 'same')  # attention's core in fp32, in the run's precision, or as measured
 TASKS = ('pretrain', 'sft')          # train.task: learn every token, or the loss mask's (supervised fine-tuning)
 OFFLOADS = ('none', 'optimizer', 'optimizer+params')
 
@@ -364,6 +365,10 @@ class TrainConfig:
     precision: str = 'bf16'        # fp32, fp16, bf16 (mixed, fp32 master weights) or auto (a CPU's default)
     recompute: str = 'none'        # activation recomputation: none, selective (attention only) or full
     flash: bool = True             # fused attention that never stores the s x s score matrices
+    # attention's core (scores, softmax, weighted values) of a 16-bit run: 'same' (in that precision), 'fp32' (its
+    # inputs cast up, its output back, as Megatron's softmax in fp32 but whole) or 'auto' (fp32 where a CPU ran the
+    # run's attention at least 1.1x as fast so, measured by gptkit.machine; same on a GPU)
+    attention_precision: str = 'auto'
     compile: bool = False          # torch.compile each transformer block (tp = pp = 1, ZeRO 0-2)
     iters: int | None = None       # optimizer steps; None: from `tokens`
     tokens: int | None = None      # tokens to train on, rounded up to whole steps (used when `iters` is None)
@@ -401,6 +406,9 @@ class TrainConfig:
                 out.append((k, f'{{key}} must be a whole number from 0 to {MOST[k]:,}, not {shown(v)}'))
         if self.precision not in PRECISIONS:
             out.append(('precision', f"{{key}} must be one of {', '.join(PRECISIONS)}, not {shown(self.precision)}"))
+        if self.attention_precision not in ATTENTION_PRECISIONS:
+            out.append(('attention_precision', f"{{key}} must be one of {', '.join(ATTENTION_PRECISIONS)}, not "
+                                               f'{shown(self.attention_precision)}'))
         for k in ('save_interval_minutes', 'watchdog_minutes'):
             m = getattr(self, k)
             if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float('inf')):

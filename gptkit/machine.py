@@ -24,10 +24,11 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'BF16_GAIN',
-           'CPU', 'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds',
-           'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision',
-           'training_products', 'PrecisionChoice', 'precision_reason', 'auto_precision', 'nodes_problems',
-           'settle_precision']
+           'ATTENTION_GAIN', 'CPU', 'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped',
+           'product_seconds', 'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured',
+           'choose_precision', 'training_products', 'attention_shapes', 'attention_seconds', 'choose_attention',
+           'PrecisionChoice', 'precision_reason', 'auto_precision', 'attention_reason', 'auto_attention',
+           'nodes_problems', 'settle_precision']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -237,6 +238,45 @@ def training_products(model, micro_batch: int, tp: int = 1, ep: int = 1) -> list
         out += [(m, n, k), (m, k, n), (k, n, m)]
     return out
 
+# %% ../nbs/10a_machine.ipynb #2c2a99b0
+ATTENTION_GAIN = 1.1     # fp32 must run a bf16 run's attention at least this many times as fast to be chosen
+
+def attention_shapes(model, micro_batch: int, tp: int = 1) -> list[tuple[int, int, int]]:
+    "[sequences x heads, seq, head_dim] of one rank's attention in a training step: the heads cut to `MAX_FLOPS`"
+    seq, d = min(model.seq_len, MAX_ROWS), model.head_dim
+    rows = micro_batch * max(1, model.heads // tp)
+    most = max(1, int(MAX_FLOPS // (7 * seq * seq * d)))      # causal forward and backward: about 7 s^2 d per head
+    return [(min(rows, most), seq, d)]
+
+def attention_seconds(shapes, rounds: int = 5, budget: float = MEASURE_SECONDS) -> dict[str, float]:
+    """Fastest seconds of causal attention's forward and backward over bf16 inputs of `shapes` ([rows, seq, head_dim]):
+    computed in bf16 ({'bf16': s}) and in fp32 ({'fp32': s}, inputs cast up, output back), rounds alternating"""
+    import torch
+
+    from gptkit.model import core_attention_in
+    g = torch.Generator().manual_seed(0)
+    work = [[torch.randn(1, r, s, d, generator=g).bfloat16() for _ in range(4)] for r, s, d in shapes]
+    def one_pass(dtype):
+        start = time.perf_counter()
+        for q, k, v, grad in work:
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            core_attention_in(dtype, q, k, v).backward(grad)
+        return time.perf_counter() - start
+    dtypes = {'bf16': None, 'fp32': torch.float32}
+    for dtype in dtypes.values():
+        one_pass(dtype)                           # warm up
+    best, start = {}, time.perf_counter()
+    for _ in range(rounds):
+        for name, dtype in dtypes.items():
+            best[name] = min(best.get(name, float('inf')), one_pass(dtype))
+        if time.perf_counter() - start > budget:
+            break
+    return best
+
+def choose_attention(speedup: float, gain: float = ATTENTION_GAIN) -> str:
+    "'fp32' where fp32 ran a bf16 run's attention `speedup` times as fast as bf16, at least `gain`; else 'same'"
+    return 'fp32' if speedup >= gain else 'same'
+
 # %% ../nbs/10a_machine.ipynb #bf2f8a71
 @dataclass(frozen=True)
 class PrecisionChoice:
@@ -264,6 +304,26 @@ def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: st
     precision = choose_precision(m.speedup)
     return PrecisionChoice(precision, precision_reason(m, precision, this_cpu()), m.kept)
 
+def attention_reason(m: Measured, precision: str) -> str:
+    "The sentence a run summary and `gptkit doctor` give for choosing the attention's `precision` from `m`"
+    where = f'cached in {cache_folder() / "machine.json"}' if m.cached else 'measured now'
+    took = 'computes it in fp32' if precision == 'fp32' else f'keeps it in bf16 (fp32 needs {ATTENTION_GAIN:g}x)'
+    fp32, bf16 = m.seconds['fp32'], m.seconds['bf16']
+    return (f"train.attention_precision auto -> {precision}: this run's attention (forward and backward) ran "
+            f"{bf16 / fp32:.2f}x as fast in fp32 as in bf16 ({fp32 * 1e3:,.2f} vs {bf16 * 1e3:,.2f} ms, {where}), "
+            f"so it {took}")
+
+def auto_attention(model, micro_batch: int, precision: str, tp: int = 1, device: str | None = None,
+                   threads: int | None = None) -> PrecisionChoice:
+    "What `train.attention_precision=auto` becomes: measured for a bf16 run on a CPU, else 'same' (why: '')"
+    import torch
+    gpu = (device or ('cuda' if torch.cuda.is_available() else 'cpu')).startswith('cuda')
+    if gpu or precision != 'bf16':
+        return PrecisionChoice('same', '')
+    m = measured('attention', attention_shapes(model, micro_batch, tp), attention_seconds, threads=threads)
+    chosen = choose_attention(m.seconds['bf16'] / m.seconds['fp32'])
+    return PrecisionChoice(chosen, attention_reason(m, chosen), m.kept)
+
 def nodes_problems(precision: str, nodes: int | None = None) -> list[tuple[str, str]]:
     """`auto` refused for a CPU run over several machines (`nodes`, else torchrun's WORLD_SIZE over LOCAL_WORLD_SIZE):
     each would measure its own CPU, and nodes that decided differently would train in different precisions"""
@@ -278,19 +338,29 @@ def nodes_problems(precision: str, nodes: int | None = None) -> list[tuple[str, 
                                 'bf16 so that every node trains in the same one')]
 
 def settle_precision(cfg, world: int | None = None):
-    """(`cfg` with `train.precision` auto replaced by `auto_precision`'s choice, why; None when it was given). In a run
-    of `world` processes (default: the launcher's WORLD_SIZE), measured on the threads each has (torchrun's
-    OMP_NUM_THREADS, 1 unless set), and only when other processes can read the figures: they must decide alike"""
+    """(`cfg` with `train.precision` auto replaced by `auto_precision`'s choice and `train.attention_precision` auto by
+    `auto_attention`'s, why; None when neither measured anything). In a run of `world` processes (default: the
+    launcher's WORLD_SIZE), measured on the threads each has (torchrun's OMP_NUM_THREADS, 1 unless set), and only when
+    other processes can read the figures: they must decide alike"""
     import dataclasses
-    if cfg.train.precision != 'auto':
-        return cfg, None
-    check(nodes_problems('auto'))
     world = world or int(os.environ.get('WORLD_SIZE') or 1)
     threads = int(os.environ.get('OMP_NUM_THREADS') or 1) if world > 1 else None
-    p = cfg.parallel
-    choice = auto_precision(cfg.model, cfg.train.micro_batch, p.tp, p.ep, threads=threads)
+    t, p, whys = cfg.train, cfg.parallel, []
+    if t.precision == 'auto':
+        check(nodes_problems('auto'))
+        choice = _kept(auto_precision(cfg.model, t.micro_batch, p.tp, p.ep, threads=threads), 'train.precision', world)
+        t = dataclasses.replace(t, precision=choice.precision)
+        whys.append(choice.why)
+    if t.attention_precision == 'auto':
+        choice = auto_attention(cfg.model, t.micro_batch, t.precision, p.tp, threads=threads)
+        t = dataclasses.replace(t, attention_precision=_kept(choice, 'train.attention_precision', world).precision)
+        whys += [choice.why] if choice.why else []
+    return dataclasses.replace(cfg, train=t), '. '.join(whys) or None
+
+def _kept(choice: PrecisionChoice, key: str, world: int) -> PrecisionChoice:
+    "`choice`, when the other processes of a run of `world` can read the figures it rests on"
     if world > 1 and not choice.kept:
-        check([('train.precision', f'{{key}} auto is measured once for all {world} processes, and the measurement '
-                                   f'could not be kept in {cache_folder()} (see the warning above): set {CACHE_ENV} '
-                                   'to a folder they can write, or set fp32 or bf16')])
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=choice.precision)), choice.why
+        check([(key, f'{{key}} auto is measured once for all {world} processes, and the measurement could not be '
+                     f'kept in {cache_folder()} (see the warning above): set {CACHE_ENV} to a folder they can write, '
+                     'or set the value')])
+    return choice

@@ -24,9 +24,10 @@ from .params import param_table
 
 # %% auto #0
 __all__ = ['CPU_CE_CHUNK_TOKENS', 'RMSNorm', 'repeat_kv', 'window_mask', 'window_bias', 'documents_of', 'document_positions',
-           'document_mask', 'core_attention', 'reference_attention', 'Attention', 'MLP', 'LayerNorm', 'make_norm',
-           'Dropout', 'make_mlp', 'Block', 'cpu_ce_chunk_tokens', 'FusedCrossEntropy', 'fused_cross_entropy',
-           'OutputLayer', 'GPT', 'num_params', 'KVCache']
+           'document_mask', 'core_attention', 'reference_attention', 'core_attention_in', 'Attention',
+           'set_attention_precision', 'MLP', 'LayerNorm', 'make_norm', 'Dropout', 'make_mlp', 'Block',
+           'cpu_ce_chunk_tokens', 'FusedCrossEntropy', 'fused_cross_entropy', 'OutputLayer', 'GPT', 'num_params',
+           'KVCache']
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
@@ -102,6 +103,13 @@ def reference_attention(q, k, v, window: int | None = None):
         mask = mask & ~torch.ones_like(mask).tril(-window)      # keys `window` or more behind are out of reach
     return scores.masked_fill(~mask, float('-inf')).softmax(-1) @ v
 
+def core_attention_in(dtype, q, k, v, dropout: float = 0.0, window: int | None = None, mask=None):
+    "`core_attention` computed in `dtype` (None: the inputs' own): the inputs cast to it, the output cast back"
+    if dtype is None or q.dtype == dtype:
+        return core_attention(q, k, v, dropout, window, mask)
+    y = core_attention(q.to(dtype), k.to(dtype), v.to(dtype), dropout, window, mask)   # `mask` is boolean
+    return y.to(q.dtype)
+
 # %% ../nbs/07b_model.ipynb #034b8ffc
 class Attention(nn.Module):
     "Causal self-attention: fused QKV, rotary positions, grouped KV heads; with a `KVCache`, over the cached ones too"
@@ -119,6 +127,8 @@ class Attention(nn.Module):
         self.window = cfg.sliding_window
         self.rng = contextlib.nullcontext   # attention dropout's random state (tensor parallelism forks it)
         self.kernels = cfg.kernels
+        self.core_dtype = None              # training's attention core in this dtype (None: the inputs'), see
+                                            # `set_attention_precision`
 
     def forward(self, x, cache: KVCache | None = None, rope=None, mask=None):
         qkv = self.qkv(x)
@@ -150,10 +160,19 @@ class Attention(nn.Module):
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal,
                                                    enable_gqa=groups > 1)
             elif self.recompute:
-                y = checkpoint(core_attention, q, k, v, p, self.window, mask, use_reentrant=False)
+                y = checkpoint(core_attention_in, self.core_dtype, q, k, v, p, self.window, mask,
+                               use_reentrant=False)
             else:
-                y = core_attention(q, k, v, p, self.window, mask)
+                y = core_attention_in(self.core_dtype, q, k, v, p, self.window, mask)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+# %% ../nbs/07b_model.ipynb #f160cfc7
+def set_attention_precision(model: nn.Module, precision: str):
+    "Every `Attention` of `model` computes its core (training's) in fp32 (`precision` 'fp32') or in its inputs' dtype"
+    dtype = torch.float32 if precision == 'fp32' else None
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.core_dtype = dtype
 
 # %% ../nbs/07b_model.ipynb #d54813e5
 class MLP(nn.Module):

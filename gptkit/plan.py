@@ -296,16 +296,23 @@ def check_masks(cfg: RunConfig, data: dict) -> dict:
     return data
 
 def resumed_precision(cfg: RunConfig) -> tuple[RunConfig, str | None]:
-    "`train.precision` auto as the run in `cfg.out` saved it (a resume trains on in it, whatever is measured now)"
-    saved = Path(cfg.out) / 'config.json'
-    if cfg.train.precision != 'auto' or not saved.is_file():
+    """`train.precision` and `train.attention_precision` auto as the run in `cfg.out` saved them (a resume trains on in
+    them, whatever is measured now; a run saved before the second existed computed attention in its precision)"""
+    saved, t = Path(cfg.out) / 'config.json', cfg.train
+    if 'auto' not in (t.precision, t.attention_precision) or not saved.is_file():
         return cfg, None
     train = read_json(saved, 'run config', JSON_BYTES, DataError, dict).get('train')
-    precision = train.get('precision') if isinstance(train, dict) else None
-    if precision not in ('fp32', 'fp16', 'bf16'):
-        return cfg, None
-    kept = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, precision=precision))
-    return kept, f'train.precision auto -> {precision}: the precision of the run it resumes ({saved})'
+    train = train if isinstance(train, dict) else {}
+    whys = []
+    if t.precision == 'auto' and train.get('precision') in ('fp32', 'fp16', 'bf16'):
+        t = dataclasses.replace(t, precision=train['precision'])
+        whys.append(f'train.precision auto -> {t.precision}: the precision of the run it resumes ({saved})')
+    attention = train.get('attention_precision', 'same')
+    if t.attention_precision == 'auto' and t.precision != 'auto' and train and attention in ('fp32', 'same'):
+        t = dataclasses.replace(t, attention_precision=attention)
+        if t.precision != 'fp32':                 # (an fp32 run's attention is fp32 whatever it says)
+            whys.append(f'train.attention_precision auto -> {attention}: as the run it resumes')
+    return dataclasses.replace(cfg, train=t), '. '.join(whys) or None
 
 def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | None = None, tok=None) -> RunPlan:
     """The checked plan of `cfg` on `world` processes (default: one per rank of its layout); `tok`: already read.
@@ -315,7 +322,7 @@ def plan_run(cfg: RunConfig, resume: bool | str | Path = False, world: int | Non
     check(lora_problems(cfg))
     cfg, kept = resumed_precision(cfg) if resume else (cfg, None)
     cfg, measured = settle_precision(cfg, world or cfg.parallel.world_size)    # nothing left to settle when kept
-    why = kept or measured
+    why = '. '.join(w for w in (kept, measured) if w) or None
     resume_from = resume_point(cfg, resume, tok)
     if resume_from is None and cfg.init:
         check_start(cfg, tok)

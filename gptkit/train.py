@@ -42,7 +42,7 @@ from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
 from .lora import add_adapters
 from .microbatches import MicroBatching, mask_opener, micro_batches
-from .model import GPT, num_params
+from .model import GPT, num_params, set_attention_precision
 from .moe import expert_load, moe_stats, set_moe_grad_scale
 from .plan import RunPlan, plan_run, read_tokenizer
 from .runconfig import RunConfig, save_config
@@ -318,6 +318,7 @@ def _build(cfg: RunConfig, ds_override: dict | None, init: Path | None = None) -
         add_adapters(model, cfg.train, cfg.parallel)
     parallel = ParallelState.build(cfg.layout)
     model = parallelize(model, parallel, cfg.train.recompute, cfg.train.seed)
+    set_attention_precision(model, cfg.train.attention_precision)     # 'fp32': each layer's core cast up
     if cfg.train.compile:
         compile_model(cfg, model)
     mpu = DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None

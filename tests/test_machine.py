@@ -37,9 +37,16 @@ def unlimited(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def as_measured(monkeypatch, seconds):
-    "Make every training measurement report `seconds`, as a machine of that class would"
+# seconds of a bf16 run's attention, forward and backward, computed in bf16 and in fp32 (as on the AMX Xeon; as where
+# bf16 attention kernels are fast)
+ATTENTION_SLOW_BF16 = {'bf16': 0.0050, 'fp32': 0.0036}
+ATTENTION_FAST_BF16 = {'bf16': 0.0030, 'fp32': 0.0032}
+
+
+def as_measured(monkeypatch, seconds, attention=ATTENTION_SLOW_BF16):
+    "Make every training measurement report `seconds` (products) and `attention`, as a machine of that class would"
     monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: dict(seconds))
+    monkeypatch.setattr(machine, 'attention_seconds', lambda shapes, rounds=5: dict(attention))
 
 
 def test_the_cpu_features_and_class_come_from_cpuinfo(unlimited):
@@ -64,20 +71,66 @@ def test_auto_takes_bf16_only_where_it_measured_clearly_faster(cache, monkeypatc
 def test_an_explicit_precision_always_wins(cache, monkeypatch):
     as_measured(monkeypatch, AMX)
     for p in ('fp32', 'bf16'):
-        cfg = resolve('tiny', sets=[f'train.precision={p}'])
-        assert settle_precision(cfg) == (cfg, None)
+        for a in ('fp32', 'same'):
+            cfg = resolve('tiny', sets=[f'train.precision={p}', f'train.attention_precision={a}'])
+            assert settle_precision(cfg) == (cfg, None)
     assert not cache.exists()                       # nothing was measured
+
+
+@pytest.mark.parametrize('seconds, chosen', [(ATTENTION_SLOW_BF16, 'fp32'), (ATTENTION_FAST_BF16, 'same')])
+def test_a_bf16_runs_attention_is_computed_in_fp32_only_where_measured_faster(cache, monkeypatch, seconds, chosen):
+    as_measured(monkeypatch, AMX, seconds)
+    for sets in (['train.precision=auto'], ['train.precision=bf16']):
+        cfg, why = settle_precision(resolve('tiny', sets=sets + ['train.micro_batch=4']))
+        assert (cfg.train.precision, cfg.train.attention_precision) == ('bf16', chosen)
+        assert f'attention_precision auto -> {chosen}' in why
+        assert f"{seconds['bf16'] / seconds['fp32']:.2f}x as fast in fp32" in why
+    assert machine.choose_attention(machine.ATTENTION_GAIN) == 'fp32'
+    assert machine.choose_attention(machine.ATTENTION_GAIN - 0.01) == 'same'
+
+
+def test_an_fp32_run_measures_no_attention(cache, monkeypatch):
+    as_measured(monkeypatch, NO_BF16)
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto']))
+    assert (cfg.train.precision, cfg.train.attention_precision) == ('fp32', 'same')
+    assert 'attention' not in why
+    assert [e['kind'] for e in json.loads(cache.read_text()).values()] == ['train']
+
+
+def test_the_attention_measurement_is_real_and_decides_consistently(cache):
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=bf16', 'train.micro_batch=4']))
+    (m,) = [e['seconds'] for e in json.loads(cache.read_text()).values() if e['kind'] == 'attention']
+    assert set(m) == {'bf16', 'fp32'} and all(v > 0 for v in m.values())
+    assert cfg.train.attention_precision == machine.choose_attention(m['bf16'] / m['fp32'])
+    assert f"{m['bf16'] / m['fp32']:.2f}x" in why
+
+
+@pytest.mark.parametrize('saved, kept', [({'precision': 'bf16', 'attention_precision': 'fp32'}, 'fp32'),
+                                         ({'precision': 'bf16'}, 'same')])      # saved before the key existed
+def test_a_resume_keeps_the_attention_precision_the_run_saved(tmp_path, cache, monkeypatch, saved, kept):
+    from gptkit.plan import resumed_precision
+    as_measured(monkeypatch, NO_BF16, ATTENTION_FAST_BF16 if kept == 'fp32' else ATTENTION_SLOW_BF16)
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'config.json').write_text(json.dumps({'train': saved}))
+    cfg, why = resumed_precision(resolve('tiny', sets=['train.precision=auto'], out=str(run)))
+    assert (cfg.train.precision, cfg.train.attention_precision) == ('bf16', kept)
+    assert f'attention_precision auto -> {kept}: as the run it resumes' in why
+    assert settle_precision(cfg) == (cfg, None) and not cache.exists()
 
 
 def test_a_measurement_is_made_once_and_read_from_the_cache(cache, monkeypatch):
     calls = []
     monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: calls.append(shapes) or dict(AMX))
+    monkeypatch.setattr(machine, 'attention_seconds', lambda shapes, rounds=5: calls.append(shapes)
+                        or dict(ATTENTION_SLOW_BF16))
     cfg = resolve('tiny', sets=['train.precision=auto'])
     _, first = settle_precision(cfg)
     _, again = settle_precision(cfg)
-    assert len(calls) == 1 and 'measured now' in first and 'cached' in again
-    entry, = json.loads(cache.read_text()).values()
-    assert entry['kind'] == 'train' and entry['seconds'] == AMX and entry['cpu'] == this_cpu().name
+    assert len(calls) == 2 and 'measured now' in first and 'cached' in again and 'measured now' not in again
+    train, attention = json.loads(cache.read_text()).values()
+    assert train['kind'] == 'train' and train['seconds'] == AMX and train['cpu'] == this_cpu().name
+    assert attention['kind'] == 'attention' and attention['seconds'] == ATTENTION_SLOW_BF16
 
 
 @pytest.mark.parametrize('text', ['{broken', '[1, 2]', '{"k": {"seconds": {"fp32": "x"}}}', '{"a": ' * 200])
@@ -119,7 +172,7 @@ def test_processes_that_start_together_measure_once_and_agree(cache, tmp_path):
 def test_a_real_measurement_on_this_machine_decides_consistently(cache):
     "Measured for real here: the figures are positive, and the choice is the rule applied to them"
     cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
-    (m,) = [Measured(e['seconds'], 1.0) for e in json.loads(cache.read_text()).values()]
+    (m,) = [Measured(e['seconds'], 1.0) for e in json.loads(cache.read_text()).values() if e['kind'] == 'train']
     assert all(v > 0 for v in m.seconds.values())
     assert cfg.train.precision == choose_precision(m.speedup)
     assert f'{m.speedup:.2f}x' in why
@@ -140,7 +193,11 @@ def test_the_cpu_default_is_auto_and_the_plan_says_what_it_became(tiny_data, cac
 
 @pytest.mark.parametrize('seconds, precision', [(NO_BF16, 'fp32'), (AMX, 'bf16')])
 def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monkeypatch, tmp_path, seconds, precision):
+    import gptkit.model
     as_measured(monkeypatch, seconds)
+    cores, core = [], gptkit.model.core_attention_in
+    monkeypatch.setattr(gptkit.model, 'core_attention_in', lambda dtype, q, *a: cores.append((dtype, q.dtype))
+                        or core(dtype, q, *a))
     sets = [s for s in TINY_SETS if not s.startswith('train.precision')]
     r = run_here('train', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', tmp_path / 'run',
                  '--iters', 2, *[a for s in sets for a in ('--set', s)])
@@ -149,6 +206,11 @@ def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monke
     assert f'train.precision auto -> {precision}' in text
     saved = json.loads((tmp_path / 'run' / 'config.json').read_text())
     assert saved['train']['precision'] == precision                 # a resume trains on in the same precision
+    attention = 'fp32' if precision == 'bf16' else 'same'           # ATTENTION_SLOW_BF16 was measured
+    assert saved['train']['attention_precision'] == attention
+    assert ('attention_precision auto -> fp32' in text) == (attention == 'fp32')
+    half = torch.bfloat16 if precision == 'bf16' else torch.float32
+    assert cores and set(cores) == {(torch.float32 if attention == 'fp32' else None, half)}
 
 
 def test_the_reason_names_the_figures(monkeypatch, unlimited):
