@@ -24,11 +24,12 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'BF16_GAIN',
-           'ATTENTION_GAIN', 'CPU', 'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped',
-           'product_seconds', 'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured',
-           'choose_precision', 'training_products', 'attention_shapes', 'attention_seconds', 'choose_attention',
-           'PrecisionChoice', 'precision_reason', 'auto_precision', 'attention_reason', 'auto_attention',
-           'nodes_problems', 'settle_precision']
+           'ATTENTION_GAIN', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'CPU',
+           'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds', 'cache_folder',
+           'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision', 'training_products',
+           'attention_shapes', 'attention_seconds', 'choose_attention', 'PrecisionChoice', 'precision_reason',
+           'auto_precision', 'attention_reason', 'auto_attention', 'nodes_problems', 'settle_precision',
+           'keep_freed_memory']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -364,3 +365,17 @@ def _kept(choice: PrecisionChoice, key: str, world: int) -> PrecisionChoice:
                      f'kept in {cache_folder()} (see the warning above): set {CACHE_ENV} to a folder they can write, '
                      'or set the value')])
     return choice
+
+# %% ../nbs/10a_machine.ipynb #158b2778
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3     # mallopt's parameters (malloc.h)
+MMAP_THRESHOLD = 32 * 2**20    # glibc's most: tensors up to this come from the heap, not from fresh pages
+TRIM_THRESHOLD = 2**30         # freed heap memory kept for the next step, up to this
+
+def keep_freed_memory() -> bool:
+    "Have glibc's malloc keep the memory a step frees for the next one (`mallopt`); False where it cannot (not glibc)"
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))

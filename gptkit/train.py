@@ -41,6 +41,7 @@ from .errors import ConfigError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
 from .lora import add_adapters
+from .machine import keep_freed_memory
 from .microbatches import MicroBatching, mask_opener, micro_batches
 from .model import GPT, num_params, set_attention_precision
 from .moe import expert_load, moe_stats, set_moe_grad_scale
@@ -332,6 +333,8 @@ def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = Fa
     plan, rank = _plan(run, resume)
     cfg, device, out = plan.cfg, device_type(), Path(plan.cfg.out)
     check_precision(cfg)
+    if device == 'cpu':
+        keep_freed_memory()                              # a step's large tensors reuse the last one's pages
     if rank == 0:
         warn_repeats(plan.data)
     check_fits(cfg, device, force)
