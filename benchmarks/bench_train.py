@@ -44,32 +44,45 @@ def main():
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     ap.add_argument('--dtype', default='fp32', choices=['fp32', 'bf16', 'auto'],
                     help="auto: the precision gptkit measures faster on this CPU (transformers runs in the same)")
+    ap.add_argument('--attention', default='auto', choices=['auto', 'fp32', 'same'],
+                    help="gptkit's train.attention_precision (auto: fp32 where a CPU ran bf16 runs' attention faster so)")
+    ap.add_argument('--glibc-defaults', action='store_true',
+                    help="leave glibc's malloc as it is (gptkit train has it keep freed memory on a CPU)")
     a = ap.parse_args()
     from gptkit.machine import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
 
     from gptkit.engine import build_engine, init_distributed
     from gptkit.estimate import flops_per_iteration
-    from gptkit.model import GPT
+    from gptkit.machine import keep_freed_memory
+    from gptkit.model import GPT, set_attention_precision
     from gptkit.runconfig import resolve
     from gptkit.train import peak_flops
 
     cfg = resolve(a.preset, sets=[f'model.vocab={a.vocab}', 'model.dropout=0', f'train.micro_batch={a.batch}',
-                                  f'train.global_batch={a.batch}', f'train.precision={a.dtype}', 'optim.lr=1e-4', 'optim.warmup=0'])
+                                  f'train.global_batch={a.batch}', f'train.precision={a.dtype}', 'optim.lr=1e-4', 'optim.warmup=0',
+                                  f'train.attention_precision={a.attention}'])
     from gptkit.machine import settle_precision
     cfg, why = settle_precision(cfg)
     if why:
         print(why)
-        a.dtype = cfg.train.precision
+    a.dtype = cfg.train.precision
     m, dev = cfg.model, torch.device(a.device)
     dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(a.dtype, torch.float32)
     cuda = dev.type == 'cuda'
     init_distributed()
+    if dev.type == 'cpu' and not a.glibc_defaults:   # as `gptkit train` does on a CPU; process-wide: both sides gain
+        print(f'glibc keeps freed memory for the next step (both sides): {keep_freed_memory()}')
+
+    def ours(model):            # the attention precision settled above (auto: measured), as `gptkit train` sets it
+        set_attention_precision(model, cfg.train.attention_precision)
+        return model
+
     torch.manual_seed(0)
-    engine, _ = build_engine(cfg, GPT(m), iters=10**6)
+    engine, _ = build_engine(cfg, ours(GPT(m)), iters=10**6)
     torch.manual_seed(0)
-    compiled, _ = build_engine(cfg, GPT(m).compile_blocks(), iters=10**6)
-    bare = GPT(m).to(device=dev, dtype=dtype).train(); bare_opt = adamw(bare, cuda)
+    compiled, _ = build_engine(cfg, ours(GPT(m).compile_blocks()), iters=10**6)
+    bare = ours(GPT(m).to(device=dev, dtype=dtype).train()); bare_opt = adamw(bare, cuda)
     hf = hf_model(m, dev, dtype); hf_opt = adamw(hf, cuda)
     data = torch.randint(0, m.vocab, (a.batch, m.seq_len + 1), device=dev)
     x, y = data[:, :-1], data[:, 1:]
@@ -106,7 +119,7 @@ def main():
     flops = flops_per_iteration(m, a.batch)
     peak = peak_flops(dev.type, a.dtype)
     print(f'{a.preset}: {m.layers} layers, hidden {m.hidden}, heads {m.heads}, context {m.seq_len}, vocab {m.vocab}; '
-          f'batch {a.batch}, {a.dtype}, {a.device}, {torch.get_num_threads()} threads; {a.rounds} rounds x {a.steps} steps')
+          f'batch {a.batch}, {a.dtype} (attention {cfg.train.attention_precision}), {a.device}, {torch.get_num_threads()} threads; {a.rounds} rounds x {a.steps} steps')
     print(f'MFU inputs: {flops / 1e9:.1f} GFLOP per step (model FLOPs, Narayanan et al.), {tokens} tokens per step, '
           f'device peak {"unknown (CPU)" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"}')
     ref = statistics.median(times['transformers GPT2LMHeadModel'])
