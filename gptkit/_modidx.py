@@ -981,6 +981,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'gptkit.machine.capped': ('machine.html#capped', 'gptkit/machine.py'),
                                 'gptkit.machine.choose_attention': ('machine.html#choose_attention', 'gptkit/machine.py'),
                                 'gptkit.machine.choose_precision': ('machine.html#choose_precision', 'gptkit/machine.py'),
+                                'gptkit.machine.fastest_rounds': ('machine.html#fastest_rounds', 'gptkit/machine.py'),
                                 'gptkit.machine.keep_freed_memory': ('machine.html#keep_freed_memory', 'gptkit/machine.py'),
                                 'gptkit.machine.kernel_limits': ('machine.html#kernel_limits', 'gptkit/machine.py'),
                                 'gptkit.machine.lock_file': ('machine.html#lock_file', 'gptkit/machine.py'),

@@ -25,11 +25,11 @@ log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'BF16_GAIN',
            'ATTENTION_GAIN', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'CPU',
-           'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds', 'cache_folder',
-           'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision', 'training_products',
-           'attention_shapes', 'attention_seconds', 'choose_attention', 'PrecisionChoice', 'precision_reason',
-           'auto_precision', 'attention_reason', 'auto_attention', 'nodes_problems', 'settle_precision',
-           'keep_freed_memory']
+           'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds', 'fastest_rounds',
+           'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision',
+           'training_products', 'attention_shapes', 'attention_seconds', 'choose_attention', 'PrecisionChoice',
+           'precision_reason', 'auto_precision', 'attention_reason', 'auto_attention', 'nodes_problems',
+           'settle_precision', 'keep_freed_memory']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -110,13 +110,17 @@ def product_seconds(shapes, rounds: int = 5, budget: float = MEASURE_SECONDS) ->
     until `rounds` or `budget` seconds"""
     import torch
     operands = {'fp32': _operands(shapes, torch.float32), 'bf16': _operands(shapes, torch.bfloat16)}
-    best = {}
-    for name, ops in operands.items():          # warm up: oneDNN builds its kernels for each shape once
-        _one_pass(ops)
-    start = time.perf_counter()
+    return fastest_rounds({name: (lambda ops=ops: _one_pass(ops)) for name, ops in operands.items()}, rounds, budget)
+
+def fastest_rounds(passes: dict, rounds: int = 5, budget: float = MEASURE_SECONDS) -> dict[str, float]:
+    """Fastest seconds of each of `passes` ({name: a function that returns the seconds of one pass}), after one warm-up
+    each (oneDNN builds its kernels for a shape once), rounds alternating until `rounds` or `budget` seconds"""
+    for one_pass in passes.values():
+        one_pass()
+    best, start = {}, time.perf_counter()
     for _ in range(rounds):
-        for name, ops in operands.items():
-            best[name] = min(best.get(name, float('inf')), _one_pass(ops))
+        for name, one_pass in passes.items():
+            best[name] = min(best.get(name, float('inf')), one_pass())
         if time.perf_counter() - start > budget:
             break
     return best
@@ -263,16 +267,8 @@ def attention_seconds(shapes, rounds: int = 5, budget: float = MEASURE_SECONDS) 
             q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
             core_attention_in(dtype, q, k, v).backward(grad)
         return time.perf_counter() - start
-    dtypes = {'bf16': None, 'fp32': torch.float32}
-    for dtype in dtypes.values():
-        one_pass(dtype)                           # warm up
-    best, start = {}, time.perf_counter()
-    for _ in range(rounds):
-        for name, dtype in dtypes.items():
-            best[name] = min(best.get(name, float('inf')), one_pass(dtype))
-        if time.perf_counter() - start > budget:
-            break
-    return best
+    passes = {name: (lambda dtype=dtype: one_pass(dtype)) for name, dtype in (('bf16', None), ('fp32', torch.float32))}
+    return fastest_rounds(passes, rounds, budget)
 
 def choose_attention(speedup: float, gain: float = ATTENTION_GAIN) -> str:
     "'fp32' where fp32 ran a bf16 run's attention `speedup` times as fast as bf16, at least `gain`; else 'same'"
