@@ -484,3 +484,16 @@ def test_a_hostfile_counts_its_hosts_as_nodes(tmp_path):
     hosts = tmp_path / 'hosts'
     hosts.write_text('# the cluster\nworker-1 slots=2\n\nworker-2 slots=2\n')
     assert Launch('deepspeed', 2, 1, hostfile=hosts).nodes == 2 and Launch('torchrun', 2, 1).nodes == 1
+
+
+@pytest.mark.parametrize('bad', [['fp32'], 'fp64', None, 7])
+def test_a_resume_whose_saved_attention_precision_is_not_one_measures_it_anew(tmp_path, cache, monkeypatch, bad):
+    from gptkit.plan import resumed_precision
+    as_measured(monkeypatch, NO_BF16)
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'config.json').write_text(json.dumps({'train': {'precision': 'bf16', 'attention_precision': bad}}))
+    cfg, why = resumed_precision(resolve('tiny', sets=['train.precision=auto'], out=str(run)))
+    assert (cfg.train.precision, cfg.train.attention_precision) == ('bf16', 'auto') and 'attention' not in why
+    cfg, why = settle_precision(cfg)
+    assert cfg.train.attention_precision == 'fp32' and 'measured now' in why      # ATTENTION_SLOW_BF16
