@@ -222,8 +222,10 @@ def qk_norm_bytes(model: ModelConfig, element: int) -> float:
     return inputs + heads * (d * element + 4)
 
 def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
-                      flash: bool = True, element: int = 2, mask: float = 1) -> LayerActivations:
-    "Bytes one layer of gptkit's model keeps for backward on one rank (Korthikanti et al. 2022, item by item)"
+                      flash: bool = True, element: int = 2, mask: float = 1,
+                      attention_element: int | None = None) -> LayerActivations:
+    """Bytes one layer of gptkit's model keeps for backward on one rank (Korthikanti et al. 2022, item by item);
+    `attention_element`: the bytes of an element of attention's core (`train.attention_precision` fp32: 4)"""
     s, b, h, a, f, t = model.seq_len, micro_batch, model.hidden, model.heads, model.ffn, tp
     ad = a * model.head_dim                                   # the queries' and the attention output's width
     ts = t if sequence_parallel else 1                         # what sequence parallelism splits
@@ -238,12 +240,14 @@ def layer_activations(model: ModelConfig, micro_batch: int, tp: int = 1, sequenc
     # GELU and fc2 inputs; SwiGLU's [gate; up], silu(gate) and product (its Triton kernel: [gate; up] and product)
     width = (3 if model.kernels == 'triton' else 4) if model.gated else 2
     mlp = moe_est.mean_mlp_factor(model, width, element, t) if model.moe_experts else width * f / h   # 01a
-    split = (attn + mlp) * element                            # q, k, v and attention output; the MLP's
+    ae = attention_element or element                         # fp32 core: q, k, v cast up are what it keeps
+    cast_back = ad / h * element if ae != element else 0      # and its output cast back, the projection's input
+    split = attn * ae + cast_back + mlp * element             # q, k, v and attention output; the MLP's
     base = sbh * ((replicated + gathered) / ts + split / t) + 2 * stats * s * b / ts   # + two norms' fp32 statistics
     base += s * b * qk_norm_bytes(model, element) / t         # QK norms: split with their heads
-    per_score = element + (mask + element if model.dropout > 0 else 0)   # softmax output; its dropout mask and output
+    per_score = ae + (mask + ae if model.dropout > 0 else 0)  # softmax output; its dropout mask and output
     scores = 4 * a * s * b / t if flash else a * s * s * b * per_score / t   # (a window's mask: once a stage)
-    core = s * b * ad * element / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v
+    core = s * b * ad * ae / t * (1 if flash else 3) + scores   # rebuilt: attention output (fused) or q, k, v
     released = sbh * ((norm + element + masks) / ts + mlp * element / t) + s * b * ad * element / t \
         + stats * s * b / ts                                  # MLP, LN2, the projection's input
     return LayerActivations(base, scores, sbh * element / ts, core, released)
@@ -325,8 +329,13 @@ def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: Train
                            mask: float = 1, peak: bool = True) -> tuple[float, float]:
     "(activations, output layer and loss) bytes on one rank of pipeline `stage` for its micro-batches in flight"
     e = activation_element_bytes(train.precision)
+    ae = 4 if train.attention_precision == 'fp32' else e           # auto: as settled; unsettled, the run's own
     def layer_of(m):
-        return layer_activations(m, train.micro_batch, par.tp, par.sequence_parallel, train.flash, e, mask)
+        args = (m, train.micro_batch, par.tp, par.sequence_parallel, train.flash, e, mask)
+        if train.recompute != 'selective' or ae == e:
+            return layer_activations(*args, ae)
+        # selective recomputation keeps attention's inputs as they come (the checkpoint's), rebuilds the core in fp32
+        return layer_activations(*args)._replace(core=layer_activations(*args, ae).core)
     layer = layer_of(model)     # the mean layer; full recomputation's peak rebuilds the largest, an MoE one
     if train.recompute == 'full' and model.moe_experts and model.moe_every > 1:
         layer = layer._replace(base=layer_of(dataclasses.replace(model, moe_every=1)).base)

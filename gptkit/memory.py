@@ -28,7 +28,7 @@ from .config import ModelConfig, ParallelConfig, TrainConfig
 from .estimate import activation_element_bytes, lora_activation_change, memory_per_gpu, stage_activation_bytes
 from .layout import Layout
 from .lora import add_adapters
-from .model import GPT, core_attention
+from .model import GPT, core_attention, set_attention_precision
 from .parallel import ParallelState, parallelize, stage_input_shape
 from .torch_files import read_torch_file
 
@@ -147,6 +147,7 @@ def measure(model: ModelConfig, train: TrainConfig, attention: str = 'auto', see
     torch.manual_seed(seed)
     gpt = parallelize(GPT(loss_as_on_gpu(model)), ParallelState(Layout(), 0), train.recompute)
     gpt = gpt.to(DTYPES[train.precision]).train()
+    set_attention_precision(gpt, train.attention_precision)        # as `gptkit train` sets it
     b, s = train.micro_batch, model.seq_len
     ids, targets = torch.randint(0, model.vocab, (b, s)), torch.randint(0, model.vocab, (b, s))
     with sdpa_kernel(SDPBackend.MATH) if attention == 'math' else contextlib.nullcontext():
@@ -174,20 +175,24 @@ class Row:
         return (self.predicted - self.measured) / self.measured
 
 def single_rows(model: ModelConfig, micro_batch: int = 2) -> list[Row]:
-    "Measured against predicted on one process: math and fused attention, each recomputation, dropout, bf16"
+    """Measured against predicted on one process: math and fused attention, each recomputation, dropout, bf16 (and
+    bf16 with attention's core in fp32)"""
     cases = [('none', 'math', 'fp32', 0.0), ('none', 'fused', 'fp32', 0.0), ('selective', 'math', 'fp32', 0.0),
              ('selective', 'fused', 'fp32', 0.0), ('full', 'fused', 'fp32', 0.0), ('none', 'auto', 'fp32', 0.1),
-             ('selective', 'auto', 'fp32', 0.1), ('none', 'fused', 'bf16', 0.0), ('full', 'fused', 'bf16', 0.0)]
+             ('selective', 'auto', 'fp32', 0.1), ('none', 'fused', 'bf16', 0.0), ('full', 'fused', 'bf16', 0.0),
+             ('none', 'fused', 'bf16 fp32', 0.0), ('selective', 'fused', 'bf16 fp32', 0.0)]
     rows = []
-    for rc, att, prec, drop in cases:
+    for rc, att, precisions, drop in cases:
         m = dataclasses.replace(model, dropout=drop)
+        prec, _, core = precisions.partition(' ')              # 'bf16 fp32': attention's core in fp32
         dtype = DTYPES[prec]
         flash = att == 'fused' or (att == 'auto' and fused_attention(drop, dtype))
-        train = TrainConfig(micro_batch=micro_batch, precision=prec, recompute=rc, flash=flash)
+        train = TrainConfig(micro_batch=micro_batch, precision=prec, recompute=rc, flash=flash,
+                            attention_precision=core or 'same')
         got = measure(m, train, 'math' if att == 'math' else 'auto')
         name = 'fused' if flash else 'math'
-        rows.append(Row('1 GPU' + (f', dropout {drop}' if drop else ''), rc, name, prec,
-                        predict(m, ParallelConfig(), train), got.peak))
+        rows.append(Row('1 GPU' + (f', dropout {drop}' if drop else ''), rc, name,
+                        prec + (f', attention {core}' if core else ''), predict(m, ParallelConfig(), train), got.peak))
     return rows
 
 # %% ../nbs/17_memory.ipynb #6892c678
