@@ -497,3 +497,15 @@ def test_a_resume_whose_saved_attention_precision_is_not_one_measures_it_anew(tm
     assert (cfg.train.precision, cfg.train.attention_precision) == ('bf16', 'auto') and 'attention' not in why
     cfg, why = settle_precision(cfg)
     assert cfg.train.attention_precision == 'fp32' and 'measured now' in why      # ATTENTION_SLOW_BF16
+
+
+def test_keeping_freed_memory_changes_nothing_where_the_c_library_has_no_mallopt(monkeypatch):
+    import ctypes
+
+    class NoMallopt:                                # a C library without glibc's mallopt (musl, macOS)
+        def __init__(self, name):
+            pass
+    monkeypatch.setattr(ctypes, 'CDLL', NoMallopt)
+    assert machine.keep_freed_memory() is False
+    monkeypatch.setattr(ctypes, 'CDLL', lambda name: (_ for _ in ()).throw(OSError('no C library')))
+    assert machine.keep_freed_memory() is False
