@@ -7,6 +7,7 @@ prompts of different lengths, scores prompts, and runs tensor-parallel over seve
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import os
 import time
@@ -16,6 +17,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from .batching import RunningBatch, agree
@@ -23,7 +25,8 @@ from .checkpoint import check_device, load_model
 from .errors import ConfigError
 from .layout import Layout
 from .machine import choose_precision, measured, this_cpu
-from .model import OutputLayer
+from .model import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
+from .ops import apply_rotary, rms_norm, swiglu
 from .parallel import ParallelState, apply_tp
 from .sampling import Chunk, Sampling
 from .store import CheckpointError
@@ -32,8 +35,9 @@ from .tensor_parallel import gather_from_tp
 # %% auto #0
 __all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'DECODE_DTYPES', 'packed_weight',
            'packed_product', 'mkl_packed', 'mkl_product', 'DecodeLinear', 'head_product', 'DecodeHead', 'DecodeChoice',
-           'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode', 'Completion',
-           'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator', 'reference_greedy']
+           'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode', 'StepLayer',
+           'DecodeStep', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator',
+           'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
 def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -241,6 +245,116 @@ def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
                  lambda shapes: measure_decode(linears, head), keys=keys)
     return decode_choice(m.seconds, dtypes, m.cached)
 
+# %% ../nbs/14c_generate.ipynb #aa3e6b8b
+def _norm_function(m):
+    "The norm module `m` (LayerNorm or RMSNorm) as a function of x; None for a module of another kind"
+    if type(m) is LayerNorm:
+        return functools.partial(F.layer_norm, normalized_shape=m.normalized_shape, weight=m.weight, bias=m.bias,
+                                 eps=m.eps)
+    if type(m) is RMSNorm:
+        return functools.partial(rms_norm, weight=m.weight, eps=m.eps)
+    return None
+
+def _linear_function(m):
+    "The layer `m` as a function of x [rows, in]: a `DecodeLinear`'s product without its reshapes; any other as it is"
+    if type(m) is not DecodeLinear:
+        return m
+    if m.packed is not None:
+        return functools.partial(packed_product, packed=m.packed, bias=m.bias)
+    if m.bias is None:
+        return functools.partial(torch.matmul, other=m.weight_t)
+    return functools.partial(torch.addmm, m.bias, mat2=m.weight_t)
+
+def _mlp_function(m):
+    "A dense `MLP` as a function of x; None for a mixture of experts"
+    if type(m) is not MLP:
+        return None
+    fc1, fc2 = _linear_function(m.fc1), _linear_function(m.fc2)
+    if m.gated:
+        return lambda x: fc2(swiglu(fc1(x)))
+    approximate = m.approximate
+    return lambda x: fc2(F.gelu(fc1(x), approximate=approximate))
+
+@dataclass(frozen=True)
+class StepLayer:
+    "One layer's parts for `DecodeStep`"
+    ln1: object
+    qkv: object
+    q_norm: object          # each head's norm of q and of k (Qwen3), or None
+    k_norm: object
+    proj: object
+    ln2: object
+    mlp: object
+    layer: int              # the layer's number in the KV cache
+    heads: int
+    kv_heads: int
+    window: int | None
+
+def _step_layer(block) -> StepLayer | None:
+    a = block.attn
+    if a.q_norm is not None and a.qk_norm_all:
+        return None
+    qk = (None, None) if a.q_norm is None else (_norm_function(a.q_norm), _norm_function(a.k_norm))
+    layer = StepLayer(_norm_function(block.ln1), _linear_function(a.qkv), *qk, _linear_function(a.proj),
+                      _norm_function(block.ln2), _mlp_function(block.mlp), a.layer, a.heads, a.kv_heads, a.window)
+    needed = (layer.ln1, layer.ln2, layer.mlp) + (qk if a.q_norm is not None else ())
+    return None if any(part is None for part in needed) else layer
+
+class DecodeStep:
+    """The decode-layout `model` called as the model: one new token per row with a KV cache runs as one loop over its
+    layers' tensors (the modules' operations, in their order); any other call goes to the model"""
+    def __init__(self, model, layers: list[StepLayer]):
+        self.model, self.layers, self.cfg = model, layers, model.cfg
+        self.ln_f = _norm_function(model.ln_f)
+        self.wpe = None if model.wpe is None else model.wpe.weight
+
+    @classmethod
+    def of(cls, model) -> DecodeStep | None:
+        "The step for `model` (a `decode_layout` copy); None where it has a part the step does not run"
+        if model.wte is None or type(model.head) is not DecodeHead or _norm_function(model.ln_f) is None:
+            return None
+        layers = [_step_layer(b) for b in model.blocks.values()]
+        return None if any(layer is None for layer in layers) else cls(model, layers)
+
+    def __call__(self, x, targets=None, *, cache: KVCache | None = None, positions=None, valid=None,
+                 logits_to_keep: int = 0, documents=None):
+        "`GPT.forward`'s call: the step where it is one token a row with a cache, else the model"
+        if cache is None or x.shape[1] != 1 or valid is not None or targets is not None or documents is not None:
+            return self.model(x, targets, cache=cache, positions=positions, valid=valid, logits_to_keep=logits_to_keep,
+                              documents=documents)
+        return self.step(x[:, 0], cache, positions)[:, None]
+
+    def step(self, tokens, cache: KVCache, positions=None):
+        "Logits [batch, vocab] of `tokens` [batch], one new token a row, at `positions` [batch, 1] (or the cache's)"
+        m = self.model
+        m._extend(cache, 1, None)
+        positions = cache.positions() if positions is None else positions
+        x = F.embedding(tokens, m.wte.weight)
+        if self.wpe is not None:
+            x = x + F.embedding(positions[:, 0], self.wpe)
+        cos, sin = m._rope(positions, x.dtype) if self.cfg.position == 'rotary' else (None, None)
+        rows = x.shape[0]
+        for p in self.layers:
+            q, k, v = self._qkv(p, p.qkv(p.ln1(x)), rows)
+            if cos is not None:
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            k, v = cache.update(p.layer, k, v)
+            mask = cache.window_mask(p.window) if p.window and cache.len > p.window else cache.mask
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=p.heads > p.kv_heads)
+            x = x + p.proj(y.reshape(rows, -1))
+            x = x + p.mlp(p.ln2(x))
+        return m.logits(self.ln_f(x))
+
+    @staticmethod
+    def _qkv(p: StepLayer, qkv, rows: int):
+        "q, k, v [rows, heads, 1, head_dim] from the fused projection [rows, (heads + 2 kv_heads) head_dim]"
+        d = qkv.shape[-1] // (p.heads + 2 * p.kv_heads)
+        q, k, v = qkv.split((p.heads * d, p.kv_heads * d, p.kv_heads * d), -1)
+        q, k, v = q.view(rows, p.heads, 1, d), k.view(rows, p.kv_heads, 1, d), v.view(rows, p.kv_heads, 1, d)
+        if p.q_norm is not None:
+            q, k = p.q_norm(q), p.k_norm(k)
+        return q, k, v
+
 # %% ../nbs/14c_generate.ipynb #2ccd7d35
 @dataclass
 class Completion:
@@ -299,7 +413,8 @@ class Generator:
         self.context = model.cfg.seq_len
         # tensor parallelism: the logits come in vocabulary blocks, gathered so that every rank sees them whole
         self.tp_group = getattr(model.head, 'group', None)
-        self.logits = GatheredLogits(self.model) if self.tp_group is not None else self.model
+        # on a CPU, one new token a row runs as `DecodeStep`: the same logits without the modules' calls
+        self.logits = GatheredLogits(self.model) if tensor_parallel else DecodeStep.of(self.model) or self.model
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | None = None, dtype=None, tp: int = 1) -> 'Generator':
