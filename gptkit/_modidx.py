@@ -1415,6 +1415,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'gptkit.sampling.TextStream.finish': ('sampling.html#textstream.finish', 'gptkit/sampling.py'),
                                  'gptkit.sampling.TextStream.full_text': ('sampling.html#textstream.full_text', 'gptkit/sampling.py'),
                                  'gptkit.sampling.filter_logits': ('sampling.html#filter_logits', 'gptkit/sampling.py'),
+                                 'gptkit.sampling.log_sum_exp': ('sampling.html#log_sum_exp', 'gptkit/sampling.py'),
                                  'gptkit.sampling.next_tokens': ('sampling.html#next_tokens', 'gptkit/sampling.py'),
                                  'gptkit.sampling.top_alternatives': ('sampling.html#top_alternatives', 'gptkit/sampling.py')},
             'gptkit.serve': { 'gptkit.serve.ChatChoices': ('serve.html#chatchoices', 'gptkit/serve.py'),
