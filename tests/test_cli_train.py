@@ -296,8 +296,8 @@ def test_a_scheduler_sigterm_lets_the_processes_save_and_gives_143(tmp_path):
               f'"torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0", {str(tmp_path / "rank.py")!r}]))')
     p = subprocess.Popen([sys.executable, '-c', launch], stderr=subprocess.PIPE, text=True, start_new_session=True)
     started = 0
-    for line in p.stderr:                              # until both ranks are running
-        started += line.startswith('started')
+    for line in p.stderr:                              # until both ranks are running (their writes to the one
+        started += line.count('started')               # pipe may land on one line: 'startedstarted')
         if started == 2: break
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGTERM)
