@@ -14,6 +14,7 @@ Server (issue 18): `gptkit.serve.Server` over real HTTP on 127.0.0.1; 16 clients
 continuous batching against the batching gptkit had before (`Limits(continuous=False)`), both in the same run:
 throughput and p50/p99 latency.
 Run: .venv/bin/python benchmarks/bench_generate.py [--preset small] [--new 128] [--rounds 3] [--dtype auto]
+     [--device cpu] (--device cuda: both sides on the GPU, bf16 unless --dtype says otherwise)
 """
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ def run_ours(gen, rows, new):
 
 def run_hf(hf, rows, new, pad):
     n = max(map(len, rows))
-    ids = torch.tensor([[pad] * (n - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (n - len(r)) + [1] * len(r) for r in rows])
+    ids = torch.tensor([[pad] * (n - len(r)) + r for r in rows], device=hf.device)
+    mask = torch.tensor([[0] * (n - len(r)) + [1] * len(r) for r in rows], device=hf.device)
     with torch.no_grad():
         out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new, min_new_tokens=new,
                           pad_token_id=pad, eos_token_id=None)
@@ -157,20 +158,28 @@ def main():
     ap.add_argument('--skip-server', action='store_true')
     ap.add_argument('--server-only', action='store_true', help='only the server part (no transformers comparison)')
     ap.add_argument('--dtype', default='auto', choices=['auto', 'fp32', 'bf16'],
-                    help="auto: the dtype gptkit's measurement picks (transformers then runs in the same one)")
+                    help="auto: the dtype gptkit's measurement picks (transformers then runs in the same one); "
+                         'on a GPU bf16')
+    ap.add_argument('--device', default='cpu', choices=['cpu', 'cuda'], help='cuda: both sides on the GPU')
     a = ap.parse_args()
     from gptkit.generate import Generator, choose_decode
     from gptkit.machine import this_cpu
     ours, hf, tok, cfg, err = models(a.preset, a.vocab)
     import transformers
     print(this_cpu().summary())
-    choice = choose_decode(ours, ('fp32', 'bf16') if a.dtype == 'auto' else (a.dtype,))
-    dtype = torch.bfloat16 if choice.dtype == 'bf16' else torch.float32
-    ours, hf = ours.to(dtype), hf.to(dtype)
-    print(f'{a.preset}: {cfg.layers} layers, hidden {cfg.hidden}, vocabulary {cfg.vocab:,}; {choice.dtype} on CPU (both sides), '
+    if a.device == 'cuda':              # the GPU decodes through the modules, in bf16 unless told otherwise
+        choice, name = None, a.dtype if a.dtype != 'auto' else 'bf16'
+        where = f'{name} on {torch.cuda.get_device_name()}'
+    else:
+        choice = choose_decode(ours, ('fp32', 'bf16') if a.dtype == 'auto' else (a.dtype,))
+        name, where = choice.dtype, f'{choice.dtype} on CPU'
+    dtype = torch.bfloat16 if name == 'bf16' else torch.float32
+    ours, hf = ours.to(device=a.device, dtype=dtype), hf.to(device=a.device, dtype=dtype)
+    print(f'{a.preset}: {cfg.layers} layers, hidden {cfg.hidden}, vocabulary {cfg.vocab:,}; {where} (both sides), '
           f'{torch.get_num_threads()} threads; torch {torch.__version__}, transformers {transformers.__version__}; '
           f'max |logit difference| {err:.1e} (fp32)')
-    print(f'gptkit {choice.why}')
+    if choice is not None:
+        print(f'gptkit {choice.why}')
     gen = Generator(ours, tok, choice)
     for batch in () if a.server_only else (1, 8): bench_batch(gen, hf, tok, batch, a.new, a.rounds)
     if not a.skip_server: bench_server(gen, a.new)

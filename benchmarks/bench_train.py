@@ -9,6 +9,7 @@ Rounds alternate between the contenders so that machine noise hits all of them a
 MFU inputs are printed: model FLOPs per step (Narayanan et al.), step time, and the device's dense peak when known,
 so the same script reports MFU on a GPU (--device cuda --dtype bf16).
 Run: .venv/bin/python benchmarks/bench_train.py [--preset small] [--vocab 8192] [--batch 8] [--rounds 5] [--steps 5]
+     [--zero 0]
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def main():
                     help="auto: the precision gptkit measures faster on this CPU (transformers runs in the same)")
     ap.add_argument('--attention', default='auto', choices=['auto', 'fp32', 'same'],
                     help="gptkit's train.attention_precision (auto: fp32 where a CPU ran bf16 runs' attention faster so)")
+    ap.add_argument('--zero', type=int, default=0, choices=[0, 1],
+                    help="gptkit's ZeRO stage (DeepSpeed's bf16 wrapper at ZeRO 0 checks every gradient apart)")
     ap.add_argument('--glibc-defaults', action='store_true',
                     help="leave glibc's malloc as it is (gptkit train has it keep freed memory on a CPU)")
     a = ap.parse_args()
@@ -61,7 +64,7 @@ def main():
 
     cfg = resolve(a.preset, sets=[f'model.vocab={a.vocab}', 'model.dropout=0', f'train.micro_batch={a.batch}',
                                   f'train.global_batch={a.batch}', f'train.precision={a.dtype}', 'optim.lr=1e-4', 'optim.warmup=0',
-                                  f'train.attention_precision={a.attention}'])
+                                  f'train.attention_precision={a.attention}', f'parallel.zero={a.zero}'])
     from gptkit.machine import settle_precision
     cfg, why = settle_precision(cfg)
     if why:
@@ -119,7 +122,7 @@ def main():
     flops = flops_per_iteration(m, a.batch)
     peak = peak_flops(dev.type, a.dtype)
     print(f'{a.preset}: {m.layers} layers, hidden {m.hidden}, heads {m.heads}, context {m.seq_len}, vocab {m.vocab}; '
-          f'batch {a.batch}, {a.dtype} (attention {cfg.train.attention_precision}), {a.device}, {torch.get_num_threads()} threads; {a.rounds} rounds x {a.steps} steps')
+          f'batch {a.batch}, {a.dtype} (attention {cfg.train.attention_precision}), ZeRO {a.zero}, {a.device}, {torch.get_num_threads()} threads; {a.rounds} rounds x {a.steps} steps')
     print(f'MFU inputs: {flops / 1e9:.1f} GFLOP per step (model FLOPs, Narayanan et al.), {tokens} tokens per step, '
           f'device peak {"unknown (CPU)" if peak is None else f"{peak / 1e12:.0f} TFLOP/s"}')
     ref = statistics.median(times['transformers GPT2LMHeadModel'])

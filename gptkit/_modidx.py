@@ -431,6 +431,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'gptkit.doctor.Check.to_dict': ('doctor.html#check.to_dict', 'gptkit/doctor.py'),
                                'gptkit.doctor._allreduce_worker': ('doctor.html#_allreduce_worker', 'gptkit/doctor.py'),
                                'gptkit.doctor._grads': ('doctor.html#_grads', 'gptkit/doctor.py'),
+                               'gptkit.doctor._not_installed': ('doctor.html#_not_installed', 'gptkit/doctor.py'),
                                'gptkit.doctor.allreduce_bandwidth': ('doctor.html#allreduce_bandwidth', 'gptkit/doctor.py'),
                                'gptkit.doctor.allreduce_check': ('doctor.html#allreduce_check', 'gptkit/doctor.py'),
                                'gptkit.doctor.device_checks': ('doctor.html#device_checks', 'gptkit/doctor.py'),

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -51,9 +52,16 @@ def versions() -> list[Check]:
         try:
             out.append(Check(p, 'ok', version(p)))
         except PackageNotFoundError:
-            optional = p in ('triton', 'transformers')
-            out.append(Check(p, 'skipped' if optional else 'failed', 'not installed'))
+            out.append(_not_installed(p))
     return out
+
+def _not_installed(package: str) -> Check:
+    "A package without installed metadata: gptkit itself runs from its folder (PYTHONPATH); others are missing"
+    if package == 'gptkit':
+        import gptkit
+        return Check(package, 'ok', f'not installed: running from {Path(gptkit.__file__).parent}')
+    optional = package in ('triton', 'transformers')
+    return Check(package, 'skipped' if optional else 'failed', 'not installed')
 
 # %% ../nbs/18_doctor.ipynb #cef1a8ff
 def device_checks() -> list[Check]:
