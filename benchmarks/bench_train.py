@@ -131,6 +131,7 @@ def main():
         mfu = f', MFU {flops / t / peak:.1%}' if peak else ''
         print(f'  {name:31s} {t * 1000:8.1f} ms/step  {tokens / t:10,.0f} tokens/s  {flops / t / 1e12:.3f} TFLOP/s{mfu}  '
               f'ratio vs transformers {ref / t:.2f}x')
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == '__main__':

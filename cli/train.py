@@ -264,8 +264,9 @@ def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list
 def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
     "This process's RunPlan (the one `gptkit train` handed it under a launcher, else made here); rank 0 shows it"
     from gptkit.plan import handed_plan, plan_run
-    if launched:           # gloo's threads stopped before the interpreter exits, not torn down by it (a rank's SIGABRT)
-        atexit.register(leave_group)
+    # the group torn down before the interpreter exits: gloo's threads (a launched rank's SIGABRT) and NCCL's
+    # communicators (torch warns of leaked resources when a process exits with them)
+    atexit.register(leave_group)
     restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
     plan = (handed_plan(restarted=restart > 0) if launched else None) or plan_run(cfg, resume or restart > 0, world)
     if rank == 0 and restart:
