@@ -20,7 +20,7 @@ def test_the_check_script_parses_and_the_probe_runs_on_a_cpu():
     r = subprocess.run([sys.executable, str(ROOT / 'tools' / 'gpu' / 'probe.py'), '--preset', 'tiny', '--batch', '2',
                         '--new', '4', '--device', 'cpu'], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    sides = ('decode tiny batch 1, gptkit:', 'decode tiny batch 1, transformers:',
+    sides = ('host: one-element add', 'decode tiny batch 1, gptkit:', 'decode tiny batch 1, transformers:',
              'train tiny ZeRO 0', 'train tiny ZeRO 1')
     for side in sides:
         assert side in r.stdout, r.stdout

@@ -1,6 +1,7 @@
 """Where a GPU step's time goes: one training step (DeepSpeed engine, ZeRO 0 and 1) and greedy decoding (gptkit and
 transformers on the same weights), each under torch.profiler: wall time, the device's kernel time, kernel launches and
-host waits (synchronizations, copies to the host) per step or token, and the host's busiest operations.
+host waits (synchronizations, copies to the host) per step or token, and the host's busiest operations. First, what
+one call costs the host: a one-element op, the same op then a wait for its result, and a Triton kernel's launch.
 
 A step whose wall time far exceeds its kernel time is bound by the host: its launches or its waits. The figures say
 which, so the next change can be measured against them. On a CPU it runs too (no device columns), for a quick check.
@@ -46,6 +47,29 @@ def profiled(fn, repeat: int):
         sync()
         wall = time.perf_counter() - t
     return prof, wall
+
+
+def host_costs(device: str, n: int = 2000):
+    "Microseconds per call of a one-element torch op, of the op then a wait for its result, and of a Triton kernel"
+    x = torch.zeros(1, device=device)
+
+    def per_call(fn) -> float:
+        for _ in range(50):
+            fn()
+        sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
+        sync()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / n * 1e6
+    op, waited = per_call(lambda: x.add_(1)), per_call(lambda: x.add_(1).item())
+    line = f'host: one-element add {op:.1f} us, add then wait {waited:.1f} us'
+    if device == 'cuda':
+        from gptkit import kernels as K
+        b = torch.zeros(1, device=device)
+        line += f', Triton bias + GELU {per_call(lambda: K.bias_gelu(x, b)):.1f} us'
+    print(line + ' per call')
 
 
 def train_steps(preset: str, batch: int, device: str):
@@ -96,6 +120,7 @@ def main():
     ap.add_argument('--new', type=int, default=32)
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     a = ap.parse_args()
+    host_costs(a.device)
     decode(a.preset, a.new, a.device)
     train_steps(a.preset, a.batch, a.device)
 
