@@ -1,7 +1,6 @@
 """`gptkit doctor`: what this machine can do for training, checked in under a minute."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 from typing import Annotated
@@ -10,7 +9,7 @@ import typer
 
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
-from gptkit_cli.launch import leave_group
+from gptkit_cli.launch import leave_group_at_exit
 
 STYLE = {'ok': '[green]ok[/]', 'failed': '[bold red]FAILED[/]', 'skipped': '[dim]skipped[/]'}
 
@@ -35,7 +34,7 @@ def doctor(
 
     if not as_json:
         out.rule('[bold]gptkit doctor[/]')
-    atexit.register(leave_group)    # the training check's group torn down at exit (NCCL warns of leaked resources)
+    leave_group_at_exit()             # the training check's group
     with out.status('checking...') if not as_json else contextlib.nullcontext():
         checks = run(steps=steps, report=show)
     failed = [c.name for c in checks if c.status == 'failed']

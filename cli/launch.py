@@ -309,9 +309,17 @@ def run_launcher(cmd: list[str], env: dict | None = None, own_session: bool = Fa
 
 def leave_group():
     "Destroy the process group this rank joined, if it is still there (no barrier: a failed rank must not wait)"
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get('torch.distributed')       # never imported: no group (and no import while exiting)
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def leave_group_at_exit():
+    """Have the interpreter destroy the process group as it exits (once, however many commands ran in this process):
+    gloo's threads are stopped, not torn down by the exit (a rank's SIGABRT), and NCCL warns of leaked communicators.
+    Not sooner: DeepSpeed keeps the group, and a later run in the same process would find it destroyed"""
+    atexit.unregister(leave_group)
+    atexit.register(leave_group)
 
 
 def join_tp(device: str | None) -> tuple[int, str]:
@@ -320,7 +328,7 @@ def join_tp(device: str | None) -> tuple[int, str]:
 
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
-    atexit.register(leave_group)      # gloo's threads stopped before exit, not torn down by it (a rank's SIGABRT)
+    leave_group_at_exit()
     if rank != 0:
         out.quiet = err.quiet = True
     if (device or ('cuda' if torch.cuda.is_available() else 'cpu')) == 'cpu':

@@ -2,7 +2,6 @@
 that do)."""
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
@@ -29,7 +28,7 @@ from gptkit.machine import nodes_problems
 from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
-from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group, run_launcher, train_argv
+from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group_at_exit, run_launcher, train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -264,9 +263,7 @@ def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list
 def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
     "This process's RunPlan (the one `gptkit train` handed it under a launcher, else made here); rank 0 shows it"
     from gptkit.plan import handed_plan, plan_run
-    # the group torn down before the interpreter exits: gloo's threads (a launched rank's SIGABRT) and NCCL's
-    # communicators (torch warns of leaked resources when a process exits with them)
-    atexit.register(leave_group)
+    leave_group_at_exit()
     restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
     plan = (handed_plan(restarted=restart > 0) if launched else None) or plan_run(cfg, resume or restart > 0, world)
     if rank == 0 and restart:

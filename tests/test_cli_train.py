@@ -304,3 +304,13 @@ def test_a_scheduler_sigterm_lets_the_processes_save_and_gives_143(tmp_path):
     err = p.stderr.read()
     assert p.wait(timeout=60) == 143 and 'rank 0 saved' in err and 'rank 1 saved' in err, err
     assert 'Traceback' not in err and 'SignalException' not in err, err
+
+
+def test_the_process_group_is_left_at_exit_once_however_many_runs():
+    import subprocess
+    import sys
+    code = ('from gptkit_cli import launch\n'
+            'launch.leave_group = lambda: print("left")\n'
+            'for _ in range(3): launch.leave_group_at_exit()\n')
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ['left'] and not r.stderr, r.stdout + r.stderr
