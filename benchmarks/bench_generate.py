@@ -162,6 +162,8 @@ def main():
                          'on a GPU bf16')
     ap.add_argument('--device', default='cpu', choices=['cpu', 'cuda'], help='cuda: both sides on the GPU')
     a = ap.parse_args()
+    if a.device == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda: this torch sees no CUDA GPU')
     from gptkit.generate import Generator, choose_decode
     from gptkit.machine import this_cpu
     ours, hf, tok, cfg, err = models(a.preset, a.vocab)

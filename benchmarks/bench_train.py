@@ -52,6 +52,8 @@ def main():
     ap.add_argument('--glibc-defaults', action='store_true',
                     help="leave glibc's malloc as it is (gptkit train has it keep freed memory on a CPU)")
     a = ap.parse_args()
+    if a.device == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda: this torch sees no CUDA GPU')
     from gptkit.machine import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
 

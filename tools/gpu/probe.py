@@ -120,6 +120,8 @@ def main():
     ap.add_argument('--new', type=int, default=32)
     ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     a = ap.parse_args()
+    if a.device == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('--device cuda: this torch sees no CUDA GPU')
     host_costs(a.device)
     decode(a.preset, a.new, a.device)
     train_steps(a.preset, a.batch, a.device)
