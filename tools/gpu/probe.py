@@ -35,16 +35,22 @@ def summary(name: str, prof, wall: float, per: int, unit: str):
     print('   host: ' + ', '.join(f'{e.key} {e.self_cpu_time_total / per / 1e3:.2f} ms' for e in top))
 
 
+def synchronize(device: str):
+    "Wait for the device's queued work (nothing to wait for on a CPU)"
+    if device == 'cuda':
+        torch.cuda.synchronize()
+
+
 def profiled(fn, repeat: int):
     "fn run `repeat` times under the profiler: (profile, wall seconds)"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
     with profile(activities=activities) as prof:
-        sync()
+        synchronize(device)
         t = time.perf_counter()
         for _ in range(repeat):
             fn()
-        sync()
+        synchronize(device)
         wall = time.perf_counter() - t
     return prof, wall
 
@@ -56,12 +62,11 @@ def host_costs(device: str, n: int = 2000):
     def per_call(fn) -> float:
         for _ in range(50):
             fn()
-        sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
-        sync()
+        synchronize(device)
         t = time.perf_counter()
         for _ in range(n):
             fn()
-        sync()
+        synchronize(device)
         return (time.perf_counter() - t) / n * 1e6
     op, waited = per_call(lambda: x.add_(1)), per_call(lambda: x.add_(1).item())
     line = f'host: one-element add {op:.1f} us, add then wait {waited:.1f} us'
