@@ -24,7 +24,7 @@ from .batching import RunningBatch, agree
 from .checkpoint import check_device, load_model
 from .errors import ConfigError
 from .layout import Layout
-from .machine import choose_precision, measured, this_cpu
+from .machine import choose_precision, fastest_rounds, huge_copies, measured, this_cpu
 from .model import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 from .ops import apply_rotary, rms_norm, swiglu
 from .parallel import ParallelState, apply_tp
@@ -34,10 +34,10 @@ from .tensor_parallel import gather_from_tp
 
 # %% auto #0
 __all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'DECODE_DTYPES', 'packed_weight',
-           'packed_product', 'mkl_packed', 'mkl_product', 'DecodeLinear', 'head_product', 'DecodeHead', 'DecodeChoice',
-           'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode', 'StepLayer',
-           'DecodeStep', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator',
-           'reference_greedy']
+           'packed_product', 'mkl_packed', 'mkl_product', 'form_pages', 'DecodeLinear', 'head_product', 'DecodeHead',
+           'DecodeChoice', 'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode',
+           'StepLayer', 'DecodeStep', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'decode_dtype',
+           'Generator', 'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
 def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -73,19 +73,29 @@ def mkl_product(h, packed, w):
         h = torch.cat([h, h.new_zeros(MKL_ROWS - n, h.shape[1])])
     return torch.ops.mkl._mkl_linear(h.contiguous(), packed, w, None, MKL_ROWS)[:n]
 
+def form_pages(form: str) -> tuple[str, bool]:
+    "('transposed', True) for the form 'transposed huge': the kind of product, and whether its matrix is in huge pages"
+    kind, _, pages = form.partition(' ')
+    return kind, pages == 'huge'
+
 class DecodeLinear(nn.Module):
     """nn.Linear for decoding on a CPU, its weight in `form`: 'transposed' ([in, out], which a matmul of a few rows
-    reads in order) or 'packed' (`packed_weight`); the weight is read once, when it is made"""
+    reads in order), 'packed' (`packed_weight`) or 'plain' ([out, in], nn.Linear's own tensor); the weight is read
+    once, when it is made"""
     def __init__(self, linear: nn.Linear, form: str = 'transposed'):
         super().__init__()
-        self.bias, self.weight_t, self.packed = linear.bias, None, None
+        self.bias, self.weight, self.weight_t, self.packed = linear.bias, None, None, None
         if form == 'packed':
             self.packed = packed_weight(linear.weight)        # an opaque oneDNN tensor: kept out of state_dict
-        if self.packed is None:                               # (a cached choice this PyTorch cannot pack: transposed)
+        elif form == 'plain':
+            self.weight = linear.weight
+        if self.packed is None and self.weight is None:       # (a cached choice this PyTorch cannot pack: transposed)
             self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
     def forward(self, x):
         if self.packed is not None:
             return packed_product(x, self.packed, self.bias)
+        if self.weight is not None:
+            return F.linear(x, self.weight, self.bias)
         y = x.reshape(-1, x.shape[-1])
         y = y @ self.weight_t if self.bias is None else torch.addmm(self.bias, y, self.weight_t)
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -107,17 +117,19 @@ def head_product(form: str, h, rows, rows_t=None, packed=None, mkl=None):
 
 class DecodeHead(nn.Module):
     """The output layer for decoding on a CPU: the product in `forms[0]` for one row, `forms[1]` for more (see
-    `head_product`); the transposed or packed copy is made only when a form uses it"""
+    `head_product`; ' huge' after a form is `decode_layout`'s to place); the transposed or packed copy is made only
+    when a form uses it"""
     def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows')):
         super().__init__()
         self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
         self.rows, self.weight_t = weight[:head.vocab], None
+        forms = tuple(form_pages(f)[0] for f in forms)
         self.packed = packed_weight(self.rows) if 'packed' in forms else None
         self.mkl = mkl_packed(self.rows) if 'mkl8' in forms else None           # never copied: MKL's copy stays put
         for form, made in (('packed', self.packed), ('mkl8', self.mkl)):
             if made is None:                      # (a cached choice this PyTorch cannot make: F.linear instead)
                 forms = tuple('plain' if f == form else f for f in forms)
-        self.forms = tuple(forms)
+        self.forms = forms
         if 'transposed' in self.forms:
             self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
     def forward(self, x, weight=None):
@@ -129,28 +141,44 @@ class DecodeHead(nn.Module):
 class DecodeChoice:
     "How a CPU decodes: the dtype, the form of every nn.Linear, the output layer's form for one row and for more"
     dtype: str = 'fp32'
-    linear: str = 'transposed'                  # 'plain' (nn.Linear as it is), 'transposed' or 'packed'
+    linear: str = 'transposed'     # 'plain' (nn.Linear as it is), 'transposed' or 'packed'; ' huge': in huge pages
     head: tuple = ('transposed', 'rows')
     why: str = ''
 
 def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
-    "A copy of `model` for decoding as `choice` says: the same embeddings and norms; the linears and head in its forms"
+    """A copy of `model` for decoding as `choice` says: the same embeddings and norms; the linears and head in its
+    forms, the matrices of the forms marked ' huge' together in huge pages (`huge_copies`)"""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     shared.update({id(g): g for m in model.modules() if (g := getattr(m, 'group', None)) is not None})  # TP groups
     net = copy.deepcopy(model, shared)                  # no tensor is copied here
+    linear, huge = form_pages(choice.linear)
     for m in list(net.modules()) if choice.linear != 'plain' else ():
         for name, child in list(m.named_children()):
             if type(child) is nn.Linear:
-                setattr(m, name, DecodeLinear(child, choice.linear))
+                setattr(m, name, DecodeLinear(child, linear))
+    slots = [(m, 'weight_t' if m.weight is None else 'weight') for m in net.modules()
+             if huge and type(m) is DecodeLinear and m.packed is None]
     if type(net.head) is OutputLayer and net.wte is not None:
         net.head = DecodeHead(net.head, net.output_weight(), choice.head)
+        heads = [form_pages(f) for f in choice.head]
+        slots += [(net.head, 'weight_t')] * any(huge for kind, huge in heads if kind == 'transposed')
+        slots += [(net.head, 'rows')] * any(huge for kind, huge in heads if kind in ('plain', 'rows'))
+    _into_huge_pages(slots)
     return net.eval()
+
+def _into_huge_pages(slots: list[tuple[nn.Module, str]]):
+    "Each tensor `getattr(module, name)` of `slots` replaced by its copy in one huge-page region (where there is one)"
+    slots = [(m, name) for m, name in slots if getattr(m, name) is not None]
+    for (m, name), t in zip(slots, huge_copies([getattr(m, name).detach() for m, name in slots]) or []):
+        setattr(m, name, nn.Parameter(t, requires_grad=False) if isinstance(getattr(m, name), nn.Parameter) else t)
 
 # %% ../nbs/14c_generate.ipynb #99016f26
 DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer
 DECODE_ROWS = (1, 8)
-DECODE_FORMS = {'linear': ('plain', 'transposed', 'packed'), 'head': ('plain', 'transposed', 'rows', 'packed', 'mkl8')}
-DECODE_OPTIONAL = ('packed', 'mkl8')     # forms with kernels only on some CPUs and builds: measured where they run
+DECODE_FORMS = {'linear': ('plain', 'transposed', 'packed', 'plain huge', 'transposed huge'),
+                'head': ('plain', 'transposed', 'rows', 'packed', 'mkl8', 'plain huge', 'transposed huge', 'rows huge')}
+# forms with kernels only on some CPUs and builds, or huge pages only on some OSes: measured where they run
+DECODE_OPTIONAL = ('packed', 'mkl8', 'plain huge', 'transposed huge', 'rows huge')
 
 def decode_shapes(model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     "([out, in] of each nn.Linear in order, up to `DECODE_BYTES` in fp32), [vocab, hidden] of the output layer, capped"
@@ -162,51 +190,71 @@ def decode_shapes(model) -> tuple[list[tuple[int, int]], tuple[int, int]]:
     vocab, hidden = model.cfg.vocab, model.cfg.hidden
     return linears, (max(1, min(vocab, DECODE_BYTES // (4 * hidden))), hidden)
 
-def _timed(fn, rounds: int = 3) -> float:
+def _seconds(fn) -> float:
+    start = time.perf_counter()
     fn()
-    best = float('inf')
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return time.perf_counter() - start
+
+def _alternating(runs: dict, rounds: int = 3) -> dict[str, float]:
+    "Fastest seconds of each function in `runs` ({name: function}) after a warm-up each, rounds alternating"
+    return fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds, float('inf'))
 
 def _linear_pass(form: str, ws: list, n: int, rand):
-    "One pass of `n` rows through the matrices `ws` [out, in] in `form`, as a function; None where `form` has no kernel"
-    if form == 'packed':
+    "One pass of `n` rows through the matrices `ws` [out, in] in `form`, as a function; None where `form` cannot run"
+    kind, huge = form_pages(form)
+    if kind == 'packed':
         mats = [packed_weight(w) for w in ws]
         if any(p is None for p in mats):
             return None
     else:
-        mats = ws if form == 'plain' else [w.t().contiguous() for w in ws]
+        mats = ws if kind == 'plain' else [w.t().contiguous() for w in ws]
+        mats = huge_copies(mats) if huge else mats
+        if mats is None:
+            return None
     pairs = [(rand(n, w.shape[1]).to(w.dtype), p) for w, p in zip(ws, mats)]
-    if form == 'packed':
+    if kind == 'packed':
         return lambda: [packed_product(x, p) for x, p in pairs]
-    if form == 'plain':
+    if kind == 'plain':
         return lambda: [torch.nn.functional.linear(x, w) for x, w in pairs]
     return lambda: [x @ w for x, w in pairs]
 
+def _head_runs(forms, n: int, rows, rows_t, rand, packed=None, mkl=None) -> dict:
+    "{form: the output layer's product at `n` rows in that form} over the matrices given"
+    h = rand(n, rows.shape[1]).to(rows.dtype)
+    kinds = {form: form_pages(form)[0] for form in forms}
+    return {form: functools.partial(head_product, kind, h, rows, rows_t, packed, mkl) for form, kind in kinds.items()}
+
 def measure_decode(linears, head) -> dict[str, float]:
     """Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory;
-    a form this PyTorch or CPU has no kernel for (oneDNN's packed bf16 without AVX-512, MKL's in bf16) is left out"""
+    each form timed in rounds alternating with the same form in huge pages. A form this PyTorch, CPU or OS cannot
+    run (oneDNN's packed bf16 without AVX-512, MKL's in bf16, huge pages where THP is off) is left out"""
     out, g = {}, torch.Generator().manual_seed(0)     # not the global generator: sampling's seeds stay as they were
     rand = lambda *shape: torch.rand(*shape, generator=g)
+    kinds = lambda part: dict.fromkeys(form_pages(f)[0] for f in DECODE_FORMS[part])
     for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
         ws = [rand(o, i).to(dtype) for o, i in linears]
-        for form in DECODE_FORMS['linear']:
+        for kind in kinds('linear'):
             for n in DECODE_ROWS:
-                run = _linear_pass(form, ws, n, rand)
-                if run is not None:
-                    out[f'{name} linear {form} {n}'] = _timed(run) if ws else 1e-9
+                runs = {f: _linear_pass(f, ws, n, rand) for f in DECODE_FORMS['linear'] if form_pages(f)[0] == kind}
+                runs = {f: run for f, run in runs.items() if run is not None}
+                seconds = _alternating(runs) if ws else dict.fromkeys(runs, 1e-9)
+                out.update({f'{name} linear {f} {n}': s for f, s in seconds.items()})
         del ws
         rows = rand(*head).to(dtype)
-        rows_t, packed, mkl = rows.t().contiguous(), packed_weight(rows), mkl_packed(rows)
-        made = {'packed': packed, 'mkl8': mkl}
-        for n in DECODE_ROWS:
-            h = rand(n, head[1]).to(dtype)
-            for form in DECODE_FORMS['head']:
-                if form not in made or made[form] is not None:
-                    out[f'{name} head {form} {n}'] = _timed(lambda: head_product(form, h, rows, rows_t, packed, mkl))
+        rows_t = rows.t().contiguous()
+        packed, mkl = packed_weight(rows), mkl_packed(rows)
+        made = [f for f, m in (('packed', packed), ('mkl8', mkl)) if m is not None]
+        for n in DECODE_ROWS:                         # the packed forms first, then let go
+            seconds = _alternating(_head_runs(made, n, rows, rows_t, rand, packed, mkl))
+            out.update({f'{name} head {f} {n}': s for f, s in seconds.items()})
+        del packed, mkl
+        huge = huge_copies([rows, rows_t]) or (None, None)     # where the OS gives huge pages
+        for kind in (k for k in kinds('head') if k not in ('packed', 'mkl8')):
+            for n in DECODE_ROWS:
+                runs = _head_runs([kind], n, rows, rows_t, rand)
+                if huge[0] is not None:
+                    runs.update(_head_runs([f'{kind} huge'], n, *huge, rand))
+                out.update({f'{name} head {f} {n}': s for f, s in _alternating(runs).items()})
     return out
 
 # %% ../nbs/14c_generate.ipynb #de358028
@@ -230,8 +278,10 @@ def decode_choice(seconds: dict, dtypes=('fp32', 'bf16'), cached: bool = False) 
     lin, heads, step = best[dtype]
     said = ', '.join(f'batch {n} {s * 1e3:.2f} ms' for n, s in step.items())
     vs = '' if len(dtypes) == 1 else f' ({total["fp32"] / total["bf16"]:.2f}x as fast in bf16 as in fp32)'
-    why = (f'decoding in {dtype}{vs}: linears {lin}, output layer {heads[0]} at one row and {heads[1]} at more; the '
-           f'matrix products of a step took {said} ({"cached" if cached else "measured now"}, {this_cpu().name})')
+    pages = lambda form: form.replace(' huge', ' in huge pages')
+    how = f'{"cached" if cached else "measured now"}, {this_cpu().name}'
+    why = (f'decoding in {dtype}{vs}: linears {pages(lin)}, output layer {pages(heads[0])} at one row and '
+           f'{pages(heads[1])} at more; the matrix products of a step took {said} ({how})')
     return DecodeChoice(dtype, lin, heads, why)
 
 def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
@@ -261,6 +311,8 @@ def _linear_function(m):
         return m
     if m.packed is not None:
         return functools.partial(packed_product, packed=m.packed, bias=m.bias)
+    if m.weight is not None:
+        return functools.partial(F.linear, weight=m.weight, bias=m.bias)
     if m.bias is None:
         return functools.partial(torch.matmul, other=m.weight_t)
     return functools.partial(torch.addmm, m.bias, mat2=m.weight_t)

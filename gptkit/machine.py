@@ -8,9 +8,11 @@ import fcntl
 import hashlib
 import json
 import logging
+import mmap
 import os
 import platform
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -24,12 +26,13 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'BF16_GAIN',
-           'ATTENTION_GAIN', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'CPU',
-           'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds', 'fastest_rounds',
-           'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'measured', 'choose_precision',
-           'training_products', 'attention_shapes', 'attention_seconds', 'choose_attention', 'PrecisionChoice',
-           'precision_reason', 'auto_precision', 'attention_reason', 'auto_attention', 'nodes_problems',
-           'settle_precision', 'keep_freed_memory']
+           'ATTENTION_GAIN', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'HUGE_PAGE',
+           'THP_SETTING', 'CPU', 'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped',
+           'product_seconds', 'fastest_rounds', 'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads',
+           'measured', 'choose_precision', 'training_products', 'attention_shapes', 'attention_seconds',
+           'choose_attention', 'PrecisionChoice', 'precision_reason', 'auto_precision', 'attention_reason',
+           'auto_attention', 'nodes_problems', 'settle_precision', 'keep_freed_memory', 'huge_pages_allowed',
+           'huge_copies']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -375,3 +378,36 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+# %% ../nbs/10a_machine.ipynb #d06e898d
+HUGE_PAGE = 2 * 2**20                  # bytes of one transparent huge page (x86-64 and most Arm kernels)
+THP_SETTING = Path('/sys/kernel/mm/transparent_hugepage/enabled')
+
+def huge_pages_allowed() -> bool:
+    """Whether this OS gives a process transparent huge pages where it asks for them (Linux, THP 'always' or
+    'madvise', not 'never')"""
+    if not sys.platform.startswith('linux') or not hasattr(mmap, 'MADV_HUGEPAGE'):
+        return False
+    try:
+        return '[never]' not in THP_SETTING.read_text()
+    except OSError:
+        return False
+
+def huge_copies(ts: list) -> list | None:
+    """Contiguous copies of the tensors `ts` in one region of memory aligned to `HUGE_PAGE` and advised for
+    transparent huge pages (each on a 4 KiB boundary), as PyTorch's allocator places a large tensor under
+    THP_MEM_ALLOC_ENABLE=1, but small matrices share the pages too; None where the OS gives none, or the tensors
+    fill less than one huge page"""
+    sizes = [-(-t.numel() * t.element_size() // 4096) * 4096 for t in ts]
+    if sum(sizes) < HUGE_PAGE or not huge_pages_allowed():
+        return None
+    import torch
+    memory = mmap.mmap(-1, -(-sum(sizes) // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE,
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)        # private: shared memory has its own THP rule
+    memory.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(memory, dtype=torch.uint8)                     # the tensors hold `memory` while they live
+    start, out = -raw.data_ptr() % HUGE_PAGE, []
+    for t, size in zip(ts, sizes):
+        out.append(raw[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t))
+        start += size
+    return out

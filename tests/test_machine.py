@@ -12,8 +12,8 @@ import gptkit.machine as machine
 from gptkit.config import ModelConfig
 from gptkit.generate import (DECODE_FORMS, MKL_ROWS, DecodeChoice, Generator, decode_choice, decode_layout,
                              measure_decode, mkl_packed, packed_weight)
-from gptkit.machine import (BF16_GAIN, CPU, Measured, choose_precision, measured, parse_cpuinfo, precision_reason,
-                            settle_precision, this_cpu)
+from gptkit.machine import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
+                            measured, parse_cpuinfo, precision_reason, settle_precision, this_cpu)
 from gptkit.model import GPT
 from gptkit.plan import RunPlan, plan_run, run_config
 from gptkit.runconfig import resolve
@@ -229,16 +229,19 @@ SIDES = {
 }
 
 
-def decode_seconds(bf16: float = 1.0, packed: float | None = None, mkl8: float | None = None) -> dict:
-    "Decode forms measured: bf16 at `bf16` x fp32's time; the packed forms at `packed`, `mkl8` x (None: no kernel)"
+def decode_seconds(bf16: float = 1.0, packed: float | None = None, mkl8: float | None = None,
+                   huge: float | None = None) -> dict:
+    """Decode forms measured: bf16 at `bf16` x fp32's time; the packed forms at `packed`, `mkl8` x, the forms in huge
+    pages at `huge` x their own form's (None: no kernel, or no huge pages)"""
     out, optional = {}, {'packed': packed, 'mkl8': mkl8}
     for d in ('fp32', 'bf16'):
         for part, forms in DECODE_FORMS.items():
             for f in forms:
+                kind, pages = f.split()[0], f.endswith(' huge')
+                if (kind in optional and optional[kind] is None) or (pages and huge is None):
+                    continue
                 for n in (1, 8):
-                    if f in optional and optional[f] is None:
-                        continue
-                    scale = (0.5 if f == 'rows' and n == 8 else 1) * optional.get(f, 1)
+                    scale = (0.5 if kind == 'rows' and n == 8 else 1) * optional.get(kind, 1) * (huge if pages else 1)
                     out[f'{d} {part} {f} {n}'] = (bf16 if d == 'bf16' else 1.0) * scale
     return out
 
@@ -370,6 +373,118 @@ def test_the_decode_decision_on_both_sides():
     assert decode_choice(decode_seconds(bf16=1 / BF16_GAIN)).dtype == 'bf16'
     assert decode_choice(decode_seconds(bf16=1 / (BF16_GAIN - 0.05))).dtype == 'fp32'
     assert decode_choice(decode_seconds(bf16=0.1), ('fp32',)).dtype == 'fp32'
+
+
+# Huge pages: the decode matrices in memory advised for transparent huge pages, where the OS gives them
+
+HUGE = huge_pages_allowed()          # Linux with THP 'always' or 'madvise'; the other side by a THP setting of 'never'
+
+
+def huge_kib(address: int) -> int:
+    "KiB of transparent huge pages backing the mapping of this process that holds `address` (/proc/self/smaps)"
+    mapping = None
+    for line in Path('/proc/self/smaps').read_text().splitlines():
+        head = line.split()[0]
+        if '-' in head and ':' not in head:
+            low, high = (int(v, 16) for v in head.split('-'))
+            mapping = low <= address < high
+        elif mapping and line.startswith('AnonHugePages:'):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.fixture
+def thp_never(tmp_path, monkeypatch):
+    "This process on an OS whose transparent huge pages are off"
+    setting = tmp_path / 'enabled'
+    setting.write_text('always madvise [never]\n')
+    monkeypatch.setattr(machine, 'THP_SETTING', setting)
+
+
+def huge_model():
+    "A model whose decode matrices fill more than a huge page (the head 4 MiB, the linears 3 MiB in fp32)"
+    torch.manual_seed(0)
+    return GPT(ModelConfig(layers=4, hidden=128, heads=4, seq_len=32, vocab=8192, dropout=0.0)).eval()
+
+
+@pytest.mark.skipif(not HUGE, reason='this OS gives no transparent huge pages: the other side is tested with a setting')
+def test_huge_copies_are_one_aligned_region_the_kernel_backs_with_huge_pages():
+    ts = [torch.randn(1000, 384), torch.randn(7, 3), torch.randn(1024, 300).to(torch.bfloat16).t()]
+    copies = huge_copies(ts)
+    assert all(torch.equal(c, t) and c.is_contiguous() and c.dtype == t.dtype for c, t in zip(copies, ts))
+    ptrs = [c.data_ptr() for c in copies]
+    assert ptrs[0] % HUGE_PAGE == 0                                # one region, each matrix on the next 4 KiB
+    assert [p - ptrs[0] for p in ptrs] == [0, 1000 * 384 * 4, 1000 * 384 * 4 + 4096]
+    assert huge_kib(ptrs[0]) >= HUGE_PAGE // 1024
+    assert huge_copies([torch.randn(8, 8)]) is None              # less than a huge page: ordinary memory
+
+
+def test_without_huge_pages_nothing_is_copied_measured_or_chosen(thp_never, tmp_path, monkeypatch):
+    assert not huge_pages_allowed() and huge_copies([torch.randn(1024, 1024)]) is None
+    seconds = measure_decode([(512, 1024)], (1024, 512))                     # 2 MiB each in fp32
+    assert seconds and not any(k.endswith(' huge 1') for k in seconds)
+    assert 'fp32 head transposed 1' in seconds
+    assert 'huge' not in decode_choice(seconds).linear + ' '.join(decode_choice(seconds).head)
+    monkeypatch.setattr(machine, 'THP_SETTING', tmp_path / 'missing')      # a kernel without THP: no such file
+    assert not huge_pages_allowed()
+    m = huge_model()                                      # a cached huge choice here: the layout in ordinary memory
+    net = decode_layout(m, DecodeChoice('fp32', 'transposed huge', ('transposed huge', 'rows huge')))
+    ids = torch.randint(0, 8192, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), m(ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not HUGE, reason='this OS gives no transparent huge pages: the other side is tested with a setting')
+def test_the_huge_forms_are_measured_beside_their_own_form():
+    seconds = measure_decode([(1024, 1024)], (2048, 512))                    # 2 MiB each in bf16
+    for d in ('fp32', 'bf16'):
+        for part, form in (('linear', 'plain'), ('linear', 'transposed'), ('head', 'transposed'), ('head', 'rows')):
+            assert f'{d} {part} {form} huge 1' in seconds and f'{d} {part} {form} huge 8' in seconds
+    assert not any(k.startswith(('fp32 linear packed huge', 'fp32 head mkl8 huge')) for k in seconds)
+    tiny = measure_decode([(16, 8)], (32, 8))                                  # under one huge page: not measured
+    assert tiny and not any(' huge ' in k for k in tiny)
+
+
+def test_the_huge_forms_are_chosen_by_their_figures():
+    assert decode_choice(decode_seconds(huge=1.0)).linear == 'plain'              # a tie: ordinary memory
+    c = decode_choice(decode_seconds(huge=0.8))
+    assert (c.linear, c.head) == ('plain huge', ('plain huge', 'rows huge'))
+    assert 'linears plain in huge pages' in c.why
+    assert decode_choice(decode_seconds(huge=1.2)).head == ('plain', 'rows')
+    assert decode_choice(decode_seconds(huge=0.8, mkl8=0.1)).head == ('mkl8', 'mkl8')
+
+
+@pytest.mark.skipif(not HUGE, reason='this OS gives no transparent huge pages: the other side is tested with a setting')
+@pytest.mark.parametrize('choice', [DecodeChoice('fp32', 'transposed huge', ('transposed huge', 'rows huge')),
+                                    DecodeChoice('fp32', 'plain huge', ('plain huge', 'mkl8')),
+                                    DecodeChoice('fp32', 'transposed', ('rows huge', 'transposed'))])
+def test_a_layout_in_huge_pages_gives_the_models_logits_and_greedy_tokens(choice):
+    m = huge_model()
+    net = decode_layout(m, choice)
+    ids = torch.randint(0, 8192, (3, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), m(ids), rtol=1e-5, atol=1e-5)
+        for rows in (1, 3, 8, 11):
+            h = torch.randn(rows, 128)
+            torch.testing.assert_close(net.head(h), m.logits(h), rtol=1e-5, atol=1e-5)
+    linears = [x.weight if x.weight is not None else x.weight_t for x in net.modules() if type(x).__name__ == 'DecodeLinear']
+    head = [t for t, form in ((net.head.weight_t, 'transposed'), (net.head.rows, 'rows')) if f'{form} huge' in choice.head]
+    head += [net.head.rows] * ('plain huge' in choice.head)
+    placed = (linears if choice.linear.endswith(' huge') else []) + head
+    ptrs = sorted(t.data_ptr() for t in placed)
+    span = sum(t.numel() * t.element_size() + 4096 for t in placed)
+    assert ptrs and ptrs[0] % HUGE_PAGE == 0 and huge_kib(ptrs[0]) > 0             # one region, in huge pages
+    assert ptrs[-1] - ptrs[0] < span
+    others = [t for t in linears + [net.head.rows, net.head.weight_t] if t is not None and all(t is not p for p in placed)]
+    assert not any(ptrs[0] <= t.data_ptr() < ptrs[0] + span for t in others)       # the rest: where they were
+    assert net.wte.weight is m.wte.weight                                            # the embeddings: not copied
+    tok = type('Tok', (), {'eod': 8191, 'encode': lambda self, t: [1, 2, 3],
+                           'decode': lambda self, ids: 'x' * len(ids)})()
+    from gptkit.generate import reference_greedy
+    from gptkit.sampling import Sampling
+    gen = Generator(m, tok, choice)
+    got = gen.complete(['p'], Sampling(max_new_tokens=8, greedy=True, stop_at_eod=False))[0].tokens
+    assert got == reference_greedy(m, [1, 2, 3], 8)
 
 
 def test_generate_refuses_an_unknown_dtype_in_one_sentence(tiny_checkpoint):
