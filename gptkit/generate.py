@@ -24,7 +24,7 @@ from .batching import RunningBatch, agree
 from .checkpoint import check_device, load_model
 from .errors import ConfigError
 from .layout import Layout
-from .machine import choose_precision, fastest_rounds, huge_copies, measured, this_cpu
+from .machine import MEASURE_SECONDS, choose_precision, fastest_rounds, huge_copies, measured, this_cpu
 from .model import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 from .ops import apply_rotary, rms_norm, swiglu
 from .parallel import ParallelState, apply_tp
@@ -33,11 +33,11 @@ from .store import CheckpointError
 from .tensor_parallel import gather_from_tp
 
 # %% auto #0
-__all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'DECODE_DTYPES', 'packed_weight',
-           'packed_product', 'mkl_packed', 'mkl_product', 'form_pages', 'DecodeLinear', 'head_product', 'DecodeHead',
-           'DecodeChoice', 'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice', 'choose_decode',
-           'StepLayer', 'DecodeStep', 'Completion', 'GatheredLogits', 'tensor_parallel_part', 'decode_dtype',
-           'Generator', 'reference_greedy']
+__all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_ROUNDS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'DECODE_DTYPES',
+           'packed_weight', 'packed_product', 'mkl_packed', 'mkl_product', 'form_pages', 'DecodeLinear', 'head_product',
+           'DecodeHead', 'DecodeChoice', 'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice',
+           'choose_decode', 'StepLayer', 'DecodeStep', 'Completion', 'GatheredLogits', 'tensor_parallel_part',
+           'decode_dtype', 'Generator', 'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
 def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -175,6 +175,7 @@ def _into_huge_pages(slots: list[tuple[nn.Module, str]]):
 # %% ../nbs/14c_generate.ipynb #99016f26
 DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer
 DECODE_ROWS = (1, 8)
+DECODE_ROUNDS = 5        # timed rounds of each form, alternating with its twin in huge pages
 DECODE_FORMS = {'linear': ('plain', 'transposed', 'packed', 'plain huge', 'transposed huge'),
                 'head': ('plain', 'transposed', 'rows', 'packed', 'mkl8', 'plain huge', 'transposed huge', 'rows huge')}
 # forms with kernels only on some CPUs and builds, or huge pages only on some OSes: measured where they run
@@ -195,9 +196,10 @@ def _seconds(fn) -> float:
     fn()
     return time.perf_counter() - start
 
-def _alternating(runs: dict, rounds: int = 3) -> dict[str, float]:
-    "Fastest seconds of each function in `runs` ({name: function}) after a warm-up each, rounds alternating"
-    return fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds, float('inf'))
+def _alternating(runs: dict, rounds: int = DECODE_ROUNDS) -> dict[str, float]:
+    """Fastest seconds of each function in `runs` ({name: function}) after a warm-up each, rounds alternating (until
+    `MEASURE_SECONDS` have passed, one round at least)"""
+    return fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds, MEASURE_SECONDS)
 
 def _linear_pass(form: str, ws: list, n: int, rand):
     "One pass of `n` rows through the matrices `ws` [out, in] in `form`, as a function; None where `form` cannot run"
@@ -259,10 +261,14 @@ def measure_decode(linears, head) -> dict[str, float]:
 
 # %% ../nbs/14c_generate.ipynb #de358028
 def _best(seconds: dict, dtype: str) -> tuple[str, tuple, dict]:
-    "(linear form, head forms, {rows: seconds of a step}) with the least time in `dtype`, among the forms measured"
+    """(linear form, head forms, {rows: seconds of a step}) in `dtype`, among the forms measured: the head's fastest
+    form at each row count; the linears' one form whose times, each over the fastest at its row count, sum least (one
+    row and eight count alike, though eight take longer)"""
     timed = lambda part, n: [f for f in DECODE_FORMS[part] if f'{dtype} {part} {f} {n}' in seconds]
-    lin = min([f for f in timed('linear', 1) if f in timed('linear', DECODE_ROWS[-1])],
-              key=lambda f: sum(seconds[f'{dtype} linear {f} {n}'] for n in DECODE_ROWS))
+    forms = [f for f in timed('linear', 1) if f in timed('linear', DECODE_ROWS[-1])]
+    linear = lambda f, n: seconds[f'{dtype} linear {f} {n}']
+    fastest = {n: min(linear(f, n) for f in forms) for n in DECODE_ROWS}
+    lin = min(forms, key=lambda f: sum(linear(f, n) / fastest[n] for n in DECODE_ROWS))
     heads = tuple(min(timed('head', n), key=lambda f: seconds[f'{dtype} head {f} {n}']) for n in DECODE_ROWS)
     step = {n: seconds[f'{dtype} linear {lin} {n}'] + seconds[f'{dtype} head {h} {n}']
             for n, h in zip(DECODE_ROWS, heads)}
@@ -290,7 +296,8 @@ def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
     linears, head = decode_shapes(model)
     keys = [f'{d} {p} {f} {n}' for d in ('fp32', 'bf16') for p, forms in DECODE_FORMS.items()
             for f in forms if f not in DECODE_OPTIONAL for n in DECODE_ROWS]      # the others: where they run
-    kind = 'decode ' + ' '.join(f for forms in DECODE_FORMS.values() for f in forms)   # new forms: measured anew
+    forms = ' '.join(f for forms in DECODE_FORMS.values() for f in forms)
+    kind = f'decode {DECODE_ROUNDS} rounds, huge pages alternating: ' + forms    # new forms or method: measured anew
     m = measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
                  lambda shapes: measure_decode(linears, head), keys=keys)
     return decode_choice(m.seconds, dtypes, m.cached)
