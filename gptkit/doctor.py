@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from . import ops as M
 from .engine import build_engine, free_port, init_distributed
 from .estimate import flops_per_iteration
-from .machine import settle_precision, this_cpu
+from .machine import huge_pages_allowed, huge_pages_setting, settle_precision, this_cpu
 from .model import GPT
 from .runconfig import resolve
 from .train import peak_flops
 
 # %% auto #0
-__all__ = ['PACKAGES', 'Check', 'versions', 'device_checks', 'kernel_checks', 'train_check', 'allreduce_bandwidth',
-           'allreduce_check', 'doctor']
+__all__ = ['PACKAGES', 'Check', 'versions', 'huge_pages_check', 'device_checks', 'kernel_checks', 'train_check',
+           'allreduce_bandwidth', 'allreduce_check', 'doctor']
 
 # %% ../nbs/18_doctor.ipynb #66561694
 @dataclass(frozen=True)
@@ -64,11 +64,20 @@ def _not_installed(package: str) -> Check:
     return Check(package, 'skipped' if optional else 'failed', 'not installed')
 
 # %% ../nbs/18_doctor.ipynb #cef1a8ff
+def huge_pages_check() -> Check:
+    "Whether the OS gives transparent huge pages, where generation on a CPU may place its matrices (chapter 14c)"
+    setting = huge_pages_setting()
+    if huge_pages_allowed():
+        return Check('huge pages', 'ok', f'transparent huge pages: {setting}; generation places its matrices in them '
+                                         'where it measures them faster')
+    said = f'transparent huge pages: {setting}' if setting else 'no transparent huge pages on this OS'
+    return Check('huge pages', 'skipped', f'{said}; generation keeps its matrices in ordinary pages')
+
 def device_checks() -> list[Check]:
     "What torch sees: the CUDA it was built for, each GPU, NCCL, bf16, and whether Triton can reach a GPU"
     if not torch.cuda.is_available():
         built = torch.version.cuda or 'none (a CPU build)'
-        return [Check('cpu', 'ok', this_cpu().summary().removeprefix('CPU ')),
+        return [Check('cpu', 'ok', this_cpu().summary().removeprefix('CPU ')), huge_pages_check(),
                 Check('cuda', 'skipped', f'no GPU visible; torch built for CUDA {built}'),
                 Check('nccl', 'skipped', 'no GPU: multi-process runs use gloo'),
                 Check('triton gpu', 'skipped', "no GPU: the kernels run only in Triton's interpreter here")]

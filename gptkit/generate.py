@@ -33,11 +33,11 @@ from .store import CheckpointError
 from .tensor_parallel import gather_from_tp
 
 # %% auto #0
-__all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_ROUNDS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'DECODE_DTYPES',
-           'packed_weight', 'packed_product', 'mkl_packed', 'mkl_product', 'form_pages', 'DecodeLinear', 'head_product',
-           'DecodeHead', 'DecodeChoice', 'decode_layout', 'decode_shapes', 'measure_decode', 'decode_choice',
-           'choose_decode', 'StepLayer', 'DecodeStep', 'Completion', 'GatheredLogits', 'tensor_parallel_part',
-           'decode_dtype', 'Generator', 'reference_greedy']
+__all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_ROUNDS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'HUGE_CREDIT',
+           'DECODE_DTYPES', 'packed_weight', 'packed_product', 'mkl_packed', 'mkl_product', 'form_pages',
+           'DecodeLinear', 'head_product', 'DecodeHead', 'DecodeChoice', 'decode_layout', 'decode_shapes',
+           'measure_decode', 'decode_choice', 'choose_decode', 'StepLayer', 'DecodeStep', 'Completion',
+           'GatheredLogits', 'tensor_parallel_part', 'decode_dtype', 'Generator', 'reference_greedy']
 
 # %% ../nbs/14c_generate.ipynb #d1a0c002
 def packed_weight(w: torch.Tensor) -> torch.Tensor | None:
@@ -260,16 +260,19 @@ def measure_decode(linears, head) -> dict[str, float]:
     return out
 
 # %% ../nbs/14c_generate.ipynb #de358028
+HUGE_CREDIT = 1.05    # a form in huge pages is taken when measured at most 5% slower than the fastest other
+
 def _best(seconds: dict, dtype: str) -> tuple[str, tuple, dict]:
     """(linear form, head forms, {rows: seconds of a step}) in `dtype`, among the forms measured: the head's fastest
     form at each row count; the linears' one form whose times, each over the fastest at its row count, sum least (one
-    row and eight count alike, though eight take longer)"""
+    row and eight count alike, though eight take longer). A form in huge pages counts as `HUGE_CREDIT` x faster than
+    measured: timed alone its matrices keep their TLB entries, which in a decode step the rest of the model evicts"""
     timed = lambda part, n: [f for f in DECODE_FORMS[part] if f'{dtype} {part} {f} {n}' in seconds]
+    credited = lambda part, f, n: seconds[f'{dtype} {part} {f} {n}'] / (HUGE_CREDIT if form_pages(f)[1] else 1)
     forms = [f for f in timed('linear', 1) if f in timed('linear', DECODE_ROWS[-1])]
-    linear = lambda f, n: seconds[f'{dtype} linear {f} {n}']
-    fastest = {n: min(linear(f, n) for f in forms) for n in DECODE_ROWS}
-    lin = min(forms, key=lambda f: sum(linear(f, n) / fastest[n] for n in DECODE_ROWS))
-    heads = tuple(min(timed('head', n), key=lambda f: seconds[f'{dtype} head {f} {n}']) for n in DECODE_ROWS)
+    fastest = {n: min(credited('linear', f, n) for f in forms) for n in DECODE_ROWS}
+    lin = min(forms, key=lambda f: sum(credited('linear', f, n) / fastest[n] for n in DECODE_ROWS))
+    heads = tuple(min(timed('head', n), key=lambda f: credited('head', f, n)) for n in DECODE_ROWS)
     step = {n: seconds[f'{dtype} linear {lin} {n}'] + seconds[f'{dtype} head {h} {n}']
             for n, h in zip(DECODE_ROWS, heads)}
     return lin, heads, step

@@ -31,12 +31,12 @@ __all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS',
            'product_seconds', 'fastest_rounds', 'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads',
            'measured', 'choose_precision', 'training_products', 'attention_shapes', 'attention_seconds',
            'choose_attention', 'PrecisionChoice', 'precision_reason', 'auto_precision', 'attention_reason',
-           'auto_attention', 'nodes_problems', 'settle_precision', 'keep_freed_memory', 'huge_pages_allowed',
-           'huge_copies']
+           'auto_attention', 'nodes_problems', 'settle_precision', 'keep_freed_memory', 'huge_pages_setting',
+           'huge_pages_allowed', 'huge_copies']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
-ISA_ENV = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY')   # settings that limit the kernels
+ISA_ENV = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'ATEN_CPU_CAPABILITY', 'MKL_ENABLE_INSTRUCTIONS')  # kernel limits
 
 @dataclass(frozen=True)
 class CPU:
@@ -383,15 +383,20 @@ def keep_freed_memory() -> bool:
 HUGE_PAGE = 2 * 2**20                  # bytes of one transparent huge page (x86-64 and most Arm kernels)
 THP_SETTING = Path('/sys/kernel/mm/transparent_hugepage/enabled')
 
+def huge_pages_setting() -> str | None:
+    "The kernel's transparent huge pages setting ('always', 'madvise' or 'never'); None where there is none to read"
+    try:
+        text = THP_SETTING.read_text()
+    except OSError:
+        return None
+    chosen = [word[1:-1] for word in text.split() if word.startswith('[') and word.endswith(']')]
+    return chosen[0] if chosen else None
+
 def huge_pages_allowed() -> bool:
     """Whether this OS gives a process transparent huge pages where it asks for them (Linux, THP 'always' or
     'madvise', not 'never')"""
-    if not sys.platform.startswith('linux') or not hasattr(mmap, 'MADV_HUGEPAGE'):
-        return False
-    try:
-        return '[never]' not in THP_SETTING.read_text()
-    except OSError:
-        return False
+    linux = sys.platform.startswith('linux') and hasattr(mmap, 'MADV_HUGEPAGE')
+    return linux and huge_pages_setting() in ('always', 'madvise')
 
 def huge_copies(ts: list) -> list | None:
     """Contiguous copies of the tensors `ts` in one region of memory aligned to `HUGE_PAGE` and advised for
@@ -402,9 +407,12 @@ def huge_copies(ts: list) -> list | None:
     if sum(sizes) < HUGE_PAGE or not huge_pages_allowed():
         return None
     import torch
-    memory = mmap.mmap(-1, -(-sum(sizes) // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE,
-                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)        # private: shared memory has its own THP rule
-    memory.madvise(mmap.MADV_HUGEPAGE)
+    try:                                               # private: shared memory has its own THP setting
+        memory = mmap.mmap(-1, -(-sum(sizes) // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE,
+                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:                                    # no such mapping (a limit on mappings, a kernel without THP)
+        return None
     raw = torch.frombuffer(memory, dtype=torch.uint8)                     # the tensors hold `memory` while they live
     start, out = -raw.data_ptr() % HUGE_PAGE, []
     for t, size in zip(ts, sizes):

@@ -10,7 +10,7 @@ import torch
 from conftest import ROOT, TINY_SETS, run_here
 import gptkit.machine as machine
 from gptkit.config import ModelConfig
-from gptkit.generate import (DECODE_FORMS, MKL_ROWS, DecodeChoice, Generator, decode_choice, decode_layout,
+from gptkit.generate import (DECODE_FORMS, HUGE_CREDIT, MKL_ROWS, DecodeChoice, Generator, decode_choice, decode_layout,
                              measure_decode, mkl_packed, packed_weight)
 from gptkit.machine import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
                             measured, parse_cpuinfo, precision_reason, settle_precision, this_cpu)
@@ -434,6 +434,20 @@ def test_without_huge_pages_nothing_is_copied_measured_or_chosen(thp_never, tmp_
         torch.testing.assert_close(net(ids), m(ids), rtol=1e-5, atol=1e-5)
 
 
+def test_a_refused_mapping_keeps_the_matrices_in_ordinary_memory(monkeypatch):
+    "mmap refused (a limit on mappings, no memory to map): the layout is made in ordinary pages, no error"
+    import errno
+    def refuse(*args, **kw):
+        raise OSError(errno.ENOMEM, 'Cannot allocate memory')
+    monkeypatch.setattr(machine.mmap, 'mmap', refuse)
+    assert huge_copies([torch.randn(1024, 1024)]) is None
+    m = huge_model()
+    net = decode_layout(m, DecodeChoice('fp32', 'plain huge', ('transposed huge', 'rows huge')))
+    ids = torch.randint(0, 8192, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(net(ids), m(ids), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(not HUGE, reason='this OS gives no transparent huge pages: the other side is tested with a setting')
 def test_the_huge_forms_are_measured_beside_their_own_form():
     seconds = measure_decode([(1024, 1024)], (2048, 512))                    # 2 MiB each in bf16
@@ -446,12 +460,18 @@ def test_the_huge_forms_are_measured_beside_their_own_form():
 
 
 def test_the_huge_forms_are_chosen_by_their_figures():
-    assert decode_choice(decode_seconds(huge=1.0)).linear == 'plain'              # a tie: ordinary memory
     c = decode_choice(decode_seconds(huge=0.8))
     assert (c.linear, c.head) == ('plain huge', ('plain huge', 'rows huge'))
     assert 'linears plain in huge pages' in c.why
     assert decode_choice(decode_seconds(huge=1.2)).head == ('plain', 'rows')
     assert decode_choice(decode_seconds(huge=0.8, mkl8=0.1)).head == ('mkl8', 'mkl8')
+
+
+@pytest.mark.parametrize('huge, taken', [(1.0, True), (HUGE_CREDIT - 0.01, True), (HUGE_CREDIT + 0.01, False)])
+def test_a_form_in_huge_pages_is_credited_what_a_decode_step_gains(huge, taken):
+    "Measured alone a form gains less from huge pages than in a decode step (the oneDNN-AVX2 Xeon: 0-2% alone, 5.6% in a step)"
+    c = decode_choice(decode_seconds(huge=huge))
+    assert (c.linear, c.head) == (('plain huge', ('plain huge', 'rows huge')) if taken else ('plain', ('plain', 'rows')))
 
 
 @pytest.mark.skipif(not HUGE, reason='this OS gives no transparent huge pages: the other side is tested with a setting')
