@@ -24,7 +24,7 @@ from .batching import RunningBatch, agree
 from .checkpoint import check_device, load_model
 from .errors import ConfigError
 from .layout import Layout
-from .machine import MEASURE_SECONDS, choose_precision, fastest_rounds, huge_copies, measured, this_cpu
+from .machine import MEASURE_SECONDS, choose_precision, fastest_rounds, huge_copies, huge_empty, measured, this_cpu
 from .model import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 from .ops import apply_rotary, rms_norm, swiglu
 from .parallel import ParallelState, apply_tp
@@ -80,17 +80,19 @@ def form_pages(form: str) -> tuple[str, bool]:
 
 class DecodeLinear(nn.Module):
     """nn.Linear for decoding on a CPU, its weight in `form`: 'transposed' ([in, out], which a matmul of a few rows
-    reads in order), 'packed' (`packed_weight`) or 'plain' ([out, in], nn.Linear's own tensor); the weight is read
-    once, when it is made"""
-    def __init__(self, linear: nn.Linear, form: str = 'transposed'):
+    reads in order), 'packed' (`packed_weight`) or 'plain' ([out, in], nn.Linear's own tensor); `into`: an empty
+    tensor of that shape to copy it into (in a region of huge pages), else a copy of its own. The weight is read once,
+    when it is made"""
+    def __init__(self, linear: nn.Linear, form: str = 'transposed', into: torch.Tensor | None = None):
         super().__init__()
         self.bias, self.weight, self.weight_t, self.packed = linear.bias, None, None, None
+        w = linear.weight.detach()
         if form == 'packed':
-            self.packed = packed_weight(linear.weight)        # an opaque oneDNN tensor: kept out of state_dict
+            self.packed = packed_weight(w)                    # an opaque oneDNN tensor: kept out of state_dict
         elif form == 'plain':
-            self.weight = linear.weight
+            self.weight = linear.weight if into is None else nn.Parameter(into.copy_(w), requires_grad=False)
         if self.packed is None and self.weight is None:       # (a cached choice this PyTorch cannot pack: transposed)
-            self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+            self.weight_t = nn.Parameter(w.t().contiguous() if into is None else into.copy_(w.t()), requires_grad=False)
     def forward(self, x):
         if self.packed is not None:
             return packed_product(x, self.packed, self.bias)
@@ -117,12 +119,16 @@ def head_product(form: str, h, rows, rows_t=None, packed=None, mkl=None):
 
 class DecodeHead(nn.Module):
     """The output layer for decoding on a CPU: the product in `forms[0]` for one row, `forms[1]` for more (see
-    `head_product`; ' huge' after a form is `decode_layout`'s to place); the transposed or packed copy is made only
-    when a form uses it"""
-    def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows')):
+    `head_product`; ' huge' after a form is for `decode_layout` to place); the transposed or packed copy is made only
+    when a form uses it. `into` ({'rows': t, 'weight_t': t}): empty tensors to copy the matrix, or its transposed
+    copy, into"""
+    def __init__(self, head, weight, forms: tuple[str, str] = ('transposed', 'rows'), into: dict | None = None):
         super().__init__()
+        into = {k: t for k, t in (into or {}).items() if t is not None}
         self.vocab, self.weight = head.vocab, getattr(head, 'weight', None)    # an untied head keeps its own name
         self.rows, self.weight_t = weight[:head.vocab], None
+        if 'rows' in into:
+            self.rows = into['rows'].copy_(self.rows.detach())
         forms = tuple(form_pages(f)[0] for f in forms)
         self.packed = packed_weight(self.rows) if 'packed' in forms else None
         self.mkl = mkl_packed(self.rows) if 'mkl8' in forms else None           # never copied: MKL's copy stays put
@@ -131,7 +137,9 @@ class DecodeHead(nn.Module):
                 forms = tuple('plain' if f == form else f for f in forms)
         self.forms = forms
         if 'transposed' in self.forms:
-            self.weight_t = nn.Parameter(self.rows.detach().t().contiguous(), requires_grad=False)
+            w = self.rows.detach().t()
+            self.weight_t = nn.Parameter(into['weight_t'].copy_(w) if 'weight_t' in into else w.contiguous(),
+                                         requires_grad=False)
     def forward(self, x, weight=None):
         h = x.reshape(-1, x.shape[-1])
         y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t, self.packed, self.mkl)
@@ -147,30 +155,30 @@ class DecodeChoice:
 
 def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
     """A copy of `model` for decoding as `choice` says: the same embeddings and norms; the linears and head in its
-    forms, the matrices of the forms marked ' huge' together in huge pages (`huge_copies`)"""
+    forms, the matrices of the forms marked ' huge' made in one region of huge pages (`huge_empty`), so that the
+    layout never holds more than one copy of a matrix beside the model's"""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     shared.update({id(g): g for m in model.modules() if (g := getattr(m, 'group', None)) is not None})  # TP groups
     net = copy.deepcopy(model, shared)                  # no tensor is copied here
-    linear, huge = form_pages(choice.linear)
-    for m in list(net.modules()) if choice.linear != 'plain' else ():
-        for name, child in list(m.named_children()):
-            if type(child) is nn.Linear:
-                setattr(m, name, DecodeLinear(child, linear))
-    slots = [(m, 'weight_t' if m.weight is None else 'weight') for m in net.modules()
-             if huge and type(m) is DecodeLinear and m.packed is None]
-    if type(net.head) is OutputLayer and net.wte is not None:
-        net.head = DecodeHead(net.head, net.output_weight(), choice.head)
-        heads = [form_pages(f) for f in choice.head]
-        slots += [(net.head, 'weight_t')] * any(huge for kind, huge in heads if kind == 'transposed')
-        slots += [(net.head, 'rows')] * any(huge for kind, huge in heads if kind in ('plain', 'rows'))
-    _into_huge_pages(slots)
+    kind, huge = form_pages(choice.linear)
+    linears = [(m, name, child) for m in list(net.modules()) for name, child in list(m.named_children())
+               if type(child) is nn.Linear] if choice.linear != 'plain' else []
+    shape = lambda w: tuple(w.shape) if kind == 'plain' else tuple(w.shape[::-1])
+    specs = [(shape(c.weight), c.weight.dtype) for _, _, c in linears] if huge and kind != 'packed' else []
+    head = type(net.head) is OutputLayer and net.wte is not None
+    rows = net.output_weight()[:net.head.vocab] if head else None
+    heads = [form_pages(f) for f in choice.head]
+    wanted = lambda *kinds: head and any(h for k, h in heads if k in kinds)
+    places = {'rows': tuple(rows.shape)} if wanted('plain', 'rows') else {}
+    places.update({'weight_t': tuple(rows.shape[::-1])} if wanted('transposed') else {})
+    region = huge_empty(specs + [(s, rows.dtype) for s in places.values()]) if specs or places else None
+    region = region or [None] * (len(specs) + len(places))
+    for (m, name, child), into in itertools.zip_longest(linears, region[:len(specs)]):
+        setattr(m, name, DecodeLinear(child, kind, into))
+    if head:
+        net.head = DecodeHead(net.head, net.output_weight(), choice.head, dict(zip(places, region[len(specs):])))
     return net.eval()
 
-def _into_huge_pages(slots: list[tuple[nn.Module, str]]):
-    "Each tensor `getattr(module, name)` of `slots` replaced by its copy in one huge-page region (where there is one)"
-    slots = [(m, name) for m, name in slots if getattr(m, name) is not None]
-    for (m, name), t in zip(slots, huge_copies([getattr(m, name).detach() for m, name in slots]) or []):
-        setattr(m, name, nn.Parameter(t, requires_grad=False) if isinstance(getattr(m, name), nn.Parameter) else t)
 
 # %% ../nbs/14c_generate.ipynb #99016f26
 DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer

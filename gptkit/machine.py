@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import mmap
 import os
 import platform
@@ -32,7 +33,7 @@ __all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS',
            'measured', 'choose_precision', 'training_products', 'attention_shapes', 'attention_seconds',
            'choose_attention', 'PrecisionChoice', 'precision_reason', 'auto_precision', 'attention_reason',
            'auto_attention', 'nodes_problems', 'settle_precision', 'keep_freed_memory', 'huge_pages_setting',
-           'huge_pages_allowed', 'huge_copies']
+           'huge_pages_allowed', 'huge_empty', 'huge_copies']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -398,12 +399,12 @@ def huge_pages_allowed() -> bool:
     linux = sys.platform.startswith('linux') and hasattr(mmap, 'MADV_HUGEPAGE')
     return linux and huge_pages_setting() in ('always', 'madvise')
 
-def huge_copies(ts: list) -> list | None:
-    """Contiguous copies of the tensors `ts` in one region of memory aligned to `HUGE_PAGE` and advised for
-    transparent huge pages (each on a 4 KiB boundary), as PyTorch's allocator places a large tensor under
-    THP_MEM_ALLOC_ENABLE=1, but small matrices share the pages too; None where the OS gives none, or the tensors
-    fill less than one huge page"""
-    sizes = [-(-t.numel() * t.element_size() // 4096) * 4096 for t in ts]
+def huge_empty(specs: list) -> list | None:
+    """Empty contiguous tensors of the `(shape, dtype)` `specs`, in one region of memory aligned to `HUGE_PAGE` and
+    advised for transparent huge pages, each on a 4 KiB boundary: as PyTorch's allocator places a large tensor under
+    THP_MEM_ALLOC_ENABLE=1, but small matrices share the pages too; None where the OS gives none, or the tensors fill
+    less than one huge page"""
+    sizes = [-(-math.prod(shape) * dtype.itemsize // 4096) * 4096 for shape, dtype in specs]
     if sum(sizes) < HUGE_PAGE or not huge_pages_allowed():
         return None
     import torch
@@ -415,7 +416,13 @@ def huge_copies(ts: list) -> list | None:
         return None
     raw = torch.frombuffer(memory, dtype=torch.uint8)                     # the tensors hold `memory` while they live
     start, out = -raw.data_ptr() % HUGE_PAGE, []
-    for t, size in zip(ts, sizes):
-        out.append(raw[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t))
+    for (shape, dtype), size in zip(specs, sizes):
+        out.append(raw[start:start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape))
         start += size
     return out
+
+def huge_copies(ts: list) -> list | None:
+    "Copies of the tensors `ts` in one region of huge pages (`huge_empty`); None where there is none"
+    out = huge_empty([(tuple(t.shape), t.dtype) for t in ts])
+    return None if out is None else [o.copy_(t) for o, t in zip(out, ts)]
+
