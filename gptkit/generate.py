@@ -179,7 +179,6 @@ def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
         net.head = DecodeHead(net.head, net.output_weight(), choice.head, dict(zip(places, region[len(specs):])))
     return net.eval()
 
-
 # %% ../nbs/14c_generate.ipynb #99016f26
 DECODE_BYTES = 256 * 2**20      # fp32 bytes of weights timed for the linears, and for the output layer
 DECODE_ROWS = (1, 8)

@@ -425,4 +425,3 @@ def huge_copies(ts: list) -> list | None:
     "Copies of the tensors `ts` in one region of huge pages (`huge_empty`); None where there is none"
     out = huge_empty([(tuple(t.shape), t.dtype) for t in ts])
     return None if out is None else [o.copy_(t) for o, t in zip(out, ts)]
-
