@@ -454,7 +454,6 @@ def test_the_huge_forms_are_measured_beside_their_own_form():
     for d in ('fp32', 'bf16'):
         for part, form in (('linear', 'plain'), ('linear', 'transposed'), ('head', 'transposed'), ('head', 'rows')):
             assert f'{d} {part} {form} huge 1' in seconds and f'{d} {part} {form} huge 8' in seconds
-    assert not any(k.startswith(('fp32 linear packed huge', 'fp32 head mkl8 huge')) for k in seconds)
     tiny = measure_decode([(16, 8)], (32, 8))                                  # under one huge page: not measured
     assert tiny and not any(' huge ' in k for k in tiny)
 
