@@ -40,7 +40,8 @@ OutFile = Annotated[Optional[str], Opt('--out', help='Save the results here (--t
 Offline = Annotated[bool, Opt(help='Never ask the Hugging Face Hub for a dataset: only what is cached or local '
                                    '(--tasks).')]
 TrustTaskCode = Annotated[bool, Opt(help='Let task files under --include-path run the Python code they name '
-                                         "(lm-eval's !function); refused otherwise.")]
+                                         "(lm-eval's !function tags, Hugging Face evaluate metrics); refused "
+                                         'otherwise.')]
 
 
 @app.command('eval')

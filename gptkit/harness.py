@@ -22,6 +22,7 @@ from .files import check_folder, finite_or_none, write_atomic
 from .generate import Generator
 from .sampling import Sampling
 from .store import TAG_RE, find
+from .task_files import check_task_folder, sandboxed_templates
 from .tensor_parallel import gather_from_tp
 from .tokenizer import compile_chat, render_chat
 
@@ -31,7 +32,7 @@ LOCAL_BUILDERS = ('json', 'csv', 'parquet', 'text', 'arrow')   # datasets' build
 # %% auto #0
 __all__ = ['INSTALL', 'LOCAL_BUILDERS', 'GENERATION_KEYS', 'require_lm_eval', 'continuation_logits', 'loglikelihoods',
            'rolling_windows', 'sampling_for', 'generations', 'GptkitLM', 'lm_class', 'task_names', 'local_files',
-           'code_in_tasks', 'find_tasks', 'load_tasks', 'run_folder', 'metric_rows', 'save_results', 'evaluate_tasks']
+           'find_tasks', 'load_tasks', 'run_folder', 'metric_rows', 'save_results', 'evaluate_tasks']
 
 # %% ../nbs/16a_harness.ipynb #47e7138e
 def require_lm_eval(offline: bool = False):
@@ -235,28 +236,16 @@ def local_files(entry) -> dict | None:
     return {**kw, 'data_files': files}
 
 # %% ../nbs/16a_harness.ipynb #32be92ca
-def code_in_tasks(include_path: str | Path) -> list[tuple[Path, int]]:
-    "Where the task YAMLs under `include_path` name Python code for lm-eval to run (its `!function` tag): file, line"
-    found = []
-    for path in sorted(p for p in Path(include_path).rglob('*') if p.suffix in ('.yaml', '.yml') and p.is_file()):
-        for n, line in enumerate(path.read_text(encoding='utf-8', errors='replace').splitlines(), 1):
-            if '!function' in line.split('#', 1)[0]:
-                found.append((path, n))
-    return found
-
 def find_tasks(tasks, include_path: str | Path | None = None, trust_code: bool = False) -> tuple:
     """(lm-eval's TaskManager, what to load for each name): every name an lm-eval task, group or tag of
-    `include_path` or lm-eval's own; a task reading data files reads them from beside its YAML. Task files that
-    name Python code are refused unless `trust_code` (lm-eval would import and run it)"""
+    `include_path` or lm-eval's own; a task reading data files reads them from beside its YAML. The folder is read
+    as data first (chapter 16b): what would run Python is refused unless `trust_code`"""
     from lm_eval.tasks import TaskManager
     names = task_names(tasks)
     if include_path is not None and not Path(include_path).is_dir():
         raise ConfigError([('include_path', f'{{key}} {include_path}: no such folder')])
-    if include_path is not None and not trust_code and (code := code_in_tasks(include_path)):
-        path, line = code[0]
-        raise ConfigError([('include_path', f'{{key}}: {path}:{line} names Python code (!function) that lm-eval '
-                                            'would run; gptkit runs no code from the files it reads: pass '
-                                            '--trust-task-code (trust_code=True) only for task files you trust')])
+    if include_path is not None:
+        check_task_folder(include_path, trust_code)
     tm = TaskManager(include_path=str(include_path), include_defaults=False) if include_path else None
     if tm is None or any(n not in tm.all_tasks for n in names):
         tm = TaskManager(include_path=str(include_path) if include_path else None)
@@ -336,11 +325,13 @@ def evaluate_tasks(checkpoint: str | Path, tasks, include_path: str | Path | Non
     stamp = datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')
     path = Path(out) if out else run_folder(folder) / 'eval' / f'lm_eval-{stamp}.json'
     check_folder(path.parent, 'out')
-    objs = load_tasks(tm, specs)
-    start = time.perf_counter()
-    lm = lm_class()(Generator.from_checkpoint(folder, device=device, dtype=dtype, tp=tp), batch_size, max_gen_toks)
-    res = lm_eval.simple_evaluate(model=lm, tasks=objs, num_fewshot=num_fewshot, limit=limit, task_manager=tm,
-                                  log_samples=log_samples, batch_size=batch_size)
+    with sandboxed_templates(f'lm-eval task {", ".join(task_names(tasks))}'):   # templates rendered in the sandbox
+        objs = load_tasks(tm, specs)
+        start = time.perf_counter()
+        gen = Generator.from_checkpoint(folder, device=device, dtype=dtype, tp=tp)
+        lm = lm_class()(gen, batch_size, max_gen_toks)
+        res = lm_eval.simple_evaluate(model=lm, tasks=objs, num_fewshot=num_fewshot, limit=limit, task_manager=tm,
+                                      log_samples=log_samples, batch_size=batch_size)
     if res is None or _rank() != 0:
         return None
     state = lm.gen.loaded.state

@@ -194,5 +194,5 @@ def test_a_task_file_that_names_python_code_is_refused_and_the_code_never_runs(t
     r = run_here('eval', '--checkpoint', run, '--tasks', 'coded', '--include-path', tasks)
     msg = said(r)
     assert r.returncode == 2 and len(msg.splitlines()) == 1, msg
-    assert f'{tasks}/coded.yaml:9 names Python code (!function)' in msg and '--trust-task-code' in msg
+    assert f'{tasks}/coded.yaml:9 carries the YAML tag !function' in msg and '--trust-task-code' in msg
     assert not marker.exists() and not (run / 'eval').exists()
