@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from gptkit.engine import ds_config, free_port, world_size
+from gptkit.engine import check_ds_config, ds_config, free_port, world_size
 from gptkit.errors import ConfigError, check
 from gptkit.estimate import count_params, flops_per_iteration
 from gptkit.files import read_text
@@ -58,7 +58,8 @@ def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, t
     return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, vocab, init, **top)
 
 
-def _ds_override(path: Optional[Path]) -> dict | None:
+def _ds_override(path: Optional[Path], cfg: RunConfig) -> dict | None:
+    "The JSON object in file `path`, refused if DeepSpeed would not take it over the config generated for `cfg`"
     if path is None:
         return None
     text = read_text(path, 'deepspeed_config', CONFIG_BYTES)   # a regular file of at most a MiB, checked first
@@ -71,6 +72,7 @@ def _ds_override(path: Optional[Path]) -> dict | None:
     if not isinstance(d, dict):
         raise ConfigError([('deepspeed_config',
                                                     f'{{key}} file {path} must hold a JSON object')])
+    check_ds_config(ds_config(cfg, override=d), f'--deepspeed-config file {path}')   # before any process starts
     return d
 
 
@@ -223,7 +225,6 @@ def train(
     cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
                       (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume, vocab=False,
                       init=init)
-    override = _ds_override(deepspeed_config)
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
     launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
     problems = launch.problems(launching=emit is None)
@@ -231,6 +232,7 @@ def train(
         raise ConfigError(problems)
     world = world_size(cfg, launch.world)
     cfg, argv = cfg.for_world(world), train_argv(ctx)
+    override = _ds_override(deepspeed_config, cfg)
     if emit is not None:
         print(emit_job(emit, launch, argv, cfg.out, image), end='')
         return

@@ -15,15 +15,16 @@ import socket
 from dataclasses import dataclass
 
 from .config import OptimConfig
-from .errors import ConfigError, check
+from .errors import ConfigError, check, shown
 from .layout import BatchPlan
 from .runconfig import RunConfig, ep_engine_problems
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'ds_config', 'param_groups', 'make_optimizer', 'Schedule', 'device_type', 'machine_defaults', 'world_size',
-           'free_port', 'init_distributed', 'check_precision', 'cpp_compiler', 'compile_model', 'build_engine']
+__all__ = ['log', 'ds_config', 'ds_config_error', 'check_ds_config', 'param_groups', 'make_optimizer', 'Schedule', 'device_type',
+           'machine_defaults', 'world_size', 'free_port', 'init_distributed', 'check_precision', 'cpp_compiler',
+           'compile_model', 'build_engine']
 
 # %% ../nbs/10_engine.ipynb #7d1311a2
 def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | None = None) -> dict:
@@ -59,6 +60,40 @@ def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | No
     for k, v in (override or {}).items():
         out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+# %% ../nbs/10_engine.ipynb #d5c0f1a2
+_ABSENT = object()
+
+def _dotted(config: dict, loc: tuple) -> tuple[str, object]:
+    "(dotted key, value) in `config` of a DeepSpeed error location `loc`, which is inside a section or at the top"
+    for head in ((), *((k,) for k in config)):
+        node = config
+        for part in (*head, *loc):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            return '.'.join(map(str, (*head, *loc))), node
+    return '.'.join(map(str, loc)), _ABSENT
+
+def ds_config_error(e, config: dict, where: str) -> ConfigError:
+    "pydantic's ValidationError `e` from DeepSpeed's parse of `config` as one sentence naming `where` and the key"
+    first = e.errors()[0]
+    key, value = _dotted(config, tuple(first.get('loc', ())))
+    why = str(first.get('msg', e)).removeprefix('Value error, ')
+    why = why[:1].lower() + why[1:]
+    more = f' (and {e.error_count() - 1} more)' if e.error_count() > 1 else ''
+    said = f'sets {key} to {shown(value)}' if value is not _ABSENT else f'lacks {key}'
+    return ConfigError([('deepspeed_config', f'{where} {said}, which DeepSpeed refuses: {why}{more}')])
+
+def check_ds_config(config: dict, where: str = 'the DeepSpeed config'):
+    "Refuse what DeepSpeed's own parse (pydantic) rejects in `config`, before any process starts: `where` and the key"
+    import pydantic
+    from deepspeed.runtime.config import DeepSpeedConfig
+    try:
+        DeepSpeedConfig(config)
+    except pydantic.ValidationError as e:
+        raise ds_config_error(e, config, where) from None
+    except Exception:   # batch sizes of a world not started here, and the like: `deepspeed.initialize` checks them
+        return
 
 # %% ../nbs/10_engine.ipynb #1269bad3
 def param_groups(model, weight_decay: float) -> list[dict]:
@@ -241,9 +276,13 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
     scheduler = None if 'scheduler' in config else schedule.scheduler
     from deepspeed.utils import groups as ds_groups
     ds_groups.mpu = mpu           # DeepSpeed keeps the last engine's model-parallel unit: one without clears it
-    with experts:
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
-                                          lr_scheduler=scheduler, config=config, mpu=mpu)
+    import pydantic
+    try:
+        with experts:
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=groups,
+                                              lr_scheduler=scheduler, config=config, mpu=mpu)
+    except pydantic.ValidationError as e:      # a value DeepSpeed's config does not take: one sentence, not pydantic's
+        raise ds_config_error(e, config, 'the DeepSpeed config') from None
     if cfg.parallel.ep > 1:
         from .expert_parallel import attach_engine
         attach_engine(engine, config['gradient_clipping'])

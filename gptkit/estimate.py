@@ -19,6 +19,7 @@ from gptkit.config import (
     TrainConfig,
     get_preset,
     parse_size,
+    positive_problems,
 )
 
 from . import moe_estimate as moe_est
@@ -549,6 +550,7 @@ def resolve_model(params: str | None = None, preset: str | None = None,
 # %% ../nbs/01_estimate.ipynb #a9ac0df0
 def data_parallel(gpus: int | None = None, tp: int = 1, pp: int = 1, dp: int | None = None) -> int:
     "The data-parallel degree of `gpus` GPUs split tp x pp ways (a given `dp` must fill them); no `gpus`: `dp` or 1"
+    check(positive_problems({'gpus': gpus}))     # named as the caller knows it, not as the layout's world
     if dp is None:
         return Layout.build(ParallelConfig(tp=tp, pp=pp), gpus).dp if gpus is not None else 1
     if gpus is not None and gpus != tp * pp * dp:

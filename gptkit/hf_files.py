@@ -11,6 +11,7 @@ import logging
 import re
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -134,6 +135,14 @@ def weight_files(folder: str | Path) -> dict[str, list[str] | None]:
                               'not read; save them as safetensors (transformers: save_pretrained)')
     raise CheckpointError(f'{folder} has no {SINGLE}, {INDEX} or pytorch_model.bin')
 
+def _finite(t, f: Path, name: str):
+    "Tensor `t` (`name` in file `f`), refused if it holds a NaN or an infinity: a model that diverged or was damaged"
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or bool(torch.isfinite(t).all()):
+        return t                                     # checked in memory as it is read: the file is not read twice
+    bad = t.numel() - int(torch.isfinite(t).sum())
+    raise CheckpointError(f'{f}: tensor {name} holds {bad:,} NaN or infinite value{"s" if bad > 1 else ""} '
+                          f'(of {t.numel():,}), so no model can be made of it; use weights saved before it diverged')
+
 def read_weights(folder: str | Path) -> dict:
     "Every tensor of a Hugging Face folder, read file by file: model.safetensors, its shards, or pytorch_model.bin"
     folder, sd = Path(folder), {}
@@ -141,11 +150,11 @@ def read_weights(folder: str | Path) -> dict:
         f = folder / name
         try:
             if f.suffix != '.safetensors':
-                sd.update(read_torch_file(f))            # torch's weights-only reader, never plain pickle
+                sd.update({k: _finite(t, f, k) for k, t in read_torch_file(f).items()})   # weights-only, never pickle
                 continue
             with safe_open(f, framework='pt') as g:
                 for k in keys or g.keys():
-                    sd[k] = g.get_tensor(k)
+                    sd[k] = _finite(g.get_tensor(k), f, k)
         except CheckpointError:
             raise
         except Exception as e:

@@ -116,7 +116,7 @@ def test_interrupted_merge_leaves_no_files(parts, tmp_path):
         calls.append(p)
         if len(calls) == 3: raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt): merge_datasets(parts[0], tmp_path / 'm', stop, chunk_bytes=64, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ['m.bin', 'm.idx']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['m.bin', 'm.idx', 'm.metadata']   # the metadata kept too
     assert [p.read_bytes() for p in data_paths(tmp_path / 'm')] == old
 
 

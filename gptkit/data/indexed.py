@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import DataError
-from ..files import read_json, write_atomic
+from ..files import read_json, write_atomic, written
 from ..store import RunLock, check_output_outside_runs, file_holder, lock_file
 
 # %% auto #0
@@ -67,11 +67,10 @@ def write_metadata(prefix: str | Path, meta: dict | None):
         write_atomic(metadata_path(prefix), json.dumps(meta, indent=1))
 
 # %% ../../nbs/04_indexed.ipynb #e4dda018
-def _fsync_replace(src: Path, dst: Path):
-    "Rename `src` over `dst` after its bytes are on disk"
-    with open(src, 'rb') as f:
+def _fsync(path: Path):
+    "Put the bytes written to `path` on disk (a full disk that the writes missed fails here)"
+    with open(path, 'rb') as f:
         os.fsync(f.fileno())
-    os.replace(src, dst)
 
 def _temporary(path: Path):
     "A new file beside `path` named `path.tmp-PID`, open for writing and locked (flock) while this process holds it"
@@ -79,7 +78,33 @@ def _temporary(path: Path):
     fcntl.flock(f.fileno(), fcntl.LOCK_EX)
     return f
 
-TEMP_RE = re.compile(r'\.(bin|idx)\.tmp(-\d+)?$')   # what IndexedWriter and merge_datasets write before the rename
+TEMP_RE = re.compile(r'\.(bin|idx|metadata)\.tmp(-\d+)?$')   # what IndexedWriter and merge write before the rename
+
+def _publish(prefix: str | Path, tmp_bin: Path, tmp_idx: Path, meta: dict | None = None, drop: tuple = ()):
+    """Move a written pair and its metadata (None: none) into place, every byte on disk before anything old is touched
+    (a full disk leaves the old dataset whole); the old .idx goes first, so a crash never pairs old files with new.
+    `drop`: files of the old dataset removed with it"""
+    bin_path, idx_path = data_paths(prefix)
+    meta_path = metadata_path(prefix)
+    staged = _temporary(meta_path) if meta is not None else None   # locked, as the pair's temporaries are
+    try:
+        if staged is not None:
+            staged.write(json.dumps(meta, indent=1).encode('utf-8'))
+            staged.flush()
+            os.fsync(staged.fileno())
+        _fsync(tmp_bin)
+        _fsync(tmp_idx)
+        idx_path.unlink(missing_ok=True)      # the old dataset is gone from here on: no old .idx with the new .bin
+        for p in (*drop, *([meta_path] if staged is None else [])):
+            p.unlink(missing_ok=True)         # nor old metadata describing it
+        if staged is not None:
+            os.replace(staged.name, meta_path)
+        os.replace(tmp_bin, bin_path)
+        os.replace(tmp_idx, idx_path)
+    finally:
+        if staged is not None:
+            staged.close()
+            Path(staged.name).unlink(missing_ok=True)
 
 def remove_stale(folder: str | Path) -> list[Path]:
     "Remove the .bin/.idx temporaries in `folder` whose writer is gone (no process holds their lock); those removed"
@@ -97,8 +122,10 @@ def remove_stale(folder: str | Path) -> list[Path]:
     return removed
 
 class IndexedWriter:
-    "Write a Megatron .bin/.idx pair under temporary names; `close()` moves both into place"
+    """Write a Megatron .bin/.idx pair under temporary names; `close()` moves both into place, with `metadata` as
+    PREFIX.metadata (None: an old one removed) and the old dataset's files in `drop` removed"""
     def __init__(self, prefix: str | Path, dtype=np.uint16):
+        self.prefix, self.metadata, self.drop = prefix, None, ()
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODES:
             raise DataError(f'{prefix}: dtype {self.dtype} has no Megatron dtype code')
@@ -160,7 +187,7 @@ class IndexedWriter:
         return header, lengths, pointers, np.frombuffer(self.doc_index, dtype=np.int64)
 
     def close(self):
-        "Write the index and move both files into place"
+        "Write the index and move both files, and the metadata, into place"
         if self._bin.closed:
             return
         try:
@@ -169,9 +196,7 @@ class IndexedWriter:
                 for part in self._index_bytes():
                     f.write(part if isinstance(part, bytes) else part.tobytes())
                 f.flush()
-                self.idx_path.unlink(missing_ok=True)   # an old .idx must never pair with the new .bin
-                _fsync_replace(self._tmp_bin, self.bin_path)
-                _fsync_replace(self._tmp_idx, self.idx_path)
+                _publish(self.prefix, self._tmp_bin, self._tmp_idx, self.metadata, self.drop)
         except BaseException:
             self.abort()                                 # a full disk while writing the index: nothing left
             raise
@@ -220,7 +245,7 @@ def _writer_gone(path: Path) -> bool:
 def stale_temporaries(prefix: str | Path) -> list[Path]:
     "The .bin/.idx temporaries of dataset `prefix` whose writer is gone (a prepare or merge that was killed)"
     stale = []
-    for path in data_paths(prefix):
+    for path in (*data_paths(prefix), metadata_path(prefix)):
         mine = re.compile(re.escape(path.name) + r'\.tmp(-\d+)?')
         there = sorted(path.parent.iterdir()) if path.parent.is_dir() else []
         stale.extend(p for p in there if mine.fullmatch(p.name) and p.is_file() and _writer_gone(p))
@@ -490,22 +515,20 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
     with lock_dataset(output_prefix):                 # a second writer is refused until the new pair is in place
         check_new(output_prefix, overwrite)
         remove_stale(bin_path.parent)                 # what a killed merge or prepare left there
-        write_metadata(output_prefix, None)           # an old one must not describe the new pair
         bin_path.parent.mkdir(parents=True, exist_ok=True)
         tmp_bin, tmp_idx = (p.with_name(f'{p.name}.tmp-{os.getpid()}') for p in (bin_path, idx_path))
+        kept = f'the existing {bin_path.stem}.bin/.idx/.metadata are as they were' if idx_path.exists() else ''
         try:
-            with _temporary(bin_path) as fb, _temporary(idx_path) as fi:   # locked until both are in place
+            with (written(bin_path, total + HEADER.size + sum(12 * h[0] + 8 * h[1] for h in heads), kept),
+                  _temporary(bin_path) as fb, _temporary(idx_path) as fi):   # locked until all are in place
                 _write_merge(fb, fi, prefixes, heads, chunk_bytes, report)
                 fb.flush()
                 fi.flush()
-                idx_path.unlink(missing_ok=True)      # an old .idx must never pair with the new .bin
-                _fsync_replace(tmp_bin, bin_path)
-                _fsync_replace(tmp_idx, idx_path)
+                _publish(output_prefix, tmp_bin, tmp_idx, meta)   # the new metadata (or none) with the pair
         except BaseException:
             for t in (tmp_bin, tmp_idx):
                 t.unlink(missing_ok=True)
             raise
-        write_metadata(output_prefix, meta)
     return MergeResult(str(output_prefix), len(prefixes), sum(h[1] - 1 for h in heads), sum(h[0] for h in heads),
                        total // dtype.itemsize, dtype, total + idx_path.stat().st_size, time.perf_counter() - t0)
 

@@ -22,13 +22,20 @@ from ..files import check_folder, written
 from ..tokenizer import load as load_tokenizer
 from .corpus import FORMATS, Deduper, clean_text, expand_inputs, read_documents, repair_text
 from .document import Document, Tally
-from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
+from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype
 
 # %% auto #0
-__all__ = ['PrepareConfig', 'PrepareResult', 'Progress', 'nothing_written', 'shard_inputs', 'tokenizer_digest',
-           'dataset_metadata', 'prepare']
+__all__ = ['WORKERS_PER_CPU', 'most_workers', 'PrepareConfig', 'PrepareResult', 'Progress', 'nothing_written', 'shard_inputs',
+           'tokenizer_digest', 'dataset_metadata', 'prepare']
 
 # %% ../../nbs/05_prepare.ipynb #d78a3d93
+WORKERS_PER_CPU = 4   # tokenizer threads wait on each other a little; beyond 4 a core, they only cost memory
+
+def most_workers() -> int:
+    "The most `workers` a prepare takes: `WORKERS_PER_CPU` for each CPU this process may run on"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    return WORKERS_PER_CPU * cpus
+
 @dataclass(frozen=True)
 class PrepareConfig:
     "What `prepare` reads, how it filters, and where it writes"
@@ -56,6 +63,9 @@ class PrepareConfig:
             out.append(('input', '{key} needs at least one file, directory, glob or builtin:NAME'))
         if not isinstance(self.workers, int) or self.workers < 1:
             out.append(('workers', f'{{key}} must be at least 1, not {self.workers!r}'))
+        elif self.workers > most_workers():
+            out.append(('workers', f'{{key}} {self.workers:,} is more than {most_workers()}, {WORKERS_PER_CPU} per CPU '
+                                   'this process may use: threads past the cores add no speed, only memory'))
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             out.append(('min_tokens', f'{{key}} must be 0 or more, not {self.min_tokens!r}'))
         if self.txt_split not in ('file', 'blank-line'):
@@ -241,7 +251,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
         def needed():   # those tokens, scaled to the whole input where its size is known (more if compressed)
             done = min(1, max(tally.input_bytes, tally.bytes) / total) if total else 1
             return int(tried[0] * writer.dtype.itemsize / max(done, 1e-9)) or None
-        kept = f'the existing {Path(cfg.prefix).name}.bin/.idx are as they were' if writer.bin_path.exists() else ''
+        name = Path(cfg.prefix).name
+        kept = f'the existing {name}.bin/.idx/.metadata are as they were' if writer.idx_path.exists() else ''
         with written(writer.bin_path, needed, kept), writer:
             for batch in _ahead(_batches(docs, cfg.batch_bytes)):   # reading overlaps encoding
                 kept = []
@@ -262,10 +273,8 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
                     last = now
             if not result.documents:
                 raise nothing_written(result)    # leaves no .bin/.idx behind
-            write_metadata(cfg.prefix, None)               # the old pair's must not describe the new one
-            for ext in ('.idx', '.bin'):                   # nor an old chat dataset's loss mask (gptkit.data.chat)
-                Path(f'{cfg.prefix}_loss_mask{ext}').unlink(missing_ok=True)
-        write_metadata(cfg.prefix, dataset_metadata(tok, cfg.tokenizer))
+            writer.metadata = dataset_metadata(tok, cfg.tokenizer)   # moved into place with the pair
+            writer.drop = tuple(Path(f'{cfg.prefix}_loss_mask{ext}') for ext in ('.idx', '.bin'))   # an old chat mask
         result.seconds = time.perf_counter() - start
         if progress:
             progress(event(result.seconds))
