@@ -30,7 +30,10 @@ from gptkit.store import (
     fsync_dir,
     manifest,
     newest,
+    placed,
+    publish,
     read_state,
+    recover,
     stale_temporaries,
     state_text,
     tag,
@@ -46,7 +49,7 @@ from .model import GPT
 from .parallel import merge_weights
 from .runconfig import RunConfig, from_dict, save_config
 from .tokenizer import load as load_tokenizer
-from .torch_files import deepspeed_reads_safely, read_torch_file
+from .torch_files import deepspeed_reads_safely, read_torch_file, zero3_weights
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +139,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
         raise CheckpointError(f'could not write checkpoint {final}: {short}')
     try:
         if rank == 0:
+            recover(root)                # a killed re-save's sealed copy back in place before `tmp` is reused
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier()
@@ -157,9 +161,7 @@ def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig,
                      'shapes': shapes or model_shapes(engine.module), 'files': manifest(tmp)}
             write_atomic(tmp / 'state.json', state_text(state))
             fsync_dir(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            publish(tmp, final)          # an older copy of this iteration moved aside first, removed last (12a)
             write_atomic(root / 'latest', name)
             if keep:
                 prune(root, keep)
@@ -368,7 +370,7 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
 def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None, shapes: dict | None = None,
          parallel=None) -> dict:
     "Restore model, optimizer, schedule and random states from `folder`, on any data-parallel size; its state.json"
-    folder = Path(folder)
+    folder = placed(folder)              # planned before the run's writer put a re-save's staged copy back (12a)
     state = read_state(folder)
     _same_split(folder, state, layout)
     check_shapes(state['shapes'], shapes or engine.module, str(folder))
@@ -473,9 +475,7 @@ def _read_weights(folder: Path) -> dict:
             shards[mp % tp, mp // tp] = _model_file(f)['module']
         return merge_weights(shards, read_config(folder).model, tp)
     if _zero_stage(folder) == 3:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        with deepspeed_reads_safely():
-            return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
+        return zero3_weights(folder)     # refused in one sentence when the files are no ZeRO-3 shards (chapter 12)
     weights = dict(_model_file(_model_states(folder))['module'])
     if any(is_adapter(k) for k in weights):     # a LoRA run: its adapters merged into their base weights (07e)
         weights = with_base(weights, read_config(folder), folder, load_weights)

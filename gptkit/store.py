@@ -14,21 +14,23 @@ import re
 import shlex
 import shutil
 import socket
+import stat
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from .errors import ConfigError, GptkitError
+from .config import MOST
+from .errors import ConfigError, GptkitError, shown
 from .files import read_json, written
 
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TAG_RE', 'LOCK_NAME', 'CheckpointError', 'tag', 'fsync_dir', 'manifest', 'state_text', 'verify', 'read_state',
-           'checkpoints', 'newest', 'find', 'staged_dir', 'RunLockedError', 'RunLock', 'lock_path', 'lock_file',
-           'lock_run', 'file_holder', 'lock_holder', 'InsideRunError', 'check_output_outside_runs', 'stale_temporaries',
-           'remove_temporaries']
+__all__ = ['log', 'TAG_RE', 'LOCK_NAME', 'CheckpointError', 'tag', 'fsync_dir', 'odd_file', 'state_problem', 'manifest',
+           'state_text', 'verify', 'read_state', 'checkpoints', 'newest', 'publish', 'recover', 'placed', 'find',
+           'staged_dir', 'RunLockedError', 'RunLock', 'lock_path', 'lock_file', 'lock_run', 'file_holder',
+           'lock_holder', 'InsideRunError', 'check_output_outside_runs', 'stale_temporaries', 'remove_temporaries']
 
 # %% ../nbs/12a_store.ipynb #e3ba69ce
 class CheckpointError(GptkitError):
@@ -54,6 +56,64 @@ def fsync_dir(path: Path):
     finally:
         os.close(fd)
 
+# %% ../nbs/12a_store.ipynb #2ffe9f49
+_KINDS = ((stat.S_ISFIFO, 'a pipe (FIFO)'), (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'),
+          (stat.S_ISSOCK, 'a socket'))
+
+def _inside(p: Path, real: Path) -> bool:
+    "Whether `p`, its links followed, lies inside the folder whose real path is `real`"
+    try:
+        return p.resolve().is_relative_to(real)
+    except (OSError, RuntimeError):                      # a loop of links
+        return False
+
+def odd_file(folder: Path) -> str | None:
+    "What is wrong with the first entry under `folder` (looked at, never opened) that is no file or folder inside it"
+    real = folder.resolve()
+    for top, dirs, files in os.walk(folder):
+        for p in (Path(top) / n for n in sorted(dirs + files)):
+            try:
+                if p.is_symlink() and not _inside(p, real):
+                    return f'{p} is a link to {os.readlink(p)}, outside the checkpoint folder'
+                mode = p.stat().st_mode
+            except OSError as e:
+                return f'{p} cannot be read ({e.strerror or e})'
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = next((name for test, name in _KINDS if test(mode)), 'not a regular file')
+                return f'{p} is {kind}, not a file: a checkpoint holds files and folders only'
+    return None
+
+# %% ../nbs/12a_store.ipynb #d2e11647
+# state.json's whole numbers: (least, most); counts within int64, what torch and DeepSpeed count in
+_WHOLE = {'iteration': (0, MOST['iters']), 'consumed_samples': (0, 2**63 - 1), 'tokens': (0, 2**63 - 1),
+          'world_size': (1, MOST['world']), 'ep': (1, MOST['ep'])}
+
+def _whole(v, least: int, most: int) -> bool:
+    return type(v) is int and least <= v <= most
+
+def _dims(shape) -> bool:
+    return isinstance(shape, list) and len(shape) <= 8 and all(_whole(d, 0, 2**63 - 1) for d in shape)
+
+def state_problem(state: dict, where: Path) -> str | None:
+    "What is wrong with the values of the state.json `where` as data (its iteration, counts, shapes), or None"
+    if 'iteration' not in state:
+        return f'{where} has no iteration'
+    for key, (least, most) in _WHOLE.items():
+        if key in state and not _whole(state[key], least, most):
+            return f'{where}: {key} must be a whole number from {least} to {most:,}, not {shown(state[key])}'
+    shapes = state.get('shapes', {})
+    if not isinstance(shapes, dict) or not all(_dims(s) for s in shapes.values()):
+        return f'{where}: shapes must give each weight a list of at most 8 whole numbers'
+    if not isinstance(state.get('weights_only', False), bool):
+        return f'{where}: weights_only must be true or false, not {shown(state["weights_only"])}'
+    return None
+
+def _bad_name(name, folder: Path, real: Path) -> bool:
+    "Whether the manifest entry `name` is no relative path to a file inside `folder` (real path `real`)"
+    if not isinstance(name, str) or not name or '\0' in name:
+        return True
+    return name.startswith('/') or '..' in PurePosixPath(name).parts or not _inside(folder / name, real)
+
 # %% ../nbs/12a_store.ipynb #2aaeae8d
 def manifest(folder: Path) -> dict:
     "Size and SHA-256 of every file under `folder` except state.json"
@@ -72,19 +132,29 @@ def state_text(state: dict) -> str:
 def verify(folder: str | Path) -> str | None:
     "None if the checkpoint in `folder` is complete and intact, else what is wrong with it"
     folder = Path(folder)
-    if not (folder / 'state.json').exists():
+    where = folder / 'state.json'
+    if not where.exists():
         return f'{folder} has no state.json (the save did not finish)'
+    problem = odd_file(folder)                           # before a byte is read: state.json a link out, or a FIFO
+    if problem:
+        return problem
     try:
-        state = read_json(folder / 'state.json', 'checkpoint state', error=CheckpointError, expect=dict)
+        state = read_json(where, 'checkpoint state', error=CheckpointError, expect=dict)
     except CheckpointError as e:
         return str(e)
     if 'checksum' in state and state['checksum'] != _state_sum(state):   # older checkpoints have none: accepted
-        return f'{folder / "state.json"} was edited or damaged (its checksum does not match its contents)'
-    files = state.get('files', {})
+        return f'{where} was edited or damaged (its checksum does not match its contents)'
+    return state_problem(state, where) or _manifest_problem(folder, state.get('files', {}))
+
+def _manifest_problem(folder: Path, files) -> str | None:
+    "What is wrong with the files of checkpoint `folder` against its manifest `files`, or None"
+    where, real = folder / 'state.json', folder.resolve()
     sized = lambda w: isinstance(w, dict) and type(w.get('size')) is int and isinstance(w.get('sha256'), str)
     if not isinstance(files, dict) or not all(sized(w) for w in files.values()):
-        return f'{folder / "state.json"} has a damaged manifest (its files must each have a size and a sha256)'
+        return f'{where} has a damaged manifest (its files must each have a size and a sha256)'
     for name, want in files.items():
+        if _bad_name(name, folder, real):
+            return f'{where}: files names {shown(name)}, outside the checkpoint folder'
         p = folder / name
         if not p.is_file():
             return f'{p} is missing'
@@ -102,13 +172,24 @@ def read_state(folder: str | Path) -> dict:
     return read_json(Path(folder) / 'state.json', 'checkpoint state', error=CheckpointError, expect=dict)
 
 # %% ../nbs/12a_store.ipynb #045af37c
+_COPY_RE = re.compile(r'^(?:\.(tmp|old)-)?(iter_(\d{7,}))$')     # a checkpoint's folder, or a staged copy of it
+
+def _copy_of(root: Path, name: str) -> Path | None:
+    "The folder holding checkpoint `name` in `root`: its own, or where that has no state.json a sealed staged copy"
+    own = root / name
+    for p in (own, root / f'.tmp-{name}', root / f'.old-{name}'):    # the new copy first, then the one it replaced
+        if (p / 'state.json').is_file():
+            return p
+    return own if own.is_dir() else None
+
 def checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     "(iteration, folder) of every finished checkpoint under `root`, oldest first"
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m[1]), p) for p in root.iterdir() if p.is_dir() and (m := TAG_RE.match(p.name))]
-    return sorted(found)
+    names = {m[2]: int(m[3]) for p in root.iterdir() if (m := _COPY_RE.match(p.name)) and p.is_dir()}
+    found = [(it, _copy_of(root, name)) for name, it in names.items()]
+    return sorted((it, folder) for it, folder in found if folder is not None)
 
 def newest(root: str | Path) -> Path | None:
     "The newest complete, intact checkpoint under `root`; damaged ones are logged and skipped"
@@ -119,12 +200,50 @@ def newest(root: str | Path) -> Path | None:
         log.warning('skipping checkpoint %s: %s', folder.name, problem)
     return None
 
+# %% ../nbs/12a_store.ipynb #b2fb03e9
+def publish(tmp: Path, final: Path):
+    "Rename the sealed folder `tmp` to `final`; a `final` there already is moved aside first and removed last"
+    old = final.parent / f'.old-{final.name}'
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)           # a killed re-save's: `final` or `tmp` is whole
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+def recover(root: str | Path) -> list[Path]:
+    "Put each checkpoint that a killed re-save left staged back under its name (by the writer holding the lock)"
+    back = []
+    for _, folder in checkpoints(root):
+        m = _COPY_RE.match(folder.name)
+        if m[1] is None:
+            continue
+        own = folder.parent / m[2]
+        try:
+            shutil.rmtree(own, ignore_errors=True)       # what is left of the copy it replaces: no state.json
+            os.replace(folder, own)
+        except OSError as e:                             # it is still found where it is
+            log.warning('could not move %s back to %s: %s', folder, own, e.strerror or e)
+            continue
+        back.append(own)
+    return back
+
+def placed(folder: str | Path) -> Path:
+    "Where checkpoint `folder` is now: itself, or its own name once `recover` has moved that staged copy back"
+    folder = Path(folder)
+    m = _COPY_RE.match(folder.name)
+    if m is None or m[1] is None or folder.exists():
+        return folder
+    return folder.parent / m[2]
+
 # %% ../nbs/12a_store.ipynb #fba53951
 def find(path: str | Path) -> Path:
     "The checkpoint folder for a run folder, a checkpoints folder or an iter_XXXXXXX folder"
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f'checkpoint path {path} does not exist')
+    if TAG_RE.match(path.name):
+        path = _copy_of(path.parent, path.name) or path     # a killed re-save's sealed copy where it has none
     if (path / 'state.json').is_file() or TAG_RE.match(path.name):
         problem = verify(path)
         if problem:
@@ -341,21 +460,22 @@ def check_output_outside_runs(path: str | Path, flag: str):
 
 
 # %% ../nbs/12a_store.ipynb #6cf50f77
-_TEMP_RE = re.compile(r'^\.(tmp-iter_\d{7,}|universal-iter_\d{7,}\.tmp-\d+|.+\.tmp)$')
+_TEMP_RE = re.compile(r'^\.((tmp|old)-iter_\d{7,}|universal-iter_\d{7,}\.tmp-\d+|.+\.tmp)$')
 
 def _run_folder(path: str | Path) -> Path:
     "The run folder of a run folder, its checkpoints/ folder or one of its iter_XXXXXXX folders"
     p = Path(path)
-    if TAG_RE.match(p.name):
+    if _COPY_RE.match(p.name):
         p = p.parent
     if p.name == 'checkpoints':
         p = p.parent
     return p
 
 def _temporaries(run: Path) -> list[Path]:
-    "The temporaries in run folder `run` and its checkpoints/"
+    "The temporaries in run folder `run` and its checkpoints/ (a staged copy that `checkpoints` takes is none)"
+    taken = {folder for _, folder in checkpoints(run / 'checkpoints')}
     folders = [d for d in (run, run / 'checkpoints') if d.is_dir()]
-    return [p for d in folders for p in sorted(d.iterdir()) if _TEMP_RE.match(p.name)]
+    return [p for d in folders for p in sorted(d.iterdir()) if _TEMP_RE.match(p.name) and p not in taken]
 
 def stale_temporaries(path: str | Path) -> list[Path]:
     "Temporaries a killed writer left in a run folder and its checkpoints/ (none while another process holds its lock)"
@@ -366,7 +486,10 @@ def stale_temporaries(path: str | Path) -> list[Path]:
 
 def remove_temporaries(path: str | Path) -> list[Path]:
     "Remove the temporaries of `path`'s run folder, for a writer holding its lock (so they are stale); those removed"
-    stale = _temporaries(_run_folder(path))
+    run = _run_folder(path)
+    for p in recover(run / 'checkpoints'):             # a killed re-save's copy, taken for its iteration: kept
+        log.warning('moved %s back in place: a run was killed while saving it again', p)
+    stale = _temporaries(run)
     for p in stale:
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)

@@ -13,9 +13,10 @@ import os
 import pickle
 import re
 import signal
+import stat
 import types
 from contextlib import contextmanager
-from pathlib import PosixPath
+from pathlib import Path, PosixPath
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ import torch
 from .store import CheckpointError
 
 # %% auto #0
-__all__ = ['SAFE_TYPES', 'Foreign', 'read_torch_file', 'deepspeed_reads_safely']
+__all__ = ['SAFE_TYPES', 'Foreign', 'read_torch_file', 'deepspeed_reads_safely', 'zero3_weights']
 
 # %% ../nbs/12_torch_files.ipynb #32e4f823
 class Foreign:
@@ -121,9 +122,18 @@ def _torch_load(f, map_location, mmap: bool):
             raise
     return torch.serialization.load(f, map_location=map_location, weights_only=True)
 
+def _special(path) -> bool:
+    "Whether `path` names a pipe, device, socket or folder: an open of a FIFO waits forever, a device never ends"
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:                    # missing: the open says so
+        return False
+
 def read_torch_file(f, map_location='cpu', mmap: bool = False):
     "What `torch.save` wrote to `f`, built by torch's weights_only unpickler from tensors, plain values, `SAFE_TYPES`"
     try:
+        if isinstance(f, (str, os.PathLike)) and _special(f):
+            raise CheckpointError(f'{f} was not loaded: it is not a regular file (a pipe or a device is never opened)')
         wanted = _wanted(f)
         unknown = sorted(n for n in wanted if n not in SAFE_TYPES)
         if unknown:
@@ -151,3 +161,19 @@ def deepspeed_reads_safely():
         yield
     finally:
         torch.load = before
+
+# %% ../nbs/12_torch_files.ipynb #ddab6af8
+def zero3_weights(folder: Path) -> dict:
+    "The whole fp32 weights that DeepSpeed's `zero_to_fp32` gathers from the ZeRO-3 shards of checkpoint `folder`"
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    if not any(folder.glob('zero_pp_rank_*_mp_rank_*_model_states.pt')):
+        raise CheckpointError(f'{folder / "ds_config.json"}: zero_optimization.stage is 3, but {folder} holds no '
+                              'ZeRO-3 model states (zero_pp_rank_N_mp_rank_00_model_states.pt)')
+    try:
+        with deepspeed_reads_safely():
+            return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name))
+    except (CheckpointError, OSError, MemoryError):
+        raise
+    except Exception as e:          # shards that do not fit together: zero_to_fp32 fails in many ways
+        raise CheckpointError(f'{folder} does not hold the ZeRO-3 shards its ds_config.json describes: zero_to_fp32 '
+                              f'failed ({type(e).__name__}: {_first_sentence(e)})') from None

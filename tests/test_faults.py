@@ -339,7 +339,7 @@ def test_a_full_disk_on_every_write_path_is_one_sentence_and_keeps_what_was_ther
     before = {p.name: p.read_bytes() for p in disk.iterdir()}
     r = run('data', 'prepare', '-i', 'builtin:kjv', '--output-prefix', disk / 'kjv', '--tokenizer', tok, '--overwrite')
     _one_sentence(r, f'{disk}/kjv_text_document.bin: the disk is full (at least', 'needed,', 'free), so it was not '
-                  'written; the existing kjv_text_document.bin/.idx are as they were; free some space and run again')
+                  'written; the existing kjv_text_document.bin/.idx/.metadata are as they were; free some space and run again')
     assert {p.name: p.read_bytes() for p in disk.iterdir()} == before
     # tokenizer train: no half-written tokenizer folder
     _fill(disk, 16 * 1024)
