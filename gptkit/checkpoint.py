@@ -445,7 +445,9 @@ def _zero_stage(folder: Path) -> int:
     return stage if type(stage) is int else 0
 
 def _model_states(folder: Path) -> Path:
-    files = sorted(Path(folder).glob('mp_rank_*_model_states.pt'))
+    "DeepSpeed's model states of the first rank: mp_rank_00's, or under ZeRO-3 zero_pp_rank_0's (the weights empty)"
+    folder = Path(folder)
+    files = sorted(folder.glob('mp_rank_*_model_states.pt')) or sorted(folder.glob('zero_pp_rank_*_model_states.pt'))
     if not files:
         raise CheckpointError(f'{folder} has no mp_rank_00_model_states.pt (DeepSpeed model states)')
     return files[0]

@@ -141,3 +141,31 @@ def test_a_deepspeed_config_value_deepspeed_refuses_is_one_sentence(tiny_data, t
                           "which DeepSpeed refuses: input should be 'none', 'cpu' or 'nvme'") in out, out
     one_sentence(out)
     assert not (tmp_path / 'r').exists()
+
+
+@pytest.mark.parametrize('step', ['index', 'fsync'])
+def test_prepare_chat_overwrite_on_a_full_disk_keeps_the_old_dataset_and_its_mask(tmp_path, monkeypatch, step):
+    "The tokens, their metadata and the loss mask are replaced together: the old .idx and metadata were removed first"
+    import gptkit.data.indexed as indexed
+    chats = tmp_path / 'c.jsonl'
+    chats.write_text(''.join(json.dumps({'messages': [{'role': 'user', 'content': f'question {i}'},
+                                                      {'role': 'assistant', 'content': f'answer {i} ' * 5}]}) + '\n'
+                             for i in range(6)))
+    args = ('data', 'prepare', '--chat', '-i', chats, '--output-prefix', tmp_path / 'sft', '--workers', '1',
+            '--overwrite')
+    code, out, _ = run(*args)
+    assert code == 0, out
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert len(before) == 6                         # the conversations, .bin, .idx, .metadata, the mask's .bin/.idx
+    if step == 'index':
+        monkeypatch.setattr(indexed.IndexedWriter, '_index_bytes', full_disk)
+    else:
+        monkeypatch.setattr(indexed.os, 'fsync', full_disk)
+    code, out, _ = run(*args)
+    assert_intact(tmp_path, before)
+    assert code == 1 and f'{tmp_path}/sft_text_document.bin: the disk is full' in out, out
+    assert 'the existing sft_text_document.bin/.idx/.metadata and loss mask are as they were' in out, out
+    one_sentence(out)
+    monkeypatch.undo()
+    code, out, _ = run(*args)
+    assert code == 0 and {p.name for p in tmp_path.iterdir()} == set(before), out

@@ -130,6 +130,13 @@ def test_a_payload_in_model_states_runs_not_on_resume(tiny_data, runs, tmp_path)
     refused(resume(tiny_data, run), f, marker)
 
 
+def test_inspect_reads_a_zero3_checkpoint(runs):
+    "ZeRO-3 writes zero_pp_rank_N_mp_rank_00_model_states.pt and no mp_rank_00 file: inspect read only the latter"
+    from gptkit.checkpoint import inspect
+    info = inspect(runs(3) / 'checkpoints' / STEP)
+    assert info['dtypes'] == ['float32'] and info['iteration'] == 3, info
+
+
 @pytest.mark.parametrize('kind', ['generate', 'export-hf', 'serve'])
 def test_a_payload_in_zero3_optimizer_states_runs_in_no_command(kind, runs, tmp_path, text, no_server):
     "ZeRO-3 keeps the weights in the optimizer states: DeepSpeed's zero_to_fp32 reads them (weights_only=False)"

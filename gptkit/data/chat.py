@@ -26,7 +26,7 @@ from ..files import check_folder, written
 from ..tokenizer import ChatRenderer, ChatTemplateError, ChatTooLong, asset, load as load_tokenizer
 from .corpus import Deduper, clean_text, expand_inputs, repair_text
 from .document import Tally
-from .indexed import IndexedDataset, IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype, write_metadata
+from .indexed import IndexedDataset, IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype
 from .prepare import PrepareConfig, PrepareResult, Progress, dataset_metadata, nothing_written, shard_inputs
 
 # %% auto #0
@@ -316,28 +316,34 @@ def _rendered(conversations: Iterable[Conversation], renderer: ConversationRende
     if out:
         yield out
 
-def _write_chat(cfg: PrepareConfig, tok, batches, result: ChatResult, tick: Callable[[], None]):
-    "Encode and write each batch, tokens and mask; the mask moves into place first, once the old token index is gone"
+def _write_chat(cfg: PrepareConfig, tok, batches, result: ChatResult, tick: Callable[[], None], meta: dict):
+    """Encode and write each batch, tokens and mask; at the end the tokens, their metadata and the mask move into place
+    together, every byte on disk before anything old is touched (a full disk leaves the old dataset whole)"""
     tokens = IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size))
-    kept = f'the existing {Path(cfg.prefix).name}.bin/.idx are as they were' if tokens.bin_path.exists() else ''
-    with written(tokens.bin_path, None, kept), tokens, IndexedWriter(result.mask_prefix, np.uint8) as mask:
-        for batch in batches:
-            ids, masks = encode_conversations(tok, batch)
-            keep = [i for i, t in enumerate(ids) if len(t) - 1 >= cfg.min_tokens]
-            result.dropped['too_short'] += len(ids) - len(keep)
-            ids, masks = [ids[i] for i in keep], [masks[i] for i in keep]
-            tokens.add_documents(ids)
-            mask.add_documents(masks)
-            result.documents += len(ids)
-            result.tokens += sum(len(t) for t in ids)
-            result.trained += sum(int(m.sum()) for m in masks)
-            tick()
-        result.dropped = +result.dropped            # no zero counts
-        if not result.documents:
-            raise _nothing_written(result)          # both writers remove their temporaries
-        write_metadata(cfg.prefix, None)            # the old pair's must not describe the new one
-        tokens.idx_path.unlink(missing_ok=True)     # old tokens never pair with the new mask
-    # leaving the block closes the mask (moved into place), then the tokens
+    mask = IndexedWriter(result.mask_prefix, np.uint8)
+    there = tokens.idx_path.exists()
+    kept = f'the existing {Path(cfg.prefix).name}.bin/.idx/.metadata and loss mask are as they were' if there else ''
+    with written(tokens.bin_path, None, kept), tokens:   # closing the tokens moves the mask into place with them
+        try:
+            for batch in batches:
+                ids, masks = encode_conversations(tok, batch)
+                keep = [i for i, t in enumerate(ids) if len(t) - 1 >= cfg.min_tokens]
+                result.dropped['too_short'] += len(ids) - len(keep)
+                ids, masks = [ids[i] for i in keep], [masks[i] for i in keep]
+                tokens.add_documents(ids)
+                mask.add_documents(masks)
+                result.documents += len(ids)
+                result.tokens += sum(len(t) for t in ids)
+                result.trained += sum(int(m.sum()) for m in masks)
+                tick()
+            result.dropped = +result.dropped            # no zero counts
+            if not result.documents:
+                raise _nothing_written(result)          # both writers remove their temporaries
+            mask.seal()
+        except BaseException:
+            mask.abort()
+            raise
+        tokens.metadata, tokens.pair = meta, mask
 
 # %% ../../nbs/05a_chat.ipynb #e748a672
 def _ticker(progress: Callable[[Progress], None] | None, every: float, result: ChatResult, total: int):
@@ -373,9 +379,8 @@ def prepare_chat(cfg: PrepareConfig, progress: Callable[[Progress], None] | None
         with ConversationRenderer(tok) as renderer:
             result.template = renderer.source
             batches = _rendered(read_conversations(paths, tally, clean), renderer, result, cfg.dedupe)
-            _write_chat(cfg, tok, batches, result, tick)
-        meta = {**dataset_metadata(tok, cfg.tokenizer), 'loss_mask': Path(result.mask_prefix).name,
-                'chat_template': result.template}
-        write_metadata(cfg.prefix, meta)
+            meta = {**dataset_metadata(tok, cfg.tokenizer), 'loss_mask': Path(result.mask_prefix).name,
+                    'chat_template': result.template}
+            _write_chat(cfg, tok, batches, result, tick, meta)
         tick(final=True)
         return result

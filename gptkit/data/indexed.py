@@ -80,10 +80,12 @@ def _temporary(path: Path):
 
 TEMP_RE = re.compile(r'\.(bin|idx|metadata)\.tmp(-\d+)?$')   # what IndexedWriter and merge write before the rename
 
-def _publish(prefix: str | Path, tmp_bin: Path, tmp_idx: Path, meta: dict | None = None, drop: tuple = ()):
+def _publish(prefix: str | Path, tmp_bin: Path, tmp_idx: Path, meta: dict | None = None, drop: tuple = (),
+             pair: tuple | None = None):
     """Move a written pair and its metadata (None: none) into place, every byte on disk before anything old is touched
     (a full disk leaves the old dataset whole); the old .idx goes first, so a crash never pairs old files with new.
-    `drop`: files of the old dataset removed with it"""
+    `drop`: files of the old dataset removed with it; `pair`: (prefix, .bin and .idx temporaries) of a dataset that
+    belongs to this one (a loss mask), moved into place with it, after the old .idx is gone"""
     bin_path, idx_path = data_paths(prefix)
     meta_path = metadata_path(prefix)
     staged = _temporary(meta_path) if meta is not None else None   # locked, as the pair's temporaries are
@@ -92,13 +94,17 @@ def _publish(prefix: str | Path, tmp_bin: Path, tmp_idx: Path, meta: dict | None
             staged.write(json.dumps(meta, indent=1).encode('utf-8'))
             staged.flush()
             os.fsync(staged.fileno())
-        _fsync(tmp_bin)
-        _fsync(tmp_idx)
+        for p in (tmp_bin, tmp_idx, *(pair[1:] if pair else ())):
+            _fsync(p)
         idx_path.unlink(missing_ok=True)      # the old dataset is gone from here on: no old .idx with the new .bin
         for p in (*drop, *([meta_path] if staged is None else [])):
             p.unlink(missing_ok=True)         # nor old metadata describing it
         if staged is not None:
             os.replace(staged.name, meta_path)
+        if pair is not None:
+            data_paths(pair[0])[1].unlink(missing_ok=True)
+            for tmp, final in zip(pair[1:], data_paths(pair[0])):
+                os.replace(tmp, final)
         os.replace(tmp_bin, bin_path)
         os.replace(tmp_idx, idx_path)
     finally:
@@ -123,9 +129,10 @@ def remove_stale(folder: str | Path) -> list[Path]:
 
 class IndexedWriter:
     """Write a Megatron .bin/.idx pair under temporary names; `close()` moves both into place, with `metadata` as
-    PREFIX.metadata (None: an old one removed) and the old dataset's files in `drop` removed"""
+    PREFIX.metadata (None: an old one removed), the old dataset's files in `drop` removed, and `pair` (a sealed
+    writer of a dataset that belongs to this one, such as its loss mask) moved into place with them"""
     def __init__(self, prefix: str | Path, dtype=np.uint16):
-        self.prefix, self.metadata, self.drop = prefix, None, ()
+        self.prefix, self.metadata, self.drop, self.pair, self._idx = prefix, None, (), None, None
         self.dtype = np.dtype(dtype)
         if self.dtype not in CODES:
             raise DataError(f'{prefix}: dtype {self.dtype} has no Megatron dtype code')
@@ -186,25 +193,40 @@ class IndexedWriter:
         header = HEADER.pack(MAGIC, VERSION, CODES[self.dtype], len(lengths), len(self.doc_index))
         return header, lengths, pointers, np.frombuffer(self.doc_index, dtype=np.int64)
 
+    def seal(self):
+        "Write the index, under its temporary name beside the tokens'"
+        if self._idx is not None:
+            return
+        self._bin.flush()
+        self._idx = _temporary(self.idx_path)            # both stay locked until both are in place
+        for part in self._index_bytes():
+            self._idx.write(part if isinstance(part, bytes) else part.tobytes())
+        self._idx.flush()
+
     def close(self):
-        "Write the index and move both files, and the metadata, into place"
+        "Write the index and move both files, the metadata and `pair`, into place"
         if self._bin.closed:
             return
+        pair = self.pair
         try:
-            self._bin.flush()
-            with _temporary(self.idx_path) as f:         # both stay locked until both are in place
-                for part in self._index_bytes():
-                    f.write(part if isinstance(part, bytes) else part.tobytes())
-                f.flush()
-                _publish(self.prefix, self._tmp_bin, self._tmp_idx, self.metadata, self.drop)
+            self.seal()
+            _publish(self.prefix, self._tmp_bin, self._tmp_idx, self.metadata, self.drop,
+                     pair and (pair.prefix, pair._tmp_bin, pair._tmp_idx))
         except BaseException:
-            self.abort()                                 # a full disk while writing the index: nothing left
+            for w in (self, *([pair] if pair else [])):
+                w.abort()                                # a full disk while writing the index: nothing left
             raise
-        self._bin.close()
+        for w in (self, *([pair] if pair else [])):
+            w._shut()
+
+    def _shut(self):
+        for f in (self._idx, self._bin):
+            if f is not None:
+                f.close()
 
     def abort(self):
         "Discard everything written so far"
-        self._bin.close()
+        self._shut()
         for p in (self._tmp_bin, self._tmp_idx):
             p.unlink(missing_ok=True)
 
