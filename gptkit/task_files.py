@@ -113,7 +113,7 @@ def task_configs(path: Path, root: Path, seen: frozenset = frozenset()) -> dict[
         _refuse(str(path), 'includes itself (an include cycle)')
     found = {real: task_yaml(real)}
     for name in _includes(real, found[real]):
-        inc = Path(name).expanduser()
+        inc = Path(name)
         inc = inc if inc.is_absolute() else real.parent / inc   # as lm-eval joins it: beside the real file
         if not inc.resolve().is_relative_to(root):
             _refuse(f'{real}: include {name!r}', f'is outside --include-path {root}; a task folder reads only its '
