@@ -56,9 +56,13 @@ class _Seqs:
         return len(self.items) * self.samples
 
 
-def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: int):
-    "Generate for (where, prompt) items; stream live when one sequence runs, else print each as it finishes"
+def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: int, asked: bool = False):
+    """Generate for (where, prompt) items; stream live when one sequence runs, else print each as it finishes.
+    `asked`: --max-new-tokens was given, and a prompt the context has no room for that many after is refused"""
+    from gptkit.sampling import check_room
     prompts = [gen.encode(p, w) for w, p in items]          # each prompt once, however many samples
+    for (where, _), ids in zip(items if asked else [], prompts):
+        check_room(len(ids), sampling.max_new_tokens, gen.context, where='the prompt' if where == 'prompt' else where)
     n = len(items) * samples
     batch_size = min(batch_size, n)
     gen.check_batch(batch_size)                               # before any work: the KV cache must fit
@@ -100,7 +104,9 @@ def generate(
         help='Text to continue (repeat for more). Without --prompt or --prompt-file: an interactive prompt.')] = None,
     prompt_file: Annotated[Optional[Path], Opt(
         help='A text file with one prompt per line (\\n inside a line is a newline).')] = None,
-    max_new_tokens: Annotated[int, Opt(help='New tokens per sequence at most.')] = 64,
+    max_new_tokens: Annotated[Optional[int], Opt(help=(
+        'New tokens per sequence at most (default 64, or as many as the context leaves after the prompt); more than '
+        'the context leaves is refused.'), show_default=False)] = None,
     temperature: Annotated[float, Opt(help='Divide the logits by this (> 0); lower is more conservative.')] = 1.0,
     top_k: Annotated[int, Opt(help='Sample from the k most likely tokens only (0: all).')] = 0,
     top_p: Annotated[float, Opt(
@@ -132,8 +138,9 @@ def generate(
     problems = _problems(num_samples, batch_size)
     if problems:
         raise ConfigError(problems)
-    sampling = _sampling(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         greedy=greedy, seed=seed, stop=tuple(stop or ()))
+    asked = max_new_tokens is not None
+    sampling = _sampling(max_new_tokens=64 if max_new_tokens is None else max_new_tokens, temperature=temperature,
+                         top_k=top_k, top_p=top_p, greedy=greedy, seed=seed, stop=tuple(stop or ()))
     items = read_prompts(prompt or [], prompt_file)
     from gptkit.generate import Generator, decode_dtype
     with out.status(f'loading {fmt.text(checkpoint)}'):
@@ -144,8 +151,8 @@ def generate(
     if gen.decode is not None:
         err.print(f'[dim]{fmt.text(gen.decode.why)}[/]')
     if items:
-        return _run(gen, items, sampling, num_samples, batch_size)
-    _interactive(gen, sampling, num_samples, batch_size)
+        return _run(gen, items, sampling, num_samples, batch_size, asked)
+    _interactive(gen, sampling, num_samples, batch_size, asked)
 
 
 def _problems(num_samples: int, batch_size: int) -> list[tuple[str, str]]:
@@ -158,11 +165,11 @@ def _problems(num_samples: int, batch_size: int) -> list[tuple[str, str]]:
     return problems
 
 
-def _interactive(gen, sampling, num_samples: int, batch_size: int):
+def _interactive(gen, sampling, num_samples: int, batch_size: int, asked: bool):
     "Prompts typed one at a time, each answered as it comes, until an empty line or Ctrl-D"
     err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
     for text in typed_prompts():
         try:
-            _run(gen, [('prompt', text)], sampling, num_samples, batch_size)
+            _run(gen, [('prompt', text)], sampling, num_samples, batch_size, asked)
         except ConfigError as e:
             report(e, _name)

@@ -54,12 +54,14 @@ def serve(
     template_seconds: Annotated[float, Opt(help=(
         "Most seconds the checkpoint's chat template may take to render one conversation; it runs in a process of its "
         'own, which is stopped after this and the request refused.'))] = 2.0,
+    request_seconds: Annotated[float, Opt(help='Most seconds one request may run once started; then it stops, and '
+                                               'its client is told (HTTP 504; a stream: an error event).')] = 600.0,
 ):
     ("""Serve a checkpoint: Megatron's PUT /api, OpenAI's /v1/completions, /v1/chat/completions (both streaming) """
      """and /v1/models, /health, and a web page at /.""")
-    bad = _problems(port, tp, template_seconds, api_key, allowed_host or [], max_new_tokens=max_new_tokens,
-                    max_prompts=max_prompts, max_waiting=max_waiting, max_prompt_tokens=max_prompt_tokens or 1,
-                    max_batch=max_batch)
+    bad = _problems(port, tp, (template_seconds, request_seconds), api_key, allowed_host or [], max_batch=max_batch,
+                    max_new_tokens=max_new_tokens, max_prompts=max_prompts, max_waiting=max_waiting,
+                    max_prompt_tokens=max_prompt_tokens or 1)
     if bad:
         raise ConfigError(bad)
     from gptkit.batching import Limits
@@ -75,15 +77,19 @@ def serve(
     first = os.environ.get('RANK', '0') == '0'
     if first:                                 # the first rank serves; the others follow
         check_address(host, port)
-    folder = gen.loaded.folder
-    name = name or (folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name)
+    name = name or _run_name(gen.loaded.folder)
     access = Access(tuple(allowed_host or ()), api_key)
     limits = Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch,
-                    template_seconds=template_seconds)
+                    template_seconds=template_seconds, request_seconds=request_seconds)
     # the app before the banner: a chat template that fails on a sample conversation stops the server here
     web_app = make_app(gen, limits, name, access_on(host, access)) if first else None
     _banner(gen, name, host, port, LOOPBACK + access_on(host, access).hosts, api_key is not None)
     run(gen, host, port, limits, name, access=access, app=web_app)
+
+
+def _run_name(folder: Path) -> str:
+    "The model's name when --name is not given: the run folder's"
+    return folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name
 
 
 def _load(checkpoint: Path, device: str | None, dtype, tp: int):
@@ -95,16 +101,19 @@ def _load(checkpoint: Path, device: str | None, dtype, tp: int):
         return Generator.from_checkpoint(checkpoint, device=device, dtype=dtype, tp=tp)
 
 
-def _problems(port: int, tp: int, template_seconds: float, api_key: str | None, allowed_host: list[str],
+def _problems(port: int, tp: int, seconds: tuple[float, float], api_key: str | None, allowed_host: list[str],
               **limits: int) -> list[tuple[str, str]]:
-    "Every problem with `gptkit serve`'s options, as (option, sentence) pairs"
+    "Every problem with `gptkit serve`'s options, as (option, sentence) pairs; `seconds`: the template's, a request's"
     bad = [(k, f'{{key}} must be at least 1, not {v}') for k, v in limits.items() if v < 1]
     if not 0 < port < 65536:
         bad.append(('port', f'{{key}} must be between 1 and 65535, not {port}'))
     if tp < 1:
         bad.append(('tp', f'{{key}} must be at least 1, not {tp}'))
+    template_seconds, request_seconds = seconds
     if not 0 < template_seconds <= 600:
         bad.append(('template_seconds', f'{{key}} must be more than 0 and at most 600, not {template_seconds:g}'))
+    if not request_seconds > 0:                                     # nan too
+        bad.append(('request_seconds', f'{{key}} must be more than 0, not {request_seconds:g}'))
     if api_key is not None and not api_key.strip():
         bad.append(('api_key', '{key} (or GPTKIT_API_KEY) is empty; give a key or leave it out'))
     for h in allowed_host:

@@ -12,6 +12,7 @@ import itertools
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,8 +24,8 @@ from .sampling import Chunk, Sampling, TextStream, next_tokens, top_alternatives
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'left_pad', 'stack_caches', 'agree', 'Row', 'RunningBatch', 'Limits', 'Busy', 'Job', 'Work', 'advance',
-           'follow', 'Worker']
+__all__ = ['log', 'left_pad', 'stack_caches', 'agree', 'Row', 'RunningBatch', 'Limits', 'Busy', 'OutOfTime', 'Job', 'Work',
+           'advance', 'follow', 'Worker']
 
 # %% ../nbs/14b_batching.ipynb #76b5b2af
 def left_pad(prompts: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -239,10 +240,18 @@ class Limits:
     continuous: bool = True                # requests join the running batch at the next token; False: a batch
                                            # of the requests that arrived together runs to its end first
     template_seconds: float = 2.0          # the most a chat template may take to render one conversation
+    request_seconds: float = 600.0         # the most one request may run, from when the worker starts it: past
+                                           # it, its rows leave the batch and its client is told (`OutOfTime`)
 
 # %% ../nbs/14b_batching.ipynb #26902218
 class Busy(Exception):
     "The queue of waiting requests is full"
+
+class OutOfTime(Exception):
+    "A request ran past the server's limit of `seconds` a request (`Limits.request_seconds`); its rows left the batch"
+    def __init__(self, seconds: float):
+        super().__init__(f"the request ran past this server's limit of {seconds:g} s a request (--request-seconds)")
+        self.seconds = seconds
 
 @dataclass(eq=False)
 class Job:
@@ -255,6 +264,7 @@ class Job:
     score_only: bool = False         # Megatron's tokens_to_generate=0: prompt log-probabilities only
     cancelled: bool = False
     running: int = 0                 # its rows in the running batch
+    deadline: float = float('inf')   # the time.monotonic() it must end by, set when the worker starts it
 
     def key(self):
         "Requests with equal keys can share a batch that runs to its end (`Limits(continuous=False)`)"
@@ -268,7 +278,7 @@ class Work:
     "What the worker does before the next token; tensor-parallel ranks after the first are told it and do it too"
     scores: list = field(default_factory=list)   # each score-only request's rows
     joins: list = field(default_factory=list)    # (rows, sampling, prompt_logprobs) of each request that joins
-    drops: set = field(default_factory=set)      # keys of the rows whose client left
+    drops: set = field(default_factory=set)      # keys of the rows whose client left, or whose request ran out of time
 
 def advance(batch: RunningBatch, work: Work) -> tuple[list, list, list]:
     """Do `work` on `batch`: each score's log-probabilities and each join's keys (or the exception that failed that
@@ -371,6 +381,10 @@ class Worker:
                     return self._announce(None)
                 jobs = self._admit()
                 self.busy = True
+            now = time.monotonic()
+            for job in jobs:
+                job.deadline = now + self.limits.request_seconds
+            self._expire(now)
             scores, joins = [j for j in jobs if j.score_only], [j for j in jobs if not j.score_only]
             left = {k for k, (job, _) in self.owner.items() if job.cancelled}
             work = Work([j.rows for j in scores], [(j.rows, j.sampling, j.prompt_logprobs) for j in joins], left)
@@ -389,6 +403,13 @@ class Worker:
                 self._leave(k)
             self._deliver(scores, scored, joins, joined, chunks)
             self.busy = bool(self.batch)
+
+    def _expire(self, now: float):
+        "Each running job past its deadline is told so and cancelled: its rows leave now, as a client's who left"
+        for job in {job for job, _ in self.owner.values()}:
+            if not job.cancelled and now > job.deadline:
+                job.cancelled = True
+                job.put(OutOfTime(self.limits.request_seconds))
 
     def _deliver(self, scores, scored, joins, joined, chunks):
         "Each result to its job: scores, prompt log-probabilities, then every row's chunk"

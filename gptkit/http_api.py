@@ -17,14 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from .batching import Limits
 from .errors import ConfigError
 from .generate import Generator
-from .sampling import Sampling
+from .sampling import STOP_CHARS, Sampling, check_room
 from .tokenizer import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
 
 # %% auto #0
 __all__ = ['BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'TEMPLATE_MEMORY', 'ERRORS', 'ROUTES', 'prompt_tokens',
            'longest_token', 'prompt_chars', 'body_limit', 'MegatronRequest', 'StreamOptions', 'OpenAIRequest',
-           'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'encode_prompts',
-           'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_renderer', 'chat_prompt', 'chat_job',
+           'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'encode_prompts', 'fit_context',
+           'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_renderer', 'chat_prompt', 'chat_job', 'chat_fits',
            'openai_error', 'megatron_error', 'validation_sentence', 'http_sentence', 'error_for']
 
 # %% ../nbs/15a_http_api.ipynb #e71ba994
@@ -54,8 +54,9 @@ class MegatronRequest(BaseModel):
     model_config = ConfigDict(extra='forbid')
     prompts: list[str] = Field(description='Texts to continue', json_schema_extra={'minItems': 1})
     tokens_to_generate: Optional[int] = Field(
-        None, description="New tokens per prompt (default 64, or the server's limit if lower); "
-                          "0 with logprobs scores the prompts only",
+        None, description="New tokens per prompt (default 64, or the server's limit or what the context leaves "
+                          "after the prompt if lower; more than the context leaves is refused); 0 with logprobs "
+                          "scores the prompts only",
         json_schema_extra={'minimum': 0})
     temperature: float = Field(1.0, json_schema_extra={'exclusiveMinimum': 0, 'maximum': 100})
     top_k: int = Field(0, description='Sample from the k most likely tokens (0: all; 1: greedy); not with top_p',
@@ -91,7 +92,9 @@ class CompletionRequest(OpenAIRequest):
     "OpenAI's POST /v1/completions body (the parts a GPT without chat templates supports)"
     prompt: Union[str, list[str]] = Field(description='A text or a list of texts to continue')
     max_tokens: Optional[int] = Field(None, description="New tokens per sequence (default 16, or the server's limit "
-                                                        "if lower)", json_schema_extra={'minimum': 1})
+                                                        "or what the context leaves after the prompt if lower; more "
+                                                        "than the context leaves is refused)",
+                                      json_schema_extra={'minimum': 1})
     logprobs: Optional[int] = Field(None, description="The chosen tokens' log-probabilities and this many likeliest "
                                                       "alternatives at each position (0-5)",
                                     json_schema_extra={'minimum': 0, 'maximum': 5})
@@ -114,7 +117,9 @@ class ChatRequest(OpenAIRequest):
     "OpenAI's POST /v1/chat/completions body"
     messages: list[ChatMessage] = Field(description='The conversation so far', json_schema_extra={'minItems': 1})
     max_completion_tokens: Optional[int] = Field(None, description="New tokens per reply (default 16, or the "
-                                                                   "server's limit if lower)",
+                                                                   "server's limit or what the context leaves "
+                                                                   "after the conversation if lower; more than the "
+                                                                   "context leaves is refused)",
                                                  json_schema_extra={'minimum': 1})
     max_tokens: Optional[int] = Field(None, description='The older name of max_completion_tokens',
                                       json_schema_extra={'minimum': 1})
@@ -153,9 +158,19 @@ def encode_prompts(gen: Generator, prompts: list[str], limits: Limits, field: st
         rows.append(ids)
     return rows
 
+def fit_context(rows: list[list[int]], new: int, context: int, key: str, field: str, one: str = 'the prompt'):
+    """Refuse `new` tokens (the field `key`) that the model's context has no room for after the longest of `rows`, the
+    prompts of the field `field` (`one`: what a single prompt is called). Left out, new tokens stop at the context"""
+    i = max(range(len(rows)), key=lambda i: len(rows[i]))
+    try:
+        check_room(len(rows[i]), new, context, key, one if len(rows) == 1 else f'{field}[{i}]')
+    except ConfigError as e:
+        raise BadRequest(e.render(), key) from None
+
 def megatron_job(gen: Generator, r: MegatronRequest, limits: Limits) -> tuple[list[list[int]], Sampling, bool, int]:
     "Rows, sampling, whether to return log-probabilities, and the number of new tokens, from a Megatron request"
-    if r.tokens_to_generate is None:
+    asked = r.tokens_to_generate is not None
+    if not asked:
         r = r.model_copy(update={'tokens_to_generate': min(64, limits.max_new_tokens)})
     if not r.prompts:
         raise BadRequest('prompts is empty', 'prompts')
@@ -183,6 +198,8 @@ def megatron_job(gen: Generator, r: MegatronRequest, limits: Limits) -> tuple[li
     rows = encode_prompts(gen, r.prompts, limits, 'prompts')
     if r.add_BOS:
         rows = [[gen.tok.eod] + row if row != [gen.tok.eod] else row for row in rows]
+    if asked:
+        fit_context(rows, r.tokens_to_generate, gen.context, 'tokens_to_generate', 'prompts')
     s = _sampling({'seed': 'random_seed'}, max_new_tokens=max(r.tokens_to_generate, 1), temperature=r.temperature,
                   top_k=r.top_k, top_p=r.top_p or 1.0, greedy=r.top_k == 1, seed=r.random_seed)
     return rows, s, r.logprobs, r.tokens_to_generate
@@ -213,6 +230,11 @@ def _openai_sampling(r, limits: Limits, prompts: int, max_tokens: int | None, ma
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
     if len(stop) > 4 or any(not s for s in stop):
         raise BadRequest('stop must be up to 4 non-empty strings', 'stop')
+    for i, s in enumerate(stop):
+        if len(s) > STOP_CHARS:
+            where = 'stop' if isinstance(r.stop, str) else f'stop[{i}]'
+            raise BadRequest(f'{where} has {len(s):,} characters; this server takes stop strings of at most '
+                             f'{STOP_CHARS:,}', 'stop')
     names = {'max_new_tokens': max_name, 'top_k': 'top_k', 'top_p': 'top_p', 'seed': 'seed',
              'temperature': 'temperature', 'top_logprobs': top_name}
     s = _sampling(names, max_new_tokens=max_tokens, temperature=temperature or 1.0, greedy=temperature == 0,
@@ -227,6 +249,8 @@ def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[li
         raise BadRequest('prompt must be a text or a non-empty list of texts', 'prompt')
     n, s = _openai_sampling(r, limits, len(prompts), r.max_tokens, 'max_tokens', r.logprobs or 0, 'logprobs', 5)
     rows = encode_prompts(gen, prompts, limits, 'prompt')
+    if r.max_tokens is not None:
+        fit_context(rows, r.max_tokens, gen.context, 'max_tokens', 'prompt')
     return prompts, [row for row in rows for _ in range(n)], s
 
 # %% ../nbs/15a_http_api.ipynb #5303f934
@@ -296,9 +320,16 @@ def chat_job(r: ChatRequest, limits: Limits, templated: bool) -> tuple[list[dict
     n, s = _openai_sampling(r, limits, 1, getattr(r, max_name), max_name, top, 'top_logprobs', 20, stop)
     return messages, n, s
 
+def chat_fits(r: ChatRequest, rows: list[list[int]], context: int):
+    "Refuse a chat request's max_completion_tokens (or max_tokens) the context has no room for after the conversation"
+    key = 'max_completion_tokens' if r.max_completion_tokens is not None else 'max_tokens'
+    if getattr(r, key) is not None:
+        fit_context(rows, getattr(r, key), context, key, 'messages', 'the conversation')
+
 # %% ../nbs/15a_http_api.ipynb #c04a8b11
 ERRORS = {400: {'description': 'A request the server refuses, with one sentence saying why'},
-          503: {'description': 'Too many requests are waiting'}}
+          503: {'description': 'Too many requests are waiting'},
+          504: {'description': "The request ran past the server's time limit a request"}}
 
 def openai_error(message: str, param: str | None, status: int = 400, code: str | None = None) -> JSONResponse:
     "OpenAI's error object: the sentence, its kind, the field it is about and a code"

@@ -6,17 +6,22 @@
 # %% ../nbs/14a_sampling.ipynb #7a5a604c
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from .errors import check
+from .errors import ConfigError, check
 
 # %% auto #0
-__all__ = ['EXP_FLOOR', 'Sampling', 'filter_logits', 'log_sum_exp', 'next_tokens', 'top_alternatives', 'TextStream', 'Chunk']
+__all__ = ['STOP_MOST', 'STOP_CHARS', 'EXP_FLOOR', 'Sampling', 'filter_logits', 'log_sum_exp', 'next_tokens', 'top_alternatives',
+           'check_room', 'StopMatcher', 'TextStream', 'Chunk']
 
 # %% ../nbs/14a_sampling.ipynb #6d4ea7eb
+STOP_MOST = 8          # stop strings one generation may have at most (OpenAI's API takes 4)
+STOP_CHARS = 1024      # characters of one stop string at most: matching reads each character once per stop string
+
 @dataclass(frozen=True)
 class Sampling:
     "How to pick each next token"
@@ -48,7 +53,11 @@ class Sampling:
         if self.seed is not None and (not whole(self.seed) or not 0 <= self.seed < 2**63):
             out.append(('seed', f'{{key}} must be a whole number from 0 to 2**63 - 1, not {self.seed!r}'))
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
-            out.append(('stop', f'{{key}} must be non-empty strings, not {self.stop!r}'))
+            out.append(('stop', f'{{key}} must be non-empty strings, not {repr(self.stop)[:60]}'))
+        elif len(self.stop) > STOP_MOST or any(len(s) > STOP_CHARS for s in self.stop):
+            longest = max(len(s) for s in self.stop)
+            out.append(('stop', f'{{key}} must be at most {STOP_MOST} strings of at most {STOP_CHARS:,} characters '
+                                f'each, not {len(self.stop):,} of up to {longest:,}'))
         if not whole(self.top_logprobs) or not 0 <= self.top_logprobs <= 20:
             out.append(('top_logprobs', f'{{key}} must be a whole number from 0 to 20, not {self.top_logprobs!r}'))
         return out
@@ -96,11 +105,63 @@ def top_alternatives(logits: torch.Tensor, k: int) -> list[list[tuple[int, float
     lp, ids = logits.float().log_softmax(-1).topk(k, dim=-1)
     return [list(zip(i, v)) for i, v in zip(ids.reshape(-1, k).tolist(), lp.reshape(-1, k).tolist())]
 
+# %% ../nbs/14a_sampling.ipynb #b0a7c1d3
+def check_room(prompt_tokens: int, max_new_tokens: int, context: int, key: str = 'max_new_tokens',
+               where: str = 'the prompt'):
+    "Refuse `max_new_tokens` new tokens after `where` (a prompt of `prompt_tokens`) that `context` has no room for"
+    room = context - prompt_tokens
+    if max_new_tokens > room:
+        raise ConfigError([(key, f"{{key}} {max_new_tokens:,} is more than the model's context of {context:,} tokens "
+                                 f"leaves after {where} ({prompt_tokens:,} token{'s' * (prompt_tokens != 1)}): at most "
+                                 f"{max(room, 0):,}")])
+
+# %% ../nbs/14a_sampling.ipynb #c4e1f0a1
+@functools.lru_cache(maxsize=64)
+def _failure(s: str) -> tuple[int, ...]:
+    "Knuth-Morris-Pratt's table of `s`: for each prefix s[:i + 1], its longest proper prefix that is also its suffix"
+    table, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = table[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        table[i] = k
+    return tuple(table)
+
+class StopMatcher:
+    "Where stop strings begin in a text read a piece at a time, each character read once per stop string"
+    def __init__(self, stop: tuple[str, ...]):
+        self.stop, self.tables = stop, [_failure(s) for s in stop]
+        self.states = [0] * len(stop)     # each stop string's first characters that the text read so far ends with
+        self.read = 0                     # characters read
+
+    def feed(self, piece: str) -> int:
+        "Read `piece`: where, in the whole text, the earliest stop string found in it begins, or -1"
+        found = -1
+        for j, (s, table) in enumerate(zip(self.stop, self.tables)):
+            k = self.states[j]
+            for i, c in enumerate(piece if k < len(s) else ''):   # (a stop string found already stays found)
+                while k and c != s[k]:
+                    k = table[k - 1]
+                k += c == s[k]
+                if k == len(s):
+                    start = self.read + i + 1 - k
+                    found = start if found < 0 else min(found, start)
+                    break
+            self.states[j] = k
+        self.read += len(piece)
+        return found
+
+    @property
+    def held(self) -> int:
+        "How many trailing characters might be the start of a stop string"
+        return max(self.states, default=0)
+
 # %% ../nbs/14a_sampling.ipynb #8943d76d
 class TextStream:
     "Turns one row's generated tokens into released text, honouring stop strings"
     def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
-        self.tok, self.stop = tokenizer, stop
+        self.tok, self.stop, self.matcher = tokenizer, stop, StopMatcher(stop)
         self.ids: list[int] = []
         self.sent = 0                 # characters already released
         self.stopped = False
@@ -114,21 +175,20 @@ class TextStream:
             self.base, self.base_text = len(self.ids), text
         return text
 
-    def _held(self, text: str) -> int:
-        "How many trailing characters might be the start of a stop string"
-        return max([k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])], default=0)
-
     def add(self, token: int) -> str:
         "Append a token; return the newly released text"
         self.ids.append(token)
+        if self.stopped:
+            return ''
         text = self._decode()
-        cut = min((i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0), default=-1)
+        whole = len(text.rstrip('\ufffd'))       # not the end of a character still coming
+        cut = self.matcher.feed(text[self.matcher.read:whole]) if self.stop else -1
         if cut >= 0:
             self.stopped = True
             return self._release(text[:cut])
         if text.endswith('\ufffd'):
             return ''
-        return self._release(text[:len(text) - self._held(text)])
+        return self._release(text[:len(text) - self.matcher.held])
 
     def finish(self) -> str:
         "Release whatever was held back (the row ended without completing a stop string)"

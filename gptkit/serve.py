@@ -10,6 +10,7 @@ import asyncio
 import functools
 import html
 import json
+import re
 import socket
 import threading
 import time
@@ -34,6 +35,7 @@ from gptkit.http_api import (
     CompletionRequest,
     MegatronRequest,
     body_limit,
+    chat_fits,
     chat_job,
     chat_prompt,
     chat_renderer,
@@ -47,7 +49,7 @@ from gptkit.http_api import (
     validation_sentence,
 )
 
-from .batching import Busy, Job, Limits, Worker, follow
+from .batching import Busy, Job, Limits, OutOfTime, Worker, follow
 from .errors import ConfigError, GptkitError
 from .generate import Generator
 from .guard import WILDCARD, Access, Gate, Guard, quoted
@@ -57,18 +59,21 @@ from .sampling import Chunk
 __all__ = ['routes', 'STREAMED', 'ASSETS', 'PAGE_HEADERS', 'GenerationFailed', 'token_name', 'CompletionLogprobs',
            'chat_logprobs', 'CompletionChoices', 'ChatChoices', 'usage', 'events', 'watch', 'collect', 'submit',
            'health', 'megatron', 'models', 'completions', 'chat', 'page_html', 'page', 'static', 'invalid', 'refused',
-           'failed', 'openapi', 'lifespan', 'make_app', 'check_address', 'access_on', 'serve', 'Server']
+           'failed', 'timed_out', 'openapi', 'lifespan', 'make_app', 'check_address', 'access_on', 'serve', 'Server']
 
 # %% ../nbs/15c_serve.ipynb #e6ae7c44
 class GenerationFailed(Exception):
     "The model failed while running a request (out of memory, say): answered with status 500 in the API's shape"
 
 async def _chunks(job: Job):
-    "The job's items as they come, ending at None; an exception from the worker is raised as `GenerationFailed`"
+    """The job's items as they come, ending at None; an exception from the worker is raised as `GenerationFailed`,
+    but `OutOfTime` (the request ran past the server's time limit) as itself"""
     while True:
         item = await job.queue.get()
         if item is None:
             return
+        if isinstance(item, OutOfTime):
+            raise item
         if isinstance(item, Exception):
             said = str(item).strip().splitlines()
             raise GenerationFailed(f'generation failed: {said[0] if said else type(item).__name__}') from item
@@ -187,7 +192,8 @@ def events(r, job: Job, rows: list[list[int]], head: dict, choices) -> Streaming
                 yield event([], usage=usage(rows, choices.generated))
             yield 'data: [DONE]\n\n'
         except Exception as e:
-            yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error"}})}\n\n'
+            code = {'code': 'timeout'} if isinstance(e, OutOfTime) else {}
+            yield f'data: {json.dumps({"error": {"message": str(e), "type": "server_error", **code}})}\n\n'
         finally:
             job.cancelled = True
     return StreamingResponse(lines(), media_type='text/event-stream', headers={'Cache-Control': 'no-cache'})
@@ -300,7 +306,9 @@ async def chat(r: ChatRequest, request: Request):
         messages, n, s = chat_job(r, state.limits, state.renderer is not None)
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(state.rendering, chat_prompt, state.renderer, messages)
-        rows = encode_prompts(state.gen, [prompt], state.limits, 'messages', state.renderer is not None) * n
+        rows = encode_prompts(state.gen, [prompt], state.limits, 'messages', state.renderer is not None)
+        chat_fits(r, rows, state.gen.context)
+        rows = rows * n
         job = submit(request, rows, s)
     except BadRequest as e:
         return openai_error(e.message, e.param, e.status)
@@ -331,10 +339,11 @@ def _asset(name: str) -> str:
     return (files('gptkit') / 'assets' / 'web' / name).read_text(encoding='utf-8')
 
 def page_html(name: str, context: int, key: bool = False) -> str:
-    "The web page served at /, with the model's name escaped; `key`: the page asks for the API key"
-    html_text = _asset('serve.html')
-    html_text = html_text.replace('{{MODEL}}', html.escape(name, quote=True)).replace('{{CONTEXT}}', str(int(context)))
-    return html_text.replace('{{KEY}}', 'required' if key else 'none')
+    """The web page served at /, with the model's name escaped; `key`: the page asks for the API key. Every placeholder
+    is filled in one pass over the template, so a name holding `{{KEY}}` is never read as one"""
+    values = {'MODEL': html.escape(name, quote=True), 'CONTEXT': str(int(context)),
+              'KEY': 'required' if key else 'none'}
+    return re.sub(r'\{\{(MODEL|CONTEXT|KEY)\}\}', lambda m: values[m[1]], _asset('serve.html'))
 
 @routes.get('/', response_class=HTMLResponse, include_in_schema=False)
 async def page(request: Request):
@@ -364,6 +373,10 @@ async def refused(request: Request, exc: StarletteHTTPException):
 async def failed(request: Request, exc: GenerationFailed):
     "The model failed (the worker logged why): one sentence with status 500, and the server goes on"
     return error_for(request.url.path, str(exc), 500)
+
+async def timed_out(request: Request, exc: OutOfTime):
+    "A request that ran past the server's time limit (the worker ended its rows): one sentence with status 504"
+    return error_for(request.url.path, str(exc), 504, code='timeout')
 
 def openapi(app: FastAPI) -> dict:
     "The schema, with this server's limits in it"
@@ -404,6 +417,7 @@ def make_app(gen: Generator, limits: Limits = Limits(), name: str = 'gptkit', ac
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, refused)
     app.add_exception_handler(GenerationFailed, failed)
+    app.add_exception_handler(OutOfTime, timed_out)
     app.include_router(routes)
     return app
 
