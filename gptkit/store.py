@@ -84,9 +84,10 @@ def odd_file(folder: Path) -> str | None:
     return None
 
 # %% ../nbs/12a_store.ipynb #d2e11647
-# state.json's whole numbers: (least, most); counts within int64, what torch and DeepSpeed count in
+# state.json's whole numbers: (least, most); counts within int64, what torch and DeepSpeed count in. Its `ep` is
+# checked with the experts it splits (gptkit.expert_checkpoint)
 _WHOLE = {'iteration': (0, MOST['iters']), 'consumed_samples': (0, 2**63 - 1), 'tokens': (0, 2**63 - 1),
-          'world_size': (1, MOST['world']), 'ep': (1, MOST['ep'])}
+          'world_size': (1, MOST['world'])}
 
 def _whole(v, least: int, most: int) -> bool:
     return type(v) is int and least <= v <= most
