@@ -21,7 +21,7 @@ from ..errors import DataError
 from .document import Document, Tally, text_encoding
 
 # %% auto #0
-__all__ = ['DROPPED', 'clean_wikitext', 'read_mediawiki', 'index_path', 'bz2_streams', 'read_mediawiki_parallel']
+__all__ = ['DROPPED', 'clean_wikitext', 'not_article', 'read_mediawiki', 'index_path', 'bz2_streams', 'read_mediawiki_parallel']
 
 # %% ../../nbs/03b_mediawiki.ipynb #a6a7fc87
 # Elements dropped with everything inside them (wikiextractor's discard list, plus the math, chemistry, code and
@@ -79,24 +79,29 @@ def _drop_nested(text: str) -> tuple[str, list[str]]:
     return ''.join(out), broken
 
 # %% ../../nbs/03b_mediawiki.ipynb #ce9f39a2
-# Link prefixes that are not articles: media, categories, other namespaces and interwiki/interlanguage links
-_NOT_ARTICLE = {'file', 'image', 'media', 'category', 'wikipedia', 'wp', 'template', 'help', 'portal', 'user',
-                'user talk', 'talk', 'special', 'draft', 'module', 'mediawiki', 'book', 's',
-                'wikisource', 'q', 'wikiquote', 'commons', 'meta', 'd', 'wikidata', 'b', 'wikibooks', 'n',
-                'wikinews', 'v', 'wikiversity', 'voy', 'species', 'mw', 'c'}
+# Link prefixes that are not articles: media, categories, other namespaces and interwiki/interlanguage links, in
+# English (MediaWiki's canonical names, read on every wiki); `not_article` adds a dump's own names
+_NOT_ARTICLE = frozenset({
+    'file', 'image', 'media', 'category', 'wikipedia', 'wp', 'template', 'help', 'portal', 'user', 'user talk', 'talk',
+    'special', 'draft', 'module', 'mediawiki', 'book', 's', 'wikisource', 'q', 'wikiquote', 'commons', 'meta', 'd',
+    'wikidata', 'b', 'wikibooks', 'n', 'wikinews', 'v', 'wikiversity', 'voy', 'species', 'mw', 'c'})
 _WIKTIONARY = {'w', 'wikt', 'wiktionary'}   # kept, as wikiextractor keeps them
 _LANG = re.compile(r'[a-z]{2,3}(?:-[a-z]{1,8})*$')
 _LINK = re.compile(r'\[\[((?:[^\[\]]++|\[(?!\[)|\](?!\]))*)\]\]')   # single brackets may sit inside
 _EXT_LINK = re.compile(r'\[(?:https?:|ftp:|mailto:|//)[^\s\]]*(?:[ \t]+([^\]\n]*))?\]', re.I)
 
-def _link(m: re.Match) -> str:
+def _ns_key(name: str) -> str:
+    "A namespace name as MediaWiki matches it: in any case, an underscore a space, runs of spaces one"
+    return ' '.join(name.replace('_', ' ').split()).lower()
+
+def _link(m: re.Match, not_article: frozenset) -> str:
     target, bar, label = m.group(1).partition('|')
     prefix, colon, _ = target.lstrip(':').partition(':')
     if colon:
-        p = prefix.strip().lower()
+        p = _ns_key(prefix)
         if p in _WIKTIONARY:
             target = target.split(':', 1)[1]
-        elif p in _NOT_ARTICLE or _LANG.match(p) and not target.startswith(':'):
+        elif p in not_article or _LANG.match(p) and not target.startswith(':'):
             return ''
     if not bar:
         return target.lstrip(':').split('#')[0] or target.lstrip(':#')
@@ -104,10 +109,10 @@ def _link(m: re.Match) -> str:
         return label.rsplit('|', 1)[-1]   # the last field is the label (files have several)
     return re.sub(r'\s*\(.*\)$', '', target.lstrip(':').split(':', 1)[-1])   # pipe trick: [[A (b)|]] -> A
 
-def _links(text: str) -> tuple[str, int]:
+def _links(text: str, not_article: frozenset = _NOT_ARTICLE) -> tuple[str, int]:
     "Internal links replaced by their labels, media and categories dropped, innermost first; and unmatched [["
     while '[[' in text:
-        new = _LINK.sub(_link, text)
+        new = _LINK.sub(lambda m: _link(m, not_article), text)
         if new == text:
             break
         text = new
@@ -127,8 +132,9 @@ _LEAD_PUNCT = re.compile(r'\(\s*[,;:]\s*')   # "(, Sofiya)" once the template be
 _SPACE_PUNCT = re.compile(r' +([,.;:!?)\]])')
 _OPEN_SPACE = re.compile(r'([(\[]) +')
 
-def clean_wikitext(text: str) -> tuple[str, list[str]]:
+def clean_wikitext(text: str, not_article: frozenset = _NOT_ARTICLE) -> tuple[str, list[str]]:
     "Plain text of one article's wikitext, as wikiextractor makes it; and the markup found broken"
+    # not_article: link prefixes that are not articles (`not_article` of the dump's <siteinfo>; English by default)
     broken = []
     if '<!--' in text:
         if text.count('<!--') > text.count('-->'):
@@ -140,7 +146,7 @@ def clean_wikitext(text: str) -> tuple[str, list[str]]:
         text, b = _drop_nested(text)
         broken += b
     if '[' in text:
-        text, n = _links(text)
+        text, n = _links(text, not_article)
         broken += ['[['] * n
     text = _MAGIC.sub('', _QUOTES.sub('', text))
     if '<' in text:
@@ -182,7 +188,15 @@ def _tidy(lines: list[str]) -> str:
 def _local(tag: str) -> str:
     return tag.rpartition('}')[2]
 
-def _article(page) -> tuple[str, str | None, list[str]]:
+def not_article(siteinfo) -> frozenset[str]:
+    "Link prefixes that are not articles: the English ones and every namespace name or alias `<siteinfo>` lists"
+    names = set(_NOT_ARTICLE)
+    for e in siteinfo.iter():                        # <namespace key=...> of a dump; <ns id=...> of the API's siteinfo
+        if _local(e.tag) in ('namespace', 'ns') and (e.get('key') or e.get('id')) != '0':
+            names.update(_ns_key(n) for n in (e.text, e.get('canonical')) if n and n.strip())
+    return frozenset(names)
+
+def _article(page, not_article: frozenset = _NOT_ARTICLE) -> tuple[str, str | None, list[str]]:
     "A `<page>` element's title, its clean text (None if it is not an article) and the markup found broken"
     ns = text = None
     redirect = False
@@ -201,11 +215,11 @@ def _article(page) -> tuple[str, str | None, list[str]]:
                     text = c.text
     if redirect or ns not in ('0', None) or not text:
         return title, None, []
-    if ns is None and ':' in title:
-        return title, None, []    # very old dumps have no <ns>
+    if ns is None and ':' in title and _ns_key(title.split(':', 1)[0]) in not_article:
+        return title, None, []    # very old dumps have no <ns>: the title's prefix names the namespace
     if text.lstrip()[:9].upper() == '#REDIRECT':
         return title, None, []
-    return (title, *clean_wikitext(text))
+    return (title, *clean_wikitext(text, not_article))
 
 class _Read1:
     "A stream whose read(n) returns what one decompression step gave, so a cut .bz2 loses no page decoded before it"
@@ -252,7 +266,7 @@ def _xml_source(stream) -> tuple:
 
 def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
     "Articles of a MediaWiki XML dump as clean text, one Document per article (line = the page's ordinal)"
-    n, title = 0, ''
+    n, title, names = 0, '', _NOT_ARTICLE
     try:
         source, parser = _xml_source(stream)
         events = ET.iterparse(source, events=('start', 'end'), parser=parser)
@@ -262,12 +276,13 @@ def read_mediawiki(stream, path: Path, tally: Tally) -> Iterator[Document]:
                 continue
             tag = _local(elem.tag)
             if tag == 'siteinfo':
+                names = not_article(elem)                   # the dump's own namespace names
                 root.clear()
                 continue
             if tag != 'page':
                 continue
             n += 1
-            title, clean, broken = _article(elem)
+            title, clean, broken = _article(elem, names)
             root.clear()                                     # bounded memory: drop the page just read
             if broken:
                 tally.problem('broken_markup', path, n, f'page {title!r}: unmatched {", ".join(sorted(set(broken)))}')
@@ -334,7 +349,7 @@ def bz2_streams(path: Path) -> list[int]:
     return starts
 
 # %% ../../nbs/03b_mediawiki.ipynb #36d8cf9c
-def _pages(parser, data: bytes, root: list, out: list):
+def _pages(parser, data: bytes, root: list, out: list, names: frozenset = _NOT_ARTICLE):
     "Feed `data` to an XMLPullParser a piece at a time; append the (title, clean text, broken markup) of each page"
     for i in range(0, len(data), 1 << 16):
         parser.feed(data[i:i + (1 << 16)])
@@ -347,10 +362,10 @@ def _pages(parser, data: bytes, root: list, out: list):
             if tag == 'siteinfo':
                 root[0].clear()
             elif tag == 'page':
-                out.append(_article(elem))
+                out.append(_article(elem, names))
                 root[0].clear()
 
-def _read_streams(path: str, start: int, end: int) -> dict:
+def _read_streams(path: str, start: int, end: int, names: frozenset = _NOT_ARTICLE) -> dict:
     "Worker: decompress the bz2 streams in bytes [start, end) of `path`, read the whole pages, return the rest"
     with open(path, 'rb') as f:
         f.seek(start)
@@ -380,7 +395,7 @@ def _read_streams(path: str, start: int, end: int) -> dict:
         parser = ET.XMLPullParser(events=('start', 'end'))
         parser.feed(b'<mediawiki>')                                    # a root for the pages, on the body's line 1
         try:
-            _pages(parser, body, [], pages)
+            _pages(parser, body, [], pages, names)
         except ET.ParseError as e:
             parse_error = (str(e), *e.position)
     return {'head': data[:first], 'tail': data[last:], 'pages': pages, 'parse_error': parse_error, 'error': error,
@@ -426,10 +441,25 @@ def read_mediawiki_parallel(path: Path, tally: Tally, workers: int, seen: list |
         return None
     return _parallel(path, tally, workers, groups, seen if seen is not None else [0])
 
+def _dump_not_article(path: Path) -> frozenset[str]:
+    "`not_article` of the <siteinfo> that opens the bz2 dump `path`, read before any worker starts (English if none)"
+    try:
+        with bz2.open(path, 'rb') as f:
+            source, parser = _xml_source(f)
+            for event, elem in ET.iterparse(source, events=('start', 'end'), parser=parser):
+                if _local(elem.tag) == 'siteinfo' and event == 'end':
+                    return not_article(elem)
+                if _local(elem.tag) == 'page':
+                    break
+    except (ET.ParseError, EOFError, OSError):
+        return _NOT_ARTICLE                            # the read itself reports what is wrong with the dump
+    return _NOT_ARTICLE
+
 class _Stitch:
     "The serial reader's page count, skeleton parser and error places, over the results of a parallel read's tasks"
-    def __init__(self, path: Path, tally: Tally):
+    def __init__(self, path: Path, tally: Tally, names: frozenset):
         self.path, self.tally, self.n, self.title, self.where, self.root = path, tally, 0, '', _Where(), []
+        self.names = names                                          # the dump's `not_article`
         self.skeleton = ET.XMLPullParser(events=('start', 'end'))   # all but the workers' whole pages
 
     def emit(self, pages):
@@ -453,7 +483,7 @@ class _Stitch:
         "Head or tail of a task (header, footer, pages cut by a task's end) through the skeleton; True: stop"
         pages = []
         try:
-            _pages(self.skeleton, piece, self.root, pages)
+            _pages(self.skeleton, piece, self.root, pages, self.names)
         except ET.ParseError as e:
             yield from self.emit(pages)
             return self.parse_error(e)
@@ -485,14 +515,15 @@ class _Stitch:
 def _parallel(path, tally, workers, groups, seen) -> Iterator[Document]:
     # the worker is named by its module, so that spawned processes can import it (also when called from a notebook)
     from gptkit.data.mediawiki import _read_streams
-    stitch = _Stitch(path, tally)
+    names = _dump_not_article(path)
+    stitch = _Stitch(path, tally, names)
     pool = mp.get_context('spawn').Pool(workers)
     try:
         todo, running = deque(groups), deque()
         while todo or running:
             while todo and len(running) < 2 * workers:
                 s, e = todo.popleft()
-                running.append((e, pool.apply_async(_read_streams, (str(path), s, e))))
+                running.append((e, pool.apply_async(_read_streams, (str(path), s, e, names))))
             end, r = running.popleft()
             r = r.get()
             if r.get('not_a_stream'):

@@ -63,11 +63,19 @@ def data_plan(cfg: RunConfig) -> dict[str, list]:
         try:
             out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
         except EmptySplit as e:
-            raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that gives '
-                            'every dataset documents in each split, or give each split its own blend') from None
+            raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that leaves '
+                            'documents in each split, or give each split its own blend') from None
+        _warn_left_out(cfg, name, src, out[name])
         for part in out[name]:
             _check_index_size(cfg, name, part)
     return out
+
+def _warn_left_out(cfg: RunConfig, name: str, src: tuple, parts: list):
+    "A warning for each dataset of the blend that split `name` draws nothing from (no document of it in the split)"
+    drawn, split = {p.prefix for p in parts}, f' of {src[2]!r}' if src[2] else ''
+    for p in dict.fromkeys(str(p) for p in src[0] if str(p) not in drawn):
+        log.warning('%s has no document in the %s split%s: that split draws only from the other datasets of %s, '
+                    'their weights renormalized', p, name, split, cfg.data.blend(name)[0])
 
 INDEX_BYTES_PER_SAMPLE = 40   # building a split's index: its sample, shuffle and document indices, and temporaries
 MANY_EPOCHS = 10              # more passes than this over a training dataset: warned of (it will be memorized)

@@ -230,13 +230,24 @@ def blend_sizes(weights, size: int, margin: float = 0.005) -> tuple[list[float],
 
 
 # %% ../../nbs/06_samples.ipynb #350b7251
+def _holds(prefix, split: str, name: str) -> bool:
+    "Whether split `name` of `split` gives dataset `prefix` any document"
+    rng = split_ranges(split, len(IndexedDataset(prefix))).get(name)
+    return rng is not None and rng[1] > rng[0]
+
 def _source(prefixes, weights, name: str, split: str | None):
-    "(split string, weights) a split is built with: a per-split blend (split None) takes each dataset whole"
+    """(split string, prefixes, weights) a split is built with: a per-split blend (split None) takes each dataset
+    whole; a dataset of a blend with no document in the split draws nothing there, the others' weights renormalize"""
     if split is None:
         split, weights = PER_SPLIT[name], None if len(prefixes) == 1 else weights
     if weights is None and len(prefixes) > 1:
         raise ConfigError([('prefix', f'{{key}} blends {len(prefixes)} datasets and needs a weight for each')])
-    return split, weights
+    if weights is None:
+        return split, prefixes, None
+    kept = [(p, w) for p, w in zip(prefixes, weights) if _holds(p, split, name)]
+    if not kept:
+        raise EmptySplit(f'the {name} split of {split!r} is empty in every dataset of the blend')
+    return split, [p for p, _ in kept], [w for _, w in kept]
 
 @dataclass(frozen=True)
 class BlendPart:
@@ -249,7 +260,7 @@ class BlendPart:
 
 def plan_split(prefixes, weights, name: str, num_samples: int, seq_len: int, split: str | None = None) -> list:
     "The `BlendPart`s of split `name` of the blend, read from the .idx files alone (no index is built)"
-    split, weights = _source(prefixes, weights, name, split)
+    split, prefixes, weights = _source(prefixes, weights, name, split)
     if weights is None:
         rows = [(prefixes[0], None, num_samples, num_samples)]
     else:
@@ -266,7 +277,7 @@ def split_samples(prefixes, weights, name: str, num_samples: int, seq_len: int, 
                   cache: bool = True, masks=None):
     """Split `name` of the blend, as megatron-core's BlendedMegatronDatasetBuilder builds it (split None: per-split);
     `masks(prefix)` opens each dataset's loss mask (None: no masks)"""
-    split, weights = _source(prefixes, weights, name, split)
+    split, prefixes, weights = _source(prefixes, weights, name, split)
     spec = lambda n: SampleSpec(split, name, n, seq_len, seed)
     mask = (lambda p: None) if masks is None else masks
     if weights is None:
