@@ -1,9 +1,11 @@
 """The `gptkit` typer app, its error handling and the shared rich consoles."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from importlib.metadata import PackageNotFoundError, version as _pkg_version
+from pathlib import Path
 from typing import Annotated, List, Optional, get_type_hints
 
 import typer
@@ -11,6 +13,83 @@ from rich.console import Console
 
 from gptkit.errors import ConfigError, GptkitError
 from gptkit_cli.format import text
+
+# Typer's coercion of option values without pydantic, for the plain types gptkit's options use.
+#
+# typer 0.29 coerces every option through a pydantic TypeAdapter, built when the option is first processed (its
+# default too), so `gptkit estimate` imported pydantic and pydantic-core, most of its start-up time. The values
+# gptkit's options take (str, int, float, bool, a path, a list of them) need no schema: they are coerced here the way
+# click coerced them, and anything else (ranges, choices, parsers, tuples, files) goes to typer's own coercion as
+# before. Older typer versions, which coerce with click's types, are left as they are.
+PLAIN = {str: 'text', int: 'integer', float: 'number', bool: 'boolean'}
+BOOLS = {'1': True, 'true': True, 't': True, 'yes': True, 'y': True, 'on': True, '': False,   # click's words
+         '0': False, 'false': False, 'f': False, 'no': False, 'n': False, 'off': False}
+
+
+def _is_plain_leaf(annotation, info) -> bool:
+    "A str, int, float, bool or Path option with none of the settings that need typer's own coercion"
+    if info.parser is not None or getattr(info, 'click_type', None) is not None:
+        return False
+    if info.min is not None or info.max is not None or info.clamp:
+        return False
+    return annotation in PLAIN or (isinstance(annotation, type) and issubclass(annotation, Path))
+
+
+def plain_values() -> bool:
+    "Coerce plain options without pydantic from now on, where this typer coerces through pydantic; True if so"
+    try:
+        import typer.core as core
+        from typer._click.exceptions import BadParameter
+        from typer._coercion import RuntimeParam
+        from typer._param_types import coerce_cli_path
+        from typer._typing import get_args, get_origin
+    except ImportError:                  # a typer that coerces with click's types imports no pydantic
+        return False
+    typers_own = getattr(core, 'build_runtime_param', None)
+    if typers_own is None or getattr(typers_own, 'gptkit_plain', False):
+        return typers_own is not None
+
+    @dataclasses.dataclass(frozen=True)
+    class PlainRuntimeParam(RuntimeParam):
+        "A str, int, float, bool or path value, or a list of them, coerced as click did"
+        leaf: type = str
+
+        def _one(self, value, param, ctx):
+            if isinstance(value, bytes):
+                value = os.fsdecode(value)
+            if isinstance(self.leaf, type) and issubclass(self.leaf, Path):
+                path_type = self.parameter_info.path_type or self.leaf
+                value = path_type(value) if isinstance(value, str) and issubclass(path_type, Path) else value
+                return coerce_cli_path(value, self.parameter_info, path_type=path_type, param=param, ctx=ctx)
+            if self.leaf is str:
+                return str(value)
+            if self.leaf is bool and not isinstance(value, bool):
+                if str(value).strip().lower() not in BOOLS:
+                    raise BadParameter(f'{value!r} is not a valid boolean.', ctx=ctx, param=param)
+                return BOOLS[str(value).strip().lower()]
+            try:
+                return self.leaf(value)
+            except (TypeError, ValueError):
+                raise BadParameter(f'{value!r} is not a valid {PLAIN[self.leaf]}.', ctx=ctx, param=param) from None
+
+        def _coerce_value(self, value, param, ctx):
+            if isinstance(value, (list, tuple)):
+                return [self._one(v, param, ctx) for v in value]
+            return self._one(value, param, ctx)
+
+    def build_runtime_param(descriptor):
+        annotation, info = descriptor.annotation, descriptor.parameter_info
+        leaf = get_args(annotation)[0] if get_origin(annotation) is list and get_args(annotation) else annotation
+        if descriptor.file_annotation is None and _is_plain_leaf(leaf, info):
+            return PlainRuntimeParam(parameter_info=info, annotation=annotation, leaf=leaf)
+        return typers_own(descriptor)
+
+    build_runtime_param.gptkit_plain = True
+    core.build_runtime_param = build_runtime_param
+    return True
+
+
+plain_values()             # options coerced without importing pydantic (typer 0.29): a fast start
 
 # Options several commands share
 Inputs = Annotated[List[str], typer.Option('--input', '-i',

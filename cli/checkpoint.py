@@ -9,10 +9,15 @@ import typer
 from rich.table import Table
 
 from gptkit.errors import ConfigError
+from gptkit.hf_config import LLAMA_LIKE, MOE_TYPES
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.format import text
 
-checkpoint_app = typer.Typer(help='Inspect checkpoints; convert them to and from Hugging Face (GPT-2, Llama) and '
+# the Hugging Face families gptkit reads and writes, by model_type, as their model cards name them
+FAMILY_NAMES = {'gpt2': 'GPT-2', 'llama': 'Llama', 'mistral': 'Mistral', 'qwen2': 'Qwen2', 'qwen3': 'Qwen3',
+                'mixtral': 'Mixtral', 'qwen3_moe': 'Qwen3-MoE', 'olmoe': 'OLMoE'}
+FAMILIES = ', '.join(FAMILY_NAMES[kind] for kind in ('gpt2', *LLAMA_LIKE, *MOE_TYPES))   # a new family: name it above
+checkpoint_app = typer.Typer(help=f'Inspect checkpoints; convert them to and from Hugging Face ({FAMILIES}) and '
                                   'Megatron-LM, and between parallel layouts.',
                              no_args_is_help=True, context_settings={'help_option_names': ['-h', '--help']})
 app.add_typer(checkpoint_app, name='checkpoint')
@@ -87,8 +92,8 @@ def inspect(path: CheckpointPath,
 @handles_errors
 def export(path: CheckpointPath,
            out_dir: Annotated[Path, Arg(metavar='OUT', help='The folder to write (new or empty).')],
-           to: Annotated[str, Opt('--to', help="hf (a transformers folder: GPT-2, Llama, Qwen2/3, Mistral, "
-                                                "Mixtral, Qwen3-MoE or OLMoE; a LoRA run's adapters merged), "
+           to: Annotated[str, Opt('--to', help=f"hf (a transformers folder: {FAMILIES}; a LoRA run's "
+                                                "adapters merged), "
                                                 "megatron (Megatron-LM's legacy layout) or peft (a LoRA run's "
                                                 "adapters alone, as peft's adapter folder).")],
            max_shard_size: Annotated[Optional[str], Opt(help='hf: the most bytes per weights file (5GB when not '
@@ -116,13 +121,13 @@ def export(path: CheckpointPath,
 @checkpoint_app.command('import')
 @handles_errors
 def import_(src: Annotated[Path, Arg(metavar='SRC',
-                                      help='A Hugging Face GPT-2 or Llama folder, or a Megatron-LM legacy '
+                                      help=f'A Hugging Face folder ({FAMILIES}), or a Megatron-LM legacy '
                                            'checkpoint folder.')],
             out_dir: Annotated[Path, Arg(metavar='OUT', help='The gptkit run folder to write (new or empty).')],
             from_: Annotated[str, Opt('--from', help='hf or megatron.')],
             tokenizer: Annotated[Optional[str], Opt(help="megatron: the tokenizer folder (or 'gpt2') "
                                                          "when none is saved beside the checkpoint.")] = None):
-    """Turn a Hugging Face (GPT-2, Llama) or Megatron-LM checkpoint into a gptkit run that trains and generates."""
+    """Turn a Hugging Face or Megatron-LM checkpoint into a gptkit run that trains and generates."""
     fmt = _format(from_, 'from')
     if tokenizer is not None and fmt != 'megatron':
         raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
@@ -133,6 +138,12 @@ def import_(src: Annotated[Path, Arg(metavar='SRC',
     shown = text(done)
     out.print(f'[bold green]imported[/] {text(src)} into {shown}; continue pre-training from it with '
               f'[bold]gptkit train --init {shown} --data PREFIX --out NEW --iters N[/]', soft_wrap=True)
+    from gptkit.checkpoint import read_config
+    from gptkit.plan import INIT_SEQ_LEN
+    m = read_config(done).model
+    if m.positions > INIT_SEQ_LEN:     # the capacity is kept; a training length is chosen by the run
+        out.print(f'it holds {m.positions:,} positions (model.context, kept by export); train --init trains '
+                  f'{INIT_SEQ_LEN:,}-token sequences unless --set model.seq_len=N')
 
 
 

@@ -132,7 +132,13 @@ def _estimate_on(device, a: dict):
     train = TrainConfig(micro_batch=a['micro_batch'], global_batch=batch, precision=a['precision'],
                         recompute=a['recompute'], flash=a['flash'], lora_rank=a['lora_rank'],
                         lora_targets=a['lora_targets'])
-    _report_estimate(run_estimate(model, par, train, device, n_tokens, per_node), note, a['as_json'])
+    _report_estimate(run_estimate(model, par, train, device, n_tokens, per_node), note, a['as_json'], model_flags(a))
+
+
+def model_flags(a: dict) -> str:
+    "The flags of `a` that name the model and the GPU, as typed: '--params 13B --gpu a100-40gb'"
+    keys = ('params', 'preset', *MODEL_DIMS, 'gpu', 'hardware', 'gpu_memory', 'gpu_tflops')
+    return ' '.join(f"--{k.replace('_', '-')} {a[k]}" for k in keys if a.get(k) is not None)
 
 
 def _calibrate(folder: Path, base, save: Optional[Path], name: Optional[str], as_json: bool):
@@ -162,12 +168,12 @@ def _calibrate(folder: Path, base, save: Optional[Path], name: Optional[str], as
                   f'{fmt.text(save)} --gpu {fmt.text(repr(fitted.name))}', soft_wrap=True, highlight=False)
 
 
-def _report_estimate(est: Estimate, note: str, as_json: bool):
+def _report_estimate(est: Estimate, note: str, as_json: bool, hint: str):
     "Print one estimate as JSON or as tables"
     if as_json:
         out.print_json(json.dumps(est.to_dict()))
     else:
-        _print_estimate(est, note)
+        _print_estimate(est, note, hint or '...')
 
 
 def _report_search(results: list[Estimate], note: str, gpus: int, gpu: str, as_json: bool):
@@ -227,7 +233,7 @@ def not_yet(e: Estimate) -> str:
     return '; '.join(m.replace('{key}', k) for k, m in ep_engine_problems(e.parallel, e.train))
 
 
-def _print_estimate(e: Estimate, note: str):
+def _print_estimate(e: Estimate, note: str, hint: str = '...'):
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
     mo = e.model
@@ -264,7 +270,23 @@ def _print_estimate(e: Estimate, note: str):
               + (' (every position kept: the window does not shrink it)' if mo.sliding_window else ''))
     out.print(g)
     out.print()
-    c = _table('Compute and time')
+    out.print(_compute_table(e, d))
+    out.print()
+    if m.fits:
+        out.print(_step_table(e))
+    else:         # the step, MFU and time of a layout that cannot run would be numbers about nothing
+        out.print(f'[yellow]No step time, MFU or training time[/]: this layout needs {fmt.gib(-m.headroom)} more per '
+                  f'GPU than {e.gpu.name} has. To make it fit, try gptkit estimate {fmt.text(hint)} --search --gpus N '
+                  'to rank the layouts that fit on N GPUs, or more --tp/--pp, ZeRO (--zero 3) or --recompute full.',
+                  soft_wrap=True)
+    if not_yet(e):
+        out.print(f'\n[yellow]gptkit train does not run this layout yet[/]: {fmt.text(not_yet(e))}')
+
+
+def _compute_table(e: Estimate, d: dict) -> Table:
+    "FLOPs and iterations; the step, MFU and time too when the layout fits (a layout that does not fit has none)"
+    mo, tr, gpus = e.model, e.train, e.parallel.world_size
+    c = _table('Compute and time' if e.memory.fits else 'Compute')
     window = mo.sliding_window is not None and mo.sliding_window < mo.seq_len
     c.add_row('FLOPs per iteration', fmt.flops(e.flops_per_iteration),
               f'with recompute {tr.recompute}' + (', the dense masked attention' if window else '')
@@ -273,17 +295,12 @@ def _print_estimate(e: Estimate, note: str):
     c.add_row('FLOPs per token', fmt.flops(d['flops']['per_token']),
               'from the active parameters' if mo.moe_experts else '')
     c.add_row('iterations', f'{e.iterations:,}', f'{fmt.count(e.tokens)} tokens / ({e.batch} x {e.model.seq_len})')
-    c.add_row('step', f'{e.step.total:.3g} s', f'{fmt.count(d["time"]["tokens_per_s_per_gpu"])} tokens/s per GPU')
-    c.add_row('MFU / HFU', f'{e.mfu:.1%} / {e.hfu:.1%}',
-              f'of {e.gpu.peak(tr.precision) / 1e12:,.0f} TFLOP/s; HFU counts the recomputed passes')
-    c.add_row('time', fmt.duration(e.seconds), f'{d["time"]["gpu_hours"]:,.0f} GPU-hours on {gpus} GPUs')
-    out.print(c)
-    out.print()
-    out.print(_step_table(e))
-    if not m.fits:
-        out.print('\n[yellow]Try[/] gptkit estimate ... --search --gpus N to find layouts that fit.')
-    if not_yet(e):
-        out.print(f'\n[yellow]gptkit train does not run this layout yet[/]: {fmt.text(not_yet(e))}')
+    if e.memory.fits:
+        c.add_row('step', f'{e.step.total:.3g} s', f'{fmt.count(d["time"]["tokens_per_s_per_gpu"])} tokens/s per GPU')
+        c.add_row('MFU / HFU', f'{e.mfu:.1%} / {e.hfu:.1%}',
+                  f'of {e.gpu.peak(tr.precision) / 1e12:,.0f} TFLOP/s; HFU counts the recomputed passes')
+        c.add_row('time', fmt.duration(e.seconds), f'{d["time"]["gpu_hours"]:,.0f} GPU-hours on {gpus} GPUs')
+    return c
 
 
 STEP_PARTS = {'gemm': 'matrix products', 'attention': "attention's core", 'memory': 'memory-bound kernels',

@@ -35,6 +35,8 @@ Limit = Annotated[Optional[float], Opt(help='Only the first N examples of each t
 NumFewshot = Annotated[Optional[int], Opt(help="Examples shown before each question (--tasks; default: the task's "
                                                'own).')]
 MaxGenToks = Annotated[int, Opt(help='Most tokens a generation task generates unless the task says (--tasks).')]
+SeqLen = Annotated[Optional[int], Opt(help="Tokens of context per window (default: the checkpoint's training length); "
+                                             'give the same to every model compared.')]
 OutFile = Annotated[Optional[str], Opt('--out', help='Save the results here (--tasks; default: '
                                                      'RUN/eval/lm_eval-TIME.json).')]
 Offline = Annotated[bool, Opt(help='Never ask the Hugging Face Hub for a dataset: only what is cached or local '
@@ -59,6 +61,7 @@ def eval_(
         help='Measure perplexity (default on the built-in held-out Wikipedia text).')] = True,
     stride: Annotated[Optional[int], Opt(
         help='New tokens per window (default: the context, no overlap); smaller gives more context.')] = None,
+    seq_len: SeqLen = None,
     batch_size: Annotated[int, Opt(help='Windows or examples per forward pass.')] = 8,
     max_documents: Annotated[Optional[int], Opt(help='Only the first N documents of the perplexity text.')] = None,
     device: Annotated[Optional[str], Opt(help="cpu, cuda, cuda:1 ... (default: cuda when there is one).")] = None,
@@ -97,7 +100,7 @@ def eval_(
     with _Bar() as bar:
         res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key,
                        cloze=lambada, stride=stride, batch_size=batch_size, max_documents=max_documents, device=device,
-                       progress=bar.update, tp=tp)
+                       progress=bar.update, tp=tp, seq_len=seq_len)
     if rank != 0:
         return
     if as_json:
@@ -186,9 +189,9 @@ def _table(res) -> Table:
                   f'{fmt.text(p.source)} ({p.documents:,} document{"s" if p.documents != 1 else ""})')
         t.add_row('tokens scored', f'{p.scored:,}', f'{p.windows:,} windows of {p.context}, stride {p.stride}')
         t.add_row('loss', f'{p.loss:.4f}', 'nats per token')
-        t.add_row('perplexity', f'{p.perplexity:,.2f}', 'per token: exp(loss)')
+        t.add_row('perplexity', fmt.perplexity(p.perplexity), 'per token: exp(loss)')
         if p.word_perplexity is not None:
-            t.add_row('word perplexity', f'{p.word_perplexity:,.2f}',
+            t.add_row('word perplexity', fmt.perplexity(p.word_perplexity),
                       f'per word: exp(loss x {(p.tokens - 1) / (p.words - 1):.3f} tokens/word)')
         t.add_row('time', f'{p.seconds:.2f} s', f'{p.scored / max(p.seconds, 1e-9):,.0f} tokens/s')
     c = res.cloze

@@ -46,3 +46,10 @@ def duration(seconds: float) -> str:
     if seconds >= 120:
         return f'{seconds / 60:.1f} minutes'
     return f'{seconds:.2f} s'
+
+
+def perplexity(value: float) -> str:
+    "A perplexity: 12.34 or 123,456.78; past a million in scientific notation (1.005e+20), which a table keeps whole"
+    if abs(value) >= 1e6:
+        return f'{value:.3e}'
+    return f'{value:,.2f}'

@@ -96,6 +96,10 @@ def _data_summary(plan):
         out.print(fmt.text(plan.precision_why))
     if plan.init_from is not None:
         out.print(f'weights from {fmt.text(plan.init_from)}: step 0, a fresh optimizer and learning-rate schedule')
+        m = plan.cfg.model
+        if m.positions > m.seq_len:     # an import's capacity is no training length (gptkit.plan.INIT_SEQ_LEN)
+            out.print(f'trains {m.seq_len:,}-token sequences; the checkpoint holds {m.positions:,} positions '
+                      '(model.context), which export keeps; --set model.seq_len=N trains at another length')
     if plan.data_error is not None:
         out.print(f'[yellow]data: {fmt.text(plan.data_error)}[/]')
     for name, parts in plan.data.items():
@@ -325,6 +329,7 @@ def predicted_line(info, measured: float) -> str:
 class RichProgress:
     "A rich progress bar with loss, tokens/s and ETA; evaluations and checkpoints as lines above it"
     def __init__(self):
+        self.live = out.is_terminal     # a log file or a pipe gets each report as one whole line, as Megatron's logs
         self.progress = Progress(TextColumn('[bold]train[/]'), BarColumn(), MofNCompleteColumn(),
                                  TextColumn('{task.fields[stats]}'),
                                  TimeElapsedColumn(), TextColumn('ETA'), TimeRemainingColumn(), console=out,
@@ -332,7 +337,8 @@ class RichProgress:
 
     def on_start(self, info):
         self.info, self.first = info, True
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         self.task = self.progress.add_task('train', total=info.iters, completed=info.start, stats='')
         if info.resumed_from:
             self.progress.console.print(f'resumed from {fmt.text(info.resumed_from)} (step {info.start})')
@@ -348,6 +354,8 @@ class RichProgress:
             stats += f' | scale {m.loss_scale:g}'
         stats += f' | {m.memory_gib:.1f} GiB'
         self.progress.update(self.task, completed=m.iteration, stats=stats)
+        if not self.live:
+            self.progress.console.print(self._line(stats), soft_wrap=True, highlight=False, markup=False)
         if self.first:
             self.first = False
             self.progress.console.print(predicted_line(self.info, m.step_seconds), highlight=False)
@@ -359,8 +367,16 @@ class RichProgress:
     def on_checkpoint(self, path, iteration):
         self.progress.console.print(f'[dim]step {iteration}: checkpoint {fmt.text(path)}[/]')
 
+    def _line(self, stats: str) -> str:
+        "The report as one line: step of steps, the stats, time elapsed and ETA (what the live bar shows)"
+        task = next(t for t in self.progress.tasks if t.id == self.task)
+        eta = '' if task.time_remaining is None else f', ETA {fmt.duration(task.time_remaining)}'
+        return (f'train {task.completed:,.0f}/{task.total:,.0f} | {stats} | {fmt.duration(task.elapsed or 0)} '
+                f'elapsed{eta}')
+
     def on_end(self, result):
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
 
 def _run(plan, override, force, rank):

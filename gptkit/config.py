@@ -79,7 +79,8 @@ class ModelConfig:
     hidden: int = 768       # model width (h)
     heads: int = 12         # attention heads (a); must divide `hidden` unless `head_size` is given
     head_size: int | None = None  # each head's width; None: hidden / heads (Qwen3: 128 with hidden 1,024 over 16)
-    seq_len: int = 2048     # context length (s), also the number of learned positions
+    seq_len: int = 2048     # training length (s): tokens per sequence a run trains on
+    context: int | None = None  # context capacity: the positions it holds (learned) or serves (rotary); None: seq_len
     vocab: int = 50257      # tokenizer vocabulary (V) before Megatron's padding
     ffn_hidden: int | None = None  # MLP width; None: 4h for GELU, Llama's 8h/3 (rounded up to 64) for SwiGLU
     make_vocab_size_divisible_by: int = 128  # pad V to a multiple of this x TP: even TP shards, fast matmuls
@@ -121,6 +122,8 @@ class ModelConfig:
     moe_capacity_factor: float | None = None  # None: dropless; else an expert takes at most factor x k x tokens / E
     moe_aux_loss_coef: float = 0.01  # load-balancing loss (Switch/GShard form) added to the training loss
     moe_z_loss_coef: float = 0.0     # router z-loss (ST-MoE): mean squared logsumexp of the router logits
+    # an import's Hugging Face config.json (litgpt's hf_config): export writes back what gptkit does not compute
+    hf_config: dict | None = dataclasses.field(default=None, compare=False)   # no part of what the model computes
 
     def __post_init__(self):
         check(self.problems())
@@ -128,9 +131,15 @@ class ModelConfig:
     def problems(self) -> list[tuple[str, str]]:
         "Everything wrong with these values"
         counts = ('layers', 'hidden', 'heads', 'seq_len', 'vocab', 'ffn_hidden', 'make_vocab_size_divisible_by',
-                  'kv_heads', 'rope_original_context', 'head_size', 'sliding_window')
+                  'kv_heads', 'rope_original_context', 'head_size', 'sliding_window', 'context')
         out = positive_problems({n: getattr(self, n) for n in counts})
         bad = {k for k, _ in out}
+        table = self.context if self.position == 'learned' else None
+        if not bad & {'seq_len', 'context'} and table is not None and self.seq_len > table:
+            out.append(('seq_len', f'{{key}} = {self.seq_len:,} is more than the {self.context:,} rows of the learned '
+                                   'position table (model.context); train at most that long'))
+        if self.hf_config is not None and not isinstance(self.hf_config, dict):
+            out.append(('hf_config', f'{{key}} must be a mapping of config.json keys, not {shown(self.hf_config)}'))
         if not bad & {'hidden', 'heads'} and self.head_size is None and self.hidden % self.heads:
             out.append(('heads', f'{{key}} = {self.heads} must divide the hidden size {self.hidden}'))
         if not bad & {'heads', 'kv_heads'} and self.kv_heads and self.heads % self.kv_heads:
@@ -201,6 +210,11 @@ class ModelConfig:
         if self.ffn_hidden:
             return self.ffn_hidden
         return _swiglu_ffn(self.hidden) if self.activation == 'swiglu' else 4 * self.hidden
+
+    @property
+    def positions(self) -> int:
+        "The context capacity: `context`, or the training length when that is longer (or `context` is None)"
+        return max(self.context or self.seq_len, self.seq_len)
 
     @property
     def expert_ffn(self) -> int:

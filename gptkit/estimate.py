@@ -108,7 +108,8 @@ def closed_form_params(model: ModelConfig, tp: int = 1) -> int:
     norm = h if model.norm == 'rmsnorm' else 2 * h
     # query and key norms: per head, head-wide weights (Qwen3); across all heads (OLMoE)
     biases += ((model.heads + model.kv) * d if model.qk_norm_all else 2 * d) if model.qk_norm else 0
-    embeddings = V * h * (1 if model.tie_embeddings else 2) + (model.seq_len * h if model.position == 'learned' else 0)
+    positions = model.positions * h if model.position == 'learned' else 0      # the learned position table
+    embeddings = V * h * (1 if model.tie_embeddings else 2) + positions
     return l * (mats + biases + 2 * norm) + moe_est.mlp_params(model) + norm + embeddings
 
 # %% ../nbs/01_estimate.ipynb #6f177931

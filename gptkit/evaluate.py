@@ -36,7 +36,8 @@ Progress = Callable[[str, int, int], None]   # (stage, done, total): stage is 'p
 # %% auto #0
 __all__ = ['Progress', 'EVAL_BYTES', 'LINE_BYTES', 'Window', 'check_stride', 'windows', 'token_losses', 'token_counts',
            'unigram_loss', 'text_loss', 'word_perplexity', 'Perplexity', 'is_jsonl', 'read_texts', 'perplexity',
-           'ClozeExample', 'cloze_example', 'read_cloze', 'Cloze', 'cloze_accuracy', 'Evaluation', 'evaluate']
+           'ClozeExample', 'cloze_example', 'read_cloze', 'Cloze', 'cloze_accuracy', 'Evaluation', 'eval_window',
+           'evaluate']
 
 # %% ../nbs/16_evaluate.ipynb #67dcc678
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def unigram_loss(counts: np.ndarray, tokens) -> float:
     p = (counts + 1) / (counts.sum() + len(counts))
     return float(-np.log(p[np.asarray(tokens)]).mean())
 
-def text_loss(model, tokens, seq_len: int, batch: int = 8) -> float:
+def text_loss(model, tokens, seq_len: int, batch: int = 8, progress=None) -> float:
     "Mean next-token loss of `model` on `tokens`, in consecutive windows of `seq_len` predictions"
     ids = torch.as_tensor(np.asarray(tokens, np.int64))
     n = (len(ids) - 1) // seq_len
@@ -122,6 +123,8 @@ def text_loss(model, tokens, seq_len: int, batch: int = 8) -> float:
     with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
         for i in range(0, n, batch):
             total += model(x[i:i + batch].to(device), y[i:i + batch].to(device)).float().item() * len(x[i:i + batch])
+            if progress is not None:
+                progress(min(i + batch, n), n)     # windows done, windows in all
     model.train(was_training)
     return total / n
 
@@ -313,17 +316,27 @@ class Evaluation:
     def to_dict(self) -> dict:
         return asdict(self)
 
+def eval_window(seq_len: int | None, m) -> int:
+    "The context each window gives: `seq_len`, or model `m`'s training length; at most the positions `m` holds"
+    if seq_len is None:
+        return m.seq_len
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or not 1 <= seq_len <= m.positions:
+        raise ConfigError([('seq_len', f'{{key}} must be between 1 and the {m.positions:,} positions the model holds '
+                                       f'(model.context), not {seq_len!r}')])
+    return seq_len
+
 def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl: bool | None = None,
              text_key: str = 'text', cloze: str | Path | None = None, stride: int | None = None,
              batch_size: int = 8, max_documents: int | None = None,
-             device: str = 'cpu', progress: Progress | None = None, tp: int = 1) -> Evaluation:
+             device: str = 'cpu', progress: Progress | None = None, tp: int = 1,
+             seq_len: int | None = None) -> Evaluation:   # window length; None: the model's training length
     """Perplexity on `source` (None: skip) and cloze accuracy on the JSON Lines file `cloze` for a gptkit checkpoint;
     with `tp` > 1, in each of `tp` processes (torchrun) on that rank's shard of the model, all ranks in step"""
     bad_count = isinstance(max_documents, bool) or not isinstance(max_documents, int) or max_documents < 1
     if max_documents is not None and bad_count:
         raise ConfigError([('max_documents', f'{{key}} must be a positive number, not {max_documents!r}')])
     loaded = load_model(checkpoint, device='cpu' if tp > 1 else device)
-    model, ctx, params = loaded.model, loaded.config.model.seq_len, num_params(loaded.model)
+    model, ctx, params = loaded.model, eval_window(seq_len, loaded.config.model), num_params(loaded.model)
     if tp > 1:
         model = GatheredLogits(tensor_parallel_part(model, tp).to(device))
     stride = check_stride(stride, ctx)

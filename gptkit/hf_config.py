@@ -6,13 +6,18 @@ gptkit does not compute is refused by the key that asks for it."""
 # %% ../nbs/12c_hf_config.ipynb #89a0acce
 from __future__ import annotations
 
+import logging
+
 from .config import MOST, ModelConfig
 from .errors import ConfigError, shown
 from .params import hf_family
 from .store import CheckpointError
 
+log = logging.getLogger(__name__)
+
 # %% auto #0
-__all__ = ['HF_ACTIVATIONS', 'LLAMA_LIKE', 'MOE_TYPES', 'stored_ffn', 'config_from_hf', 'config_to_hf', 'hf_model_type']
+__all__ = ['log', 'HF_ACTIVATIONS', 'LLAMA_LIKE', 'MOE_TYPES', 'RUN_SET_KEYS', 'stored_ffn', 'config_from_hf', 'config_to_hf',
+           'hf_model_type', 'kept_config']
 
 # %% ../nbs/12c_hf_config.ipynb #4342a675
 HF_ACTIVATIONS = {'gelu_new': 'gelu_tanh', 'gelu_pytorch_tanh': 'gelu_tanh', 'gelu': 'gelu'}
@@ -60,11 +65,16 @@ def config_from_hf(c: dict, where: str = 'config.json') -> ModelConfig:
         raise CheckpointError(f'{where} describes no valid gptkit model: {e}') from None
 
 def config_to_hf(m: ModelConfig, eod: int | None, dtype: str = 'float32') -> dict:
-    "The config.json of the Hugging Face family that computes gptkit model `m`"
+    "The config.json of the Hugging Face family that computes gptkit model `m`, with what its import kept"
+    return _with_kept(_computed_hf(m, eod, dtype), m, eod, dtype)
+
+def _computed_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
+    "The config.json that gptkit's own settings of `m` give"
     if hf_family(m) == 'llama':
         return _llama_config_to_hf(m, eod, dtype)
-    return {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2', 'vocab_size': m.vocab, 'n_positions': m.seq_len,
-            'n_embd': m.hidden, 'n_layer': m.layers, 'n_head': m.heads, 'n_inner': m.ffn_hidden,
+    return {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2', 'vocab_size': m.vocab,
+            'n_positions': m.positions, 'n_embd': m.hidden, 'n_layer': m.layers, 'n_head': m.heads,
+            'n_inner': m.ffn_hidden,
             'activation_function': 'gelu_new' if m.activation == 'gelu_tanh' else 'gelu',
             'resid_pdrop': m.dropout, 'embd_pdrop': m.dropout, 'attn_pdrop': m.dropout, 'initializer_range': m.init_std,
             **_HF_FIXED, 'bos_token_id': eod, 'eos_token_id': eod, 'use_cache': True, 'dtype': dtype}
@@ -223,7 +233,7 @@ def _llama_config_to_hf(m: ModelConfig, eod: int | None, dtype: str) -> dict:
     out = {'architectures': [_ARCHITECTURES[kind]], 'model_type': kind, 'vocab_size': m.vocab,
             'hidden_size': m.hidden, 'intermediate_size': m.ffn, 'num_hidden_layers': m.layers,
             'num_attention_heads': m.heads, 'num_key_value_heads': m.kv, 'head_dim': m.head_dim, 'hidden_act': 'silu',
-            'max_position_embeddings': m.seq_len, 'initializer_range': m.init_std, 'rms_norm_eps': m.norm_eps,
+            'max_position_embeddings': m.positions, 'initializer_range': m.init_std, 'rms_norm_eps': m.norm_eps,
             'rope_parameters': _rope_to_hf(m), 'rope_theta': m.rope_theta,
             'attention_dropout': m.dropout, 'tie_word_embeddings': m.tie_embeddings, 'bos_token_id': eod,
             'eos_token_id': eod, 'use_cache': True, 'dtype': dtype}
@@ -305,3 +315,30 @@ def _experts_to_hf(m: ModelConfig, kind: str) -> dict:
         return {**out, 'intermediate_size': m.expert_ffn, 'clip_qkv': None}
     return {**out, 'moe_intermediate_size': m.expert_ffn, 'decoder_sparse_step': m.moe_every, 'mlp_only_layers': [],
             'use_sliding_window': False, 'sliding_window': None}
+
+# %% ../nbs/12c_hf_config.ipynb #ed9aa0ed
+# config.json keys that the settings a run may change give (a run's context, rope_theta, dropout, vocabulary): written
+# from the model; an import's other keys are written back as they were
+RUN_SET_KEYS = ('vocab_size', 'n_positions', 'n_ctx', 'max_position_embeddings', 'rope_theta', 'rope_parameters',
+                'rope_scaling', 'attention_dropout', 'resid_pdrop', 'embd_pdrop', 'attn_pdrop', 'initializer_range',
+                'dtype', 'torch_dtype')
+
+def kept_config(c: dict) -> dict:
+    "What an import keeps of Hugging Face config `c` (`ModelConfig.hf_config`): all but the writer's name and version"
+    return {k: v for k, v in c.items() if k not in ('transformers_version', '_name_or_path')}
+
+def _with_kept(out: dict, m: ModelConfig, eod: int | None, dtype: str) -> dict:
+    "`out` with the keys `m.hf_config` kept (family, token ids, settings gptkit ignores) while they still describe `m`"
+    kept = m.hf_config
+    if not kept:
+        return out
+    base = _computed_hf(config_from_hf(kept, 'model.hf_config'), eod, dtype)
+    changed = [k for k in sorted(set(base) | set(out)) if k not in RUN_SET_KEYS and base.get(k) != out.get(k)]
+    if changed:
+        log.warning('the model no longer is the one its Hugging Face config describes (%s differs); writing '
+                    "gptkit's own config", changed[0])
+        return out
+    back = {k: v for k, v in kept.items() if k not in RUN_SET_KEYS}
+    if not back.get('architectures'):
+        back['architectures'] = [_ARCHITECTURES.get(back.get('model_type'), 'GPT2LMHeadModel')]
+    return {**out, **back}

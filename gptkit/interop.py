@@ -20,7 +20,7 @@ from .config import DataConfig, ModelConfig, TrainConfig
 from .engine import build_engine, init_distributed
 from .errors import DataError, check
 from .files import read_json, write_atomic
-from .hf_config import config_from_hf, config_to_hf, hf_model_type
+from .hf_config import config_from_hf, config_to_hf, hf_model_type, kept_config
 from .hf_files import MAX_SHARD_SIZE, parse_size, read_weights, write_weights
 from .layout import Layout
 from .model import GPT
@@ -162,7 +162,7 @@ def export_hf(path: str | Path, out_dir: str | Path, max_shard_size: int | str =
         write_atomic(tmp / 'config.json', json.dumps(config, indent=2))
         write_weights(tensors, tmp, most)               # model.safetensors, or shards and their index
         if tok is not None:
-            write_hf_tokenizer(tok, tmp, cfg.model.seq_len)
+            write_hf_tokenizer(tok, tmp, cfg.model.positions)
     log.info('exported %s to %s', folder, out_dir)
     return Path(out_dir)
 
@@ -211,7 +211,8 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     if not (hf / 'config.json').is_file():
         raise CheckpointError(f'{hf} is not a Hugging Face model folder: it has no config.json')
     c = read_json(hf / 'config.json', 'Hugging Face config', error=CheckpointError, expect=dict)
-    m = config_from_hf(c, str(hf / 'config.json'))
+    # the family, token ids and settings gptkit does not compute, kept for export (chapter 12c)
+    m = dataclasses.replace(config_from_hf(c, str(hf / 'config.json')), hf_config=kept_config(c))
     try:
         tok = load_tokenizer(hf)
     except DataError as e:

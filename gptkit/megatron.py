@@ -104,7 +104,7 @@ def megatron_args(m: ModelConfig, iteration: int = 0, consumed: int = 0, vocab_f
     position = ('yarn' if m.rope_scaling == 'yarn' else 'rope') if rotary else 'learned_absolute'
     return argparse.Namespace(
         num_layers=m.layers, hidden_size=m.hidden, ffn_hidden_size=m.ffn, num_attention_heads=m.heads,
-        kv_channels=m.head_dim, max_position_embeddings=m.seq_len, seq_length=m.seq_len, vocab_size=m.vocab,
+        kv_channels=m.head_dim, max_position_embeddings=m.positions, seq_length=m.seq_len, vocab_size=m.vocab,
         padded_vocab_size=m.padded_vocab(), make_vocab_size_divisible_by=m.make_vocab_size_divisible_by,
         tokenizer_type='GPT2BPETokenizer', vocab_file=vocab_file, merge_file=merge_file, tensor_model_parallel_size=1,
         pipeline_model_parallel_size=1, position_embedding_type=position,

@@ -320,7 +320,7 @@ class GPT(nn.Module):
                                                'heads (qk_norm_all) yet; train this model with parallel.tp 1')])
         self.cfg, self.vocab = cfg, cfg.vocab
         self.wte = nn.Embedding(cfg.padded_vocab(tp), cfg.hidden)
-        self.wpe = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position == 'learned' else None
+        self.wpe = nn.Embedding(cfg.positions, cfg.hidden) if cfg.position == 'learned' else None
         self.drop = Dropout(cfg.dropout)
         # keyed by layer number: a pipeline stage keeps its names (and its attention layers their cache layers)
         self.blocks = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
@@ -373,8 +373,8 @@ class GPT(nn.Module):
             self._extend(cache, x.shape[1], valid)
         elif valid is not None:
             raise ValueError('valid (which new tokens are left padding) needs a KVCache')
-        if self.wte is not None and cache is None and x.shape[1] > self.cfg.seq_len:
-            raise ValueError(f'{x.shape[1]} tokens do not fit the model context of {self.cfg.seq_len}')
+        if self.wte is not None and cache is None and x.shape[1] > self.cfg.positions:
+            raise ValueError(f'{x.shape[1]} tokens do not fit the model context of {self.cfg.positions}')
         if positions is None:      # a later pipeline stage's hidden states may be a slice of the sequence (SP)
             s = x.shape[1] * (1 if self.wte is not None else self.seq_split)
             positions = torch.arange(s, device=x.device) if cache is None else cache.positions()
@@ -406,8 +406,8 @@ class GPT(nn.Module):
         if getattr(self, 'sequence_parallel', False):                    # set by gptkit.parallel.apply_tp
             raise ConfigError([('parallel.sequence_parallel', '{key} splits each sequence over the tensor-parallel '
                                 'ranks, so the model cannot decode with a KV cache; load it without it')])
-        if self.wte is not None and cache.len + t > self.cfg.seq_len:
-            raise ValueError(f'{cache.len + t} tokens do not fit the model context of {self.cfg.seq_len}')
+        if self.wte is not None and cache.len + t > self.cfg.positions:
+            raise ValueError(f'{cache.len + t} tokens do not fit the model context of {self.cfg.positions}')
         cache.extend(t, valid)
 
     def output_weight(self):

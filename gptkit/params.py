@@ -158,7 +158,7 @@ def param_table(cfg: ModelConfig) -> list[Param]:
     out = [Param('wte.weight', (cfg.padded_vocab(), h), 'vocab', 'normal', name[0], False,
                  'embedding/word_embeddings/weight')]
     if cfg.position == 'learned':
-        out.append(Param('wpe.weight', (cfg.seq_len, h), 'replicated', 'normal', name[1], False,
+        out.append(Param('wpe.weight', (cfg.positions, h), 'replicated', 'normal', name[1], False,
                          'embedding/position_embeddings/weight'))
     for i in range(cfg.layers):
         out += layer_table(cfg, i)

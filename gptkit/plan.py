@@ -30,10 +30,10 @@ from .runconfig import RunConfig, from_dict, resolve
 from .tokenizer import load as load_tokenizer
 
 # %% auto #0
-__all__ = ['RESUME_MAY_CHANGE', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
-           'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'start_point', 'init_config',
-           'check_start', 'RunPlan', 'read_tokenizer', 'check_masks', 'resumed_precision', 'plan_run', 'preview_run',
-           'task_summary', 'curriculum_summary', 'hand_over', 'handed_plan']
+__all__ = ['RESUME_MAY_CHANGE', 'INIT_SEQ_LEN', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
+           'check_same_tokenizer', 'model_changes', 'check_same_model', 'resume_point', 'start_point', 'init_seq_len',
+           'init_config', 'check_start', 'RunPlan', 'read_tokenizer', 'check_masks', 'resumed_precision', 'plan_run',
+           'preview_run', 'task_summary', 'curriculum_summary', 'hand_over', 'handed_plan']
 
 # %% ../nbs/11a_plan.ipynb #3831adfd
 def tokenizer_vocab(cfg: RunConfig, tok=None) -> RunConfig:
@@ -135,16 +135,18 @@ def check_same_tokenizer(cfg: RunConfig, tok, resume_from: Path):
 # %% ../nbs/11a_plan.ipynb #63063c0a
 # settings a resume may change: regularization, kernels, the initialization it does not use, and the context with
 # rotary positions (a longer one, a larger rope_theta: how a context is extended)
-RESUME_MAY_CHANGE = ('dropout', 'kernels', 'init_std', 'rope_theta', 'seq_len')
+# (the training length and the context capacity: a learned position table keeps its rows)
+RESUME_MAY_CHANGE = ('dropout', 'kernels', 'init_std', 'rope_theta', 'seq_len', 'context')
 
 def model_changes(old: ModelConfig, new: ModelConfig) -> list[str]:
     "The settings of ModelConfig `new` that give the weights of `old` other shapes or another function"
+    table = 'learned' in (old.position, new.position) and old.positions != new.positions
     out = []
     for f in dataclasses.fields(ModelConfig):
         k = f.name
-        if getattr(old, k) == getattr(new, k):
+        if k == 'hf_config' or getattr(old, k) == getattr(new, k):    # hf_config: what export writes back
             continue
-        if k not in RESUME_MAY_CHANGE or (k == 'seq_len' and 'learned' in (old.position, new.position)):
+        if k not in RESUME_MAY_CHANGE or (k in ('seq_len', 'context') and table):
             out.append(k)
     return out
 
@@ -193,17 +195,33 @@ def _set_by(key: str, preset, file, sets, overrides) -> str:
         return f'--set model.{key}'
     return f'--config {file}' if file is not None else f'--preset {preset}'
 
+INIT_SEQ_LEN = 2048   # `train --init`'s training length when the checkpoint holds more positions (GPT-3's context)
+
+def init_seq_len(cfg: RunConfig, old: ModelConfig, given=(None, None, (), None)) -> int:
+    "The training length from checkpoint model `old`: the one this run sets, else its own up to INIT_SEQ_LEN"
+    if cfg.model.seq_len != old.seq_len or _set_by('seq_len', *given).startswith('--set'):
+        return cfg.model.seq_len
+    return min(old.seq_len, INIT_SEQ_LEN)
+
 def init_config(cfg: RunConfig, folder: Path, old: RunConfig, given=(None, None, (), None)) -> RunConfig:
     "`cfg` starting from checkpoint `folder` (saved with `old`): its model and tokenizer, what a run may change aside"
-    keys = [k for k in model_changes(old.model, cfg.model) if k != 'vocab']    # the vocabulary is the tokenizer's
+    base = dataclasses.replace(old.model, context=old.model.positions)       # the capacity the checkpoint holds
+    seq = init_seq_len(cfg, old.model, given)
+    new = dataclasses.replace(cfg.model, context=max(base.context, seq), seq_len=seq)
+    # the vocabulary is the tokenizer's; a learned position table's length is checked below
+    keys = [k for k in model_changes(base, new) if k not in ('vocab', 'seq_len', 'context')]
     if keys:
         diff = '; '.join(f'model.{k} {shown(getattr(old.model, k))} there, {shown(getattr(cfg.model, k))} here from '
                          f'{_set_by(k, *given)}' for k in keys)
-        may = ', '.join(k for k in RESUME_MAY_CHANGE if k != 'seq_len')
+        may = ', '.join(k for k in RESUME_MAY_CHANGE if k != 'context')
         raise ConfigError([('init', f'{{key}} {folder} holds another model than this run describes ({diff}): the '
                                     'model comes from the checkpoint, so leave those settings out (a run may change '
-                                    f'only {may} and, with rotary positions, seq_len)')])
-    model = dataclasses.replace(old.model, **{k: getattr(cfg.model, k) for k in RESUME_MAY_CHANGE})
+                                    f'only {may})')])
+    if base.position == 'learned' and seq > base.context:
+        raise ConfigError([('model.seq_len', f'{{key}} {seq:,} is more than the {base.context:,} rows of the learned '
+                                              f'position table of {folder}; train at most that long')])
+    kept = {k: getattr(cfg.model, k) for k in RESUME_MAY_CHANGE if k not in ('seq_len', 'context')}
+    model = dataclasses.replace(base, **kept, seq_len=seq, context=None if seq == base.context else base.context)
     saved = folder / 'tokenizer'
     data = cfg.data if cfg.data.tokenizer or not saved.is_dir() else dataclasses.replace(cfg.data, tokenizer=str(saved))
     # the base is recorded whole: a LoRA run's adapters are read over it from any working directory

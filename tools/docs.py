@@ -310,6 +310,31 @@ def _write(path: Path, text: str):
     tmp.replace(path)
 
 
+IMG_SRC = re.compile(r"""<img\b[^>]*?\bsrc\s*=\s*["']([^"']+)["']""", re.I)
+
+
+def local_images(body: str) -> list[str]:
+    "The relative paths of the images a page's HTML shows (`images/families.png`), not data: or web addresses"
+    found = [html.unescape(src) for src in IMG_SRC.findall(body)]
+    return [src for src in dict.fromkeys(found) if not re.match(r'^([a-z][a-z0-9+.-]*:|/|#)', src, flags=re.I)]
+
+
+def copy_images(body: str, src_dir: Path, out: Path) -> list[Path]:
+    "Copy the images the page `body` links to from the notebook's folder `src_dir` to the same paths under `out`"
+    copied = []
+    for rel in local_images(body):
+        src, dst = (src_dir / rel).resolve(), (out / rel).resolve()
+        if not dst.is_relative_to(out):
+            print(f'warning: {rel} lies outside {out}; not copied', file=sys.stderr)
+        elif not src.is_file():
+            print(f'warning: a page shows {rel}, which is not in {src_dir}', file=sys.stderr)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+            copied.append(dst)
+    return copied
+
+
 def contents(nbs: list[Path]) -> str:
     "The body of docs/index.html: every page with its summary"
     items = []
@@ -335,7 +360,9 @@ def render_html(out: Path, nbs_dir: Path = NBS) -> list[Path]:
     pages = [out / 'index.html']
     for i, nb in enumerate(nbs, start=1):
         href, title = entries[i]
-        _write(out / href, page(title, render_body(nb, names, flags, lib), sidebar(entries, href), pager(entries, i)))
+        body = render_body(nb, names, flags, lib)
+        copy_images(body, nb.parent, out)             # a markdown image such as ![...](images/families.png)
+        _write(out / href, page(title, body, sidebar(entries, href), pager(entries, i)))
         pages.append(out / href)
         print(f'rendered {nb.relative_to(nbs_dir.parent) if nb.is_relative_to(nbs_dir.parent) else nb} -> {out / href}')
     return pages
