@@ -22,6 +22,20 @@ def pytest_addoption(parser):
                      help='nbdev test flags to run that are skipped by default, e.g. "gpu slow"')
 
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: a test that takes long; it runs with --nb-flags slow, as the notebooks\' '
+                            'cells flagged slow do')
+
+
+def pytest_collection_modifyitems(config, items):
+    "Tests marked slow are skipped unless --nb-flags names slow"
+    if 'slow' in config.getoption('--nb-flags').split():
+        return
+    for item in items:
+        if item.get_closest_marker('slow'):
+            item.add_marker(pytest.mark.skip(reason='slow: runs with --nb-flags slow'))
+
+
 @pytest.fixture(scope='session')
 def root() -> Path:
     return ROOT

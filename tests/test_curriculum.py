@@ -122,6 +122,7 @@ def test_bad_values_are_refused_naming_the_key(tiny_data, tmp_path, sets, key, s
     assert not (tmp_path / 'cli').exists()                                   # refused before anything started
 
 
+@pytest.mark.slow
 def test_a_pipeline_trains_the_short_steps_like_one_process(tiny_data, tmp_path):
     prefix, tok = tiny_data
     sets = [a for s in TINY_SETS + CURRICULUM for a in ('--set', s)]

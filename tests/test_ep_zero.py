@@ -234,6 +234,7 @@ def _resume_worker(rank, world, out, port, cases):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow               # an EP 2 checkpoint resumes bit for bit in tests/test_expert_parallel.py every run
 def test_an_ep2_zero_checkpoint_resumes_bit_for_bit_and_loads_on_one_process(tmp_path, request):
     """EP 2 on 2 gloo processes at ZeRO 2 in fp32 and ZeRO 1 in bf16 (with --nb-flags slow also ZeRO 1 fp32 and ZeRO 2
     bf16, and on 4 processes EP 2 x PP 2 at ZeRO 1 and EP 2 x TP 2 at ZeRO 1 fp32 and, with SP, ZeRO 2 bf16): DeepSpeed

@@ -42,7 +42,7 @@ def _worker(rank, world, tp, init_file, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('world,tp', [(2, 2), (4, 4), (4, 2)])
+@pytest.mark.parametrize('world,tp', [(2, 2), pytest.param(4, 4, marks=pytest.mark.slow), (4, 2)])
 def test_column_then_row_parallel_mlp_equals_the_plain_one(tmp_path, world, tp):
     env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT') if k in os.environ}
     try: mp.spawn(_worker, args=(world, tp, str(tmp_path / 'init'), str(tmp_path)), nprocs=world, join=True)
@@ -97,7 +97,7 @@ def _vocab_worker(rank, world, init_file, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize('world', [2, 4])
+@pytest.mark.parametrize('world', [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_vocabulary_and_sequence_parallel_equal_the_plain_ops(tmp_path, world):
     env = {k: os.environ.pop(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT') if k in os.environ}
     try: mp.spawn(_vocab_worker, args=(world, str(tmp_path / 'init'), str(tmp_path)), nprocs=world, join=True)

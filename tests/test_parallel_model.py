@@ -83,11 +83,11 @@ def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
     (2, 2, 1, False, 2, 'gpt'),      # TP 2
     (2, 2, 1, True, 2, 'gpt'),       # TP 2 + sequence parallel
     (2, 1, 2, False, 4, 'gpt'),      # PP 2, 4 micro-batches in 1F1B
-    (4, 2, 2, False, 2, 'gpt'),      # TP 2 x PP 2
-    (4, 2, 1, True, 1, 'gpt'),       # DP 2 x TP 2 (+ SP)
-    (4, 1, 4, False, 4, 'gpt'),      # PP 4: middle stages
+    pytest.param(4, 2, 2, False, 2, 'gpt', marks=pytest.mark.slow),      # TP 2 x PP 2 (llama's below runs every time)
+    pytest.param(4, 2, 1, True, 1, 'gpt', marks=pytest.mark.slow),       # DP 2 x TP 2 (+ SP)
+    pytest.param(4, 1, 4, False, 4, 'gpt', marks=pytest.mark.slow),      # PP 4: middle stages
     (2, 2, 1, True, 2, 'llama'),     # TP 2 + SP: one KV head per rank, RMSNorm over a slice of the sequence
-    (4, 4, 1, False, 1, 'llama'),    # TP 4: 2 KV heads, each replicated on 2 ranks (their gradients summed)
+    pytest.param(4, 4, 1, False, 1, 'llama', marks=pytest.mark.slow),    # TP 4: 2 KV heads, each replicated on 2 ranks (their gradients summed)
     (4, 2, 2, False, 2, 'llama'),    # TP 2 x PP 2: rotary on the second stage, the untied output layer on the last
 ])
 def test_parallel_gpt_equals_the_single_process_model(tmp_path, world, tp, pp, sp, micro, family):

@@ -215,7 +215,7 @@ def one_process_zero2(tiny_data, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize('launcher', ['torchrun, 2 nodes x 1', 'deepspeed'])
+@pytest.mark.parametrize('launcher', [pytest.param('torchrun, 2 nodes x 1', marks=pytest.mark.slow), 'deepspeed'])
 def test_two_data_parallel_processes_match_one(tiny_data, one_process_zero2, tmp_path, launcher):
     "Two processes (one node's two, or two nodes' one each, through torchrun's --nnodes) train as one does"
     prefix, tok = tiny_data
@@ -231,6 +231,7 @@ def test_two_data_parallel_processes_match_one(tiny_data, one_process_zero2, tmp
     for k in ck[0]: torch.testing.assert_close(ck[1][k], ck[0][k], rtol=1e-4, atol=2e-5)   # Adam amplifies rounding near zero
 
 
+@pytest.mark.slow
 def test_tokens_without_a_global_batch_train_the_same_tokens_on_one_and_two_processes(tiny_data, tmp_path):
     "--tokens, train.global_batch=null: two data-parallel processes take steps of twice the tokens, half as many"
     prefix, tok = tiny_data

@@ -2,7 +2,8 @@
 
 The runs fine-tune (train.task sft) on the built-in conversations: loss-masked targets and packed conversations kept
 apart by the document mask, through every layout (the plain pre-training path runs in test_parallel_model,
-test_resume_dp and the expert-parallel tests)."""
+test_resume_dp and the expert-parallel tests). Each layout is trained when a test first needs it; TP 2 x PP 2 in every
+run, DP 2 x PP 2, DP 2 x TP 2 with SP and the 4-process resumes with --nb-flags slow."""
 import json
 import math
 import os
@@ -41,23 +42,33 @@ def _losses(run):
     return [r['loss'] for r in rows if r['kind'] == 'train'], [r['loss'] for r in rows if r['kind'] in ('valid', 'test')]
 
 
+LAYOUTS = {'one': [], 'tp2pp2': ['--tp', '2', '--pp', '2'],       # TP 2 alone: tests/test_parallel_model.py
+           'dp2pp2': ['--pp', '2', '--nproc', '4', '--set', 'parallel.zero=1', '--set', 'train.recompute=full'],
+           'dp2tp2sp': ['--tp', '2', '--nproc', '4', '--set', 'parallel.sequence_parallel=true', '--set', 'parallel.zero=1']}
+
+
+class Runs:
+    "One run per layout, all with the same global batch of 4 sequences, each trained when a test first asks for it"
+    def __init__(self, root, prefix, tok):
+        self.root, self.prefix, self.tok = root, prefix, tok
+
+    def __truediv__(self, name: str):
+        if not (self.root / name / 'metrics.jsonl').exists():
+            run = _cli if LAYOUTS[name] else run_here              # one process needs no launcher
+            r = run('train', '--data', self.prefix, '--tokenizer', self.tok, '--out', str(self.root / name), *_sets(),
+                    *LAYOUTS[name])
+            assert r.returncode == 0, name + r.stdout[-3000:] + r.stderr[-3000:]
+            assert 'task sft' in r.stdout, r.stdout[-3000:]
+        return self.root / name
+
+
 @pytest.fixture(scope='module')
 def runs(sft_data, tmp_path_factory):
-    "One run per layout, all with the same global batch of 4 sequences"
-    prefix, tok = sft_data
-    root = tmp_path_factory.mktemp('layouts')
-    layouts = {'one': [], 'tp2pp2': ['--tp', '2', '--pp', '2'],       # TP 2 alone: tests/test_parallel_model.py
-               'dp2pp2': ['--pp', '2', '--nproc', '4', '--set', 'parallel.zero=1', '--set', 'train.recompute=full'],
-               'dp2tp2sp': ['--tp', '2', '--nproc', '4', '--set', 'parallel.sequence_parallel=true', '--set', 'parallel.zero=1']}
-    for name, extra in layouts.items():
-        run = _cli if extra else run_here              # one process needs no launcher
-        r = run('train', '--data', prefix, '--tokenizer', tok, '--out', str(root / name), *_sets(), *extra)
-        assert r.returncode == 0, name + r.stdout[-3000:] + r.stderr[-3000:]
-        assert 'task sft' in r.stdout, r.stdout[-3000:]
-    return root
+    return Runs(tmp_path_factory.mktemp('layouts'), *sft_data)
 
 
-@pytest.mark.parametrize('name', ['tp2pp2', 'dp2pp2', 'dp2tp2sp'])
+@pytest.mark.parametrize('name', ['tp2pp2', pytest.param('dp2pp2', marks=pytest.mark.slow),     # 4 processes each
+                                  pytest.param('dp2tp2sp', marks=pytest.mark.slow)])
 def test_every_layout_trains_like_one_process(runs, name):
     (want, want_eval), (got, got_eval) = _losses(runs / 'one'), _losses(runs / name)
     assert len(want) == 6 and got == pytest.approx(want, rel=1e-5) and got_eval == pytest.approx(want_eval, rel=1e-5)
@@ -65,6 +76,7 @@ def test_every_layout_trains_like_one_process(runs, name):
     assert ds['train_batch_size'] == 4
 
 
+@pytest.mark.slow                   # a resume of 4 processes; resumes on 2: test_resume_dp, test_train
 def test_a_parallel_run_resumes_where_it_stopped(runs, sft_data, tmp_path):
     prefix, tok = sft_data
     shutil.copytree(runs / 'tp2pp2', tmp_path / 'again', ignore=shutil.ignore_patterns('iter_0000006', 'metrics.jsonl', 'tensorboard'))
@@ -155,6 +167,7 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, sft_da
     assert 'was saved with tp 2 pp 2' in r.stderr and 'gptkit checkpoint reshard' in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.slow                   # reshards themselves: test_reshard_round_trip_gives_identical_logits
 def test_training_continues_in_another_layout_after_reshard(runs, sft_data, tmp_path):
     "TP 2 x PP 2 -> reshard -> TP 2 x PP 1: the run goes on from step 6 with the weights it had (the optimizer restarts)"
     prefix, tok = sft_data
