@@ -271,7 +271,7 @@ class Job:
         return None if self.sampling.seed is not None else (self.sampling, self.prompt_logprobs, self.score_only)
 
     def put(self, item):
-        "Hand `item` to the job's event loop; once that loop has closed nobody is left to answer, and the job is cancelled"
+        "Hand `item` to the job's event loop; once that loop has closed, nobody is left to answer: the job is cancelled"
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:             # asyncio's 'Event loop is closed': the worker must not die of it

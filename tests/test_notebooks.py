@@ -7,7 +7,7 @@ alone warns that it failed after the others (state one notebook left for the nex
 past RUNNER_MOST_BYTES, is replaced by a fresh one; the notebooks in ALONE always run by themselves."""
 import json
 import os
-import select
+import selectors
 import subprocess
 import sys
 import warnings
@@ -52,7 +52,9 @@ class Runner:
             self.start()
         self.proc.stdin.write(json.dumps({'nb': str(nb), 'flags': flags}) + '\n')
         self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], NOTEBOOK_SECONDS)
+        with selectors.DefaultSelector() as sel:     # epoll: select() refuses descriptors past 1,023, which a long
+            sel.register(self.proc.stdout, selectors.EVENT_READ)      # session of tests reaches
+            ready = sel.select(NOTEBOOK_SECONDS)
         line = self.proc.stdout.readline() if ready else ''
         if not line:
             self.proc.kill()
