@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from gptkit.errors import ConfigError, GptkitError
-from gptkit_cli.app import app, err, handles_errors, out, typed_prompts
+from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
@@ -148,47 +148,106 @@ def client(
     temperature: Annotated[float, Opt(help='0 for greedy.')] = 0.8,
     top_p: Annotated[float, Opt(help='Nucleus sampling.')] = 0.95,
     stop: Annotated[Optional[str], Opt(help='Stop before this text.')] = None,
+    raw: Annotated[bool, Opt(help='Continue each prompt (/v1/completions), even for a model with a chat '
+                                  'template.')] = False,
     api_key: Annotated[Optional[str], Opt(envvar='GPTKIT_API_KEY', show_default=False,
                                           help='The key of a server started with --api-key.')] = None,
 ):
-    """An interactive prompt against a running gptkit server (streams each answer)."""
-    import httpx
+    """An interactive prompt against a running gptkit server, streaming each answer. A model with a chat template (the
+    server says so in /v1/models) is chatted with: the conversation is kept and sent whole each turn, and a line /new
+    starts a new one; --raw continues each prompt instead, as any other model is served. A line ending with a
+    backslash goes on on the next line; an empty line or Ctrl-D quits, Ctrl-C stops an answer."""
     url = url.rstrip('/')
     if not url.startswith(('http://', 'https://')):
         url = 'http://' + url
     headers = {'Authorization': f'Bearer {api_key}'} if api_key else {}
+    model, templated = _served(url, headers)
+    chatting = templated and not raw
+    how = 'chat: /new starts a new conversation' if chatting else 'completions'
+    err.print(f'[dim]{escape(url)}, model {escape(str(model))} ({how}). Type a prompt and press Enter; end a line '
+              'with \\ to go on on the next; an empty line or Ctrl-D quits.[/]')
+    sampling = {'model': model, 'temperature': temperature, 'top_p': top_p, 'stream': True,
+                **({'stop': stop} if stop else {})}
+    history = []
+    for text in _typed_texts():
+        if not chatting:
+            _stream(f'{url}/v1/completions', {**sampling, 'prompt': text, 'max_tokens': max_tokens}, headers)
+            continue
+        if text.strip() == '/new':
+            history = []
+            err.print('[dim](a new conversation)[/]')
+            continue
+        turns = history + [{'role': 'user', 'content': text}]
+        body = {**sampling, 'messages': turns, 'max_completion_tokens': max_tokens}
+        reply = _stream(f'{url}/v1/chat/completions', body, headers)
+        if reply is not None:                # a reply that failed leaves the conversation as it was
+            history = turns + [{'role': 'assistant', 'content': reply}]
+
+
+def _served(url: str, headers: dict) -> tuple[str, bool]:
+    "The model a gptkit server at `url` serves, and whether it has a chat template, from its /v1/models"
+    import httpx
     try:
         r = httpx.get(f'{url}/v1/models', headers=headers, timeout=10)
         if r.status_code != 200:
             raise GptkitError(f'{url} refused the request: {_said(r)}')
-        model = r.json()['data'][0]['id']
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        listed = r.json()['data'][0]
+        return listed['id'], listed.get('chat_template') is True
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise GptkitError(f'{url} does not answer as a gptkit server ({type(e).__name__}: {e})') from None
-    err.print(f'[dim]{escape(url)}, model {escape(str(model))}. Type a prompt and press Enter; an empty line or Ctrl-D '
-              'quits.[/]')
-    for prompt in typed_prompts():
-        body = {'model': model, 'prompt': prompt, 'max_tokens': max_tokens, 'temperature': temperature, 'top_p': top_p,
-                'stream': True, **({'stop': stop} if stop else {})}
+
+
+def _typed_texts():
+    """Texts typed at a `> ` prompt, one at a time, until an empty line, Ctrl-D or Ctrl-C; a line ending with a
+    backslash goes on on the next (at a `. ` prompt), the backslash left out"""
+    while True:
+        lines = []
         try:
-            with httpx.stream('POST', f'{url}/v1/completions', json=body, headers=headers, timeout=None) as r:
-                if r.status_code != 200:
-                    r.read()
-                    err.print(f'[bold red]error:[/] {escape(_said(r))}')
+            line = input('> ')
+            while line.endswith('\\'):
+                lines.append(line[:-1])
+                line = input('. ')
+        except (EOFError, KeyboardInterrupt):
+            return
+        text = '\n'.join(lines + [line])
+        if not text.strip():
+            return
+        yield text
+
+
+def _stream(url: str, body: dict, headers: dict) -> str | None:
+    """POST `body` to `url`, an OpenAI completions or chat completions endpoint, printing the answer as it streams;
+    the text it said (Ctrl-C stops it there), or None when the server refused or failed"""
+    import httpx
+    said = []
+    try:
+        with httpx.stream('POST', url, json=body, headers=headers, timeout=None) as r:
+            if r.status_code != 200:
+                r.read()
+                err.print(f'[bold red]error:[/] {escape(_said(r))}')
+                return None
+            finish = None
+            for line in r.iter_lines():
+                if not line.startswith('data: ') or line == 'data: [DONE]':
                     continue
-                finish = None
-                for line in r.iter_lines():
-                    if not line.startswith('data: ') or line == 'data: [DONE]':
-                        continue
-                    msg = json.loads(line[6:])
-                    if 'error' in msg:
-                        err.print(f'\n[bold red]error:[/] {escape(str(msg["error"]["message"]))}')
-                        break
-                    choice = msg['choices'][0]
-                    out.print(choice['text'], end='', markup=False, highlight=False)
-                    finish = choice['finish_reason'] or finish
-                out.print(f'\n[dim]({escape(str(finish))})[/]')
-        except httpx.HTTPError as e:
-            err.print(f'[bold red]error:[/] the connection to {escape(url)} failed: {escape(str(e))}')
+                msg = json.loads(line[6:])
+                if 'error' in msg:
+                    err.print(f'\n[bold red]error:[/] {escape(str(msg["error"]["message"]))}')
+                    return None
+                if not msg.get('choices'):
+                    continue
+                choice = msg['choices'][0]
+                piece = (choice['delta'].get('content') or '') if 'delta' in choice else choice['text']
+                said.append(piece)
+                out.print(piece, end='', markup=False, highlight=False)
+                finish = choice['finish_reason'] or finish
+            out.print(f'\n[dim]({escape(str(finish))})[/]')
+    except KeyboardInterrupt:
+        out.print('\n[dim](stopped)[/]')
+    except httpx.HTTPError as e:
+        err.print(f'\n[bold red]error:[/] the connection to {escape(url)} failed: {escape(str(e))}')
+        return None
+    return ''.join(said)
 
 
 def _said(r) -> str:

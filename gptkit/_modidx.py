@@ -817,6 +817,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'gptkit.http_api.chat_job': ('http_api.html#chat_job', 'gptkit/http_api.py'),
                                  'gptkit.http_api.chat_prompt': ('http_api.html#chat_prompt', 'gptkit/http_api.py'),
                                  'gptkit.http_api.chat_renderer': ('http_api.html#chat_renderer', 'gptkit/http_api.py'),
+                                 'gptkit.http_api.check_model': ('http_api.html#check_model', 'gptkit/http_api.py'),
                                  'gptkit.http_api.encode_prompts': ('http_api.html#encode_prompts', 'gptkit/http_api.py'),
                                  'gptkit.http_api.error_for': ('http_api.html#error_for', 'gptkit/http_api.py'),
                                  'gptkit.http_api.fit_context': ('http_api.html#fit_context', 'gptkit/http_api.py'),

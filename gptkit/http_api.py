@@ -21,11 +21,12 @@ from .sampling import STOP_CHARS, Sampling, check_room
 from .tokenizer import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
 
 # %% auto #0
-__all__ = ['BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'TEMPLATE_MEMORY', 'ERRORS', 'ROUTES', 'prompt_tokens',
-           'longest_token', 'prompt_chars', 'body_limit', 'MegatronRequest', 'StreamOptions', 'OpenAIRequest',
-           'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'encode_prompts', 'fit_context',
-           'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_renderer', 'chat_prompt', 'chat_job', 'chat_fits',
-           'openai_error', 'megatron_error', 'validation_sentence', 'http_sentence', 'error_for']
+__all__ = ['BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'TEMPLATE_MEMORY', 'ERRORS', 'OPENAI_ERRORS', 'ROUTES',
+           'prompt_tokens', 'longest_token', 'prompt_chars', 'body_limit', 'MegatronRequest', 'StreamOptions',
+           'OpenAIRequest', 'CompletionRequest', 'TextPart', 'ChatMessage', 'ChatRequest', 'BadRequest', 'check_model',
+           'encode_prompts', 'fit_context', 'megatron_job', 'openai_job', 'plain_chat_prompt', 'chat_renderer',
+           'chat_prompt', 'chat_job', 'chat_fits', 'openai_error', 'megatron_error', 'validation_sentence',
+           'http_sentence', 'error_for']
 
 # %% ../nbs/15a_http_api.ipynb #e71ba994
 BYTES_PER_TOKEN = 32        # a request body's bytes per prompt token: text averages ~4, JSON escapes take up to 12
@@ -129,10 +130,19 @@ class ChatRequest(OpenAIRequest):
 
 # %% ../nbs/15a_http_api.ipynb #e611fa2c
 class BadRequest(Exception):
-    "A request the server refuses, with the sentence to answer and the field it is about"
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    "A request the server refuses, with the sentence to answer, the field it is about and OpenAI's code for it"
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.message, self.param, self.status = message, param, status
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+def check_model(asked: str | None, served: str):
+    """Refuse an OpenAI request that names a model this server does not serve, as OpenAI does (404, code
+    model_not_found), naming the one it serves; a request that names none is for the served one"""
+    if asked is None or asked == served:
+        return
+    said = asked if len(asked) <= 100 else asked[:100] + '...'
+    raise BadRequest(f'The model `{said}` does not exist; this server serves `{served}`', 'model', 404,
+                     'model_not_found')
 
 def _sampling(param_names: dict, **kw) -> Sampling:
     try:
@@ -330,6 +340,7 @@ def chat_fits(r: ChatRequest, rows: list[list[int]], context: int):
 ERRORS = {400: {'description': 'A request the server refuses, with one sentence saying why'},
           503: {'description': 'Too many requests are waiting'},
           504: {'description': "The request ran past the server's time limit a request"}}
+OPENAI_ERRORS = {**ERRORS, 404: {'description': 'The model named is not the one this server serves'}}
 
 def openai_error(message: str, param: str | None, status: int = 400, code: str | None = None) -> JSONResponse:
     "OpenAI's error object: the sentence, its kind, the field it is about and a code"

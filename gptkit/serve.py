@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptkit.http_api import (
     ERRORS,
+    OPENAI_ERRORS,
     BadRequest,
     ChatRequest,
     CompletionRequest,
@@ -39,6 +40,7 @@ from gptkit.http_api import (
     chat_job,
     chat_prompt,
     chat_renderer,
+    check_model,
     encode_prompts,
     error_for,
     http_sentence,
@@ -264,23 +266,26 @@ async def megatron(r: MegatronRequest, request: Request):
 
 @routes.get('/v1/models')
 async def models(request: Request) -> dict:
-    "The one model this server serves"
+    """The one model this server serves, with its context (`max_model_len`, as vLLM lists it) and whether its tokenizer
+    has a chat template (`chat_template`: the web page and `gptkit client` then chat)"""
     state = request.app.state
     return {'object': 'list', 'data': [{'id': state.model_name, 'object': 'model', 'created': state.created,
-                                        'owned_by': 'gptkit'}]}
+                                        'owned_by': 'gptkit', 'max_model_len': state.gen.context,
+                                        'chat_template': state.renderer is not None}]}
 
 STREAMED = {'description': 'The completion, or with stream=true its server-sent events',
             'content': {'application/json': {}, 'text/event-stream': {}}}
 
-@routes.post('/v1/completions', responses={**ERRORS, 200: STREAMED})
+@routes.post('/v1/completions', responses={**OPENAI_ERRORS, 200: STREAMED})
 async def completions(r: CompletionRequest, request: Request):
     "OpenAI's completions API; with stream=true, server-sent events"
     state = request.app.state
     try:
+        check_model(r.model, state.model_name)
         prompts, rows, s = openai_job(state.gen, r, state.limits)
         job = submit(request, rows, s, prompt_logprobs=bool(r.echo and r.logprobs is not None))
     except BadRequest as e:
-        return openai_error(e.message, e.param, e.status)
+        return openai_error(e.message, e.param, e.status, e.code)
     except Busy:
         return openai_error('the server is busy; try again', None, 503)
     head = {'id': f'cmpl-{uuid.uuid4().hex}', 'object': 'text_completion', 'created': int(time.time()),
@@ -298,11 +303,12 @@ async def completions(r: CompletionRequest, request: Request):
     whole = [choices.choice(i, text[i], finish[i], 0) for i in range(len(rows))]
     return {**head, 'choices': whole, 'usage': usage(rows, choices.generated)}
 
-@routes.post('/v1/chat/completions', responses={**ERRORS, 200: STREAMED})
+@routes.post('/v1/chat/completions', responses={**OPENAI_ERRORS, 200: STREAMED})
 async def chat(r: ChatRequest, request: Request):
     "OpenAI's chat completions API: the plain chat template (or the tokenizer's own), then a completion"
     state = request.app.state
     try:
+        check_model(r.model, state.model_name)
         messages, n, s = chat_job(r, state.limits, state.renderer is not None)
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(state.rendering, chat_prompt, state.renderer, messages)
@@ -311,7 +317,7 @@ async def chat(r: ChatRequest, request: Request):
         rows = rows * n
         job = submit(request, rows, s)
     except BadRequest as e:
-        return openai_error(e.message, e.param, e.status)
+        return openai_error(e.message, e.param, e.status, e.code)
     except Busy:
         return openai_error('the server is busy; try again', None, 503)
     head = {'id': f'chatcmpl-{uuid.uuid4().hex}', 'created': int(time.time()), 'model': state.model_name}
@@ -338,18 +344,20 @@ def _asset(name: str) -> str:
     "The text of the web page's file `name`"
     return (files('gptkit') / 'assets' / 'web' / name).read_text(encoding='utf-8')
 
-def page_html(name: str, context: int, key: bool = False) -> str:
-    """The web page served at /, with the model's name escaped; `key`: the page asks for the API key. Every placeholder
-    is filled in one pass over the template, so a name holding `{{KEY}}` is never read as one"""
+def page_html(name: str, context: int, key: bool = False, chat: bool = False) -> str:
+    """The web page served at /, with the model's name escaped; `key`: the page asks for the API key; `chat`: the model
+    has a chat template, and the page chats. Every placeholder is filled in one pass over the template, so a name
+    holding `{{KEY}}` is never read as one"""
     values = {'MODEL': html.escape(name, quote=True), 'CONTEXT': str(int(context)),
-              'KEY': 'required' if key else 'none'}
-    return re.sub(r'\{\{(MODEL|CONTEXT|KEY)\}\}', lambda m: values[m[1]], _asset('serve.html'))
+              'KEY': 'required' if key else 'none', 'CHAT': 'template' if chat else 'none'}
+    return re.sub(r'\{\{(MODEL|CONTEXT|KEY|CHAT)\}\}', lambda m: values[m[1]], _asset('serve.html'))
 
 @routes.get('/', response_class=HTMLResponse, include_in_schema=False)
 async def page(request: Request):
     "The web page"
     state = request.app.state
-    return HTMLResponse(page_html(state.model_name, state.gen.context, state.keyed), headers=PAGE_HEADERS)
+    return HTMLResponse(page_html(state.model_name, state.gen.context, state.keyed, state.renderer is not None),
+                        headers=PAGE_HEADERS)
 
 @routes.get('/static/{asset}', include_in_schema=False)
 async def static(asset: str):
@@ -379,7 +387,7 @@ async def timed_out(request: Request, exc: OutOfTime):
     return error_for(request.url.path, str(exc), 504, code='timeout')
 
 def openapi(app: FastAPI) -> dict:
-    "The schema, with this server's limits in it"
+    "The schema, with this server's limits and model name in it"
     if app.openapi_schema:
         return app.openapi_schema
     limits = app.state.limits
@@ -388,6 +396,8 @@ def openapi(app: FastAPI) -> dict:
     m['prompts']['maxItems'] = limits.max_prompts
     m['tokens_to_generate']['maximum'] = o['max_tokens']['maximum'] = limits.max_new_tokens
     o['n']['maximum'] = limits.max_prompts
+    for request in ('CompletionRequest', 'ChatRequest'):        # the one name a request may give, or none
+        schema['components']['schemas'][request]['properties']['model']['anyOf'][0]['enum'] = [app.state.model_name]
     app.openapi_schema = schema
     return schema
 
