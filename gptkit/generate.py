@@ -10,6 +10,7 @@ import copy
 import functools
 import itertools
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from . import machine
 from .batching import RunningBatch, agree
 from .checkpoint import check_device, load_model
 from .errors import ConfigError
 from .layout import Layout
-from .machine import MEASURE_SECONDS, choose_precision, fastest_rounds, huge_copies, huge_empty, measured, this_cpu
 from .model import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 from .ops import apply_rotary, rms_norm, swiglu
 from .parallel import ParallelState, apply_tp
@@ -171,7 +172,7 @@ def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
     wanted = lambda *kinds: head and any(h for k, h in heads if k in kinds)
     places = {'rows': tuple(rows.shape)} if wanted('plain', 'rows') else {}
     places.update({'weight_t': tuple(rows.shape[::-1])} if wanted('transposed') else {})
-    region = huge_empty(specs + [(s, rows.dtype) for s in places.values()]) if specs or places else None
+    region = machine.huge_empty(specs + [(s, rows.dtype) for s in places.values()]) if specs or places else None
     region = region or [None] * (len(specs) + len(places))
     for (m, name, child), into in itertools.zip_longest(linears, region[:len(specs)]):
         setattr(m, name, DecodeLinear(child, kind, into))
@@ -203,10 +204,12 @@ def _seconds(fn) -> float:
     fn()
     return time.perf_counter() - start
 
-def _alternating(runs: dict, rounds: int = DECODE_ROUNDS) -> dict[str, float]:
+def _alternating(runs: dict, spreads: list, rounds: int = DECODE_ROUNDS) -> dict[str, float]:
     """Fastest seconds of each function in `runs` ({name: function}) after a warm-up each, rounds alternating (until
-    `MEASURE_SECONDS` have passed, one round at least)"""
-    return fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds, MEASURE_SECONDS)
+    `MEASURE_SECONDS` have passed, two rounds at least); how far their rounds spread appended to `spreads`"""
+    seconds = machine.fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds)
+    spreads.append(seconds.spread)
+    return seconds
 
 def _linear_pass(form: str, ws: list, n: int, rand):
     "One pass of `n` rows through the matrices `ws` [out, in] in `form`, as a function; None where `form` cannot run"
@@ -217,7 +220,7 @@ def _linear_pass(form: str, ws: list, n: int, rand):
             return None
     else:
         mats = ws if kind == 'plain' else [w.t().contiguous() for w in ws]
-        mats = huge_copies(mats) if huge else mats
+        mats = machine.huge_copies(mats) if huge else mats
         if mats is None:
             return None
     pairs = [(rand(n, w.shape[1]).to(w.dtype), p) for w, p in zip(ws, mats)]
@@ -233,20 +236,21 @@ def _head_runs(forms, n: int, rows, rows_t, rand, packed=None, mkl=None) -> dict
     kinds = {form: form_pages(form)[0] for form in forms}
     return {form: functools.partial(head_product, kind, h, rows, rows_t, packed, mkl) for form, kind in kinds.items()}
 
-def measure_decode(linears, head) -> dict[str, float]:
-    """Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows', weights from memory;
-    each form timed in rounds alternating with the same form in huge pages. A form this PyTorch, CPU or OS cannot
-    run (oneDNN's packed bf16 without AVX-512, MKL's in bf16, huge pages where THP is off) is left out"""
-    out, g = {}, torch.Generator().manual_seed(0)     # not the global generator: sampling's seeds stay as they were
+def measure_decode(linears, head, dtypes=('fp32', 'bf16')) -> machine.Timings:
+    """Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows' for `dtypes`, weights
+    from memory, each form in rounds alternating with its twin in huge pages; `spread` the median form's (products of
+    microseconds jitter more on a quiet machine). Forms this PyTorch, CPU or OS cannot run (oneDNN's packed bf16
+    without AVX-512, MKL's in bf16, huge pages where THP is off) are left out"""
+    out, spreads, g = machine.Timings(), [], torch.Generator().manual_seed(0)     # sampling's generator left alone
     rand = lambda *shape: torch.rand(*shape, generator=g)
     kinds = lambda part: dict.fromkeys(form_pages(f)[0] for f in DECODE_FORMS[part])
-    for name, dtype in (('fp32', torch.float32), ('bf16', torch.bfloat16)):
+    for name, dtype in (pair for pair in (('fp32', torch.float32), ('bf16', torch.bfloat16)) if pair[0] in dtypes):
         ws = [rand(o, i).to(dtype) for o, i in linears]
         for kind in kinds('linear'):
             for n in DECODE_ROWS:
                 runs = {f: _linear_pass(f, ws, n, rand) for f in DECODE_FORMS['linear'] if form_pages(f)[0] == kind}
                 runs = {f: run for f, run in runs.items() if run is not None}
-                seconds = _alternating(runs) if ws else dict.fromkeys(runs, 1e-9)
+                seconds = _alternating(runs, spreads) if ws else dict.fromkeys(runs, 1e-9)
                 out.update({f'{name} linear {f} {n}': s for f, s in seconds.items()})
         del ws
         rows = rand(*head).to(dtype)
@@ -254,16 +258,17 @@ def measure_decode(linears, head) -> dict[str, float]:
         packed, mkl = packed_weight(rows), mkl_packed(rows)
         made = [f for f, m in (('packed', packed), ('mkl8', mkl)) if m is not None]
         for n in DECODE_ROWS:                         # the packed forms first, then let go
-            seconds = _alternating(_head_runs(made, n, rows, rows_t, rand, packed, mkl))
+            seconds = _alternating(_head_runs(made, n, rows, rows_t, rand, packed, mkl), spreads)
             out.update({f'{name} head {f} {n}': s for f, s in seconds.items()})
         del packed, mkl
-        huge = huge_copies([rows, rows_t]) or (None, None)     # where the OS gives huge pages
+        huge = machine.huge_copies([rows, rows_t]) or (None, None)     # where the OS gives huge pages
         for kind in (k for k in kinds('head') if k not in ('packed', 'mkl8')):
             for n in DECODE_ROWS:
                 runs = _head_runs([kind], n, rows, rows_t, rand)
                 if huge[0] is not None:
                     runs.update(_head_runs([f'{kind} huge'], n, *huge, rand))
-                out.update({f'{name} head {f} {n}': s for f, s in _alternating(runs).items()})
+                out.update({f'{name} head {f} {n}': s for f, s in _alternating(runs, spreads).items()})
+    out.spread = statistics.median(spreads or [1.0])
     return out
 
 # %% ../nbs/14c_generate.ipynb #de358028
@@ -284,33 +289,38 @@ def _best(seconds: dict, dtype: str) -> tuple[str, tuple, dict]:
             for n, h in zip(DECODE_ROWS, heads)}
     return lin, heads, step
 
-def decode_choice(seconds: dict, dtypes=('fp32', 'bf16'), cached: bool = False) -> DecodeChoice:
-    "The `DecodeChoice` that `measure_decode`'s `seconds` call for, among `dtypes` (bf16 when `BF16_GAIN` x faster)"
+def decode_choice(seconds: dict, dtypes=('fp32', 'bf16'), cached: bool = False, doubt: str = '') -> DecodeChoice:
+    """The `DecodeChoice` that `measure_decode`'s `seconds` call for, among `dtypes` (bf16 when `BF16_GAIN` x faster,
+    and never on figures with a `doubt`: those choose only the forms)"""
     best = {d: _best(seconds, d) for d in dtypes}
     total = {d: sum(step.values()) for d, (_, _, step) in best.items()}
     dtype = dtypes[0]
     if 'bf16' in dtypes and 'fp32' in dtypes:
-        dtype = choose_precision(total['fp32'] / total['bf16'])
+        dtype = 'fp32' if doubt else machine.choose_precision(total['fp32'] / total['bf16'])
     lin, heads, step = best[dtype]
     said = ', '.join(f'batch {n} {s * 1e3:.2f} ms' for n, s in step.items())
-    vs = '' if len(dtypes) == 1 else f' ({total["fp32"] / total["bf16"]:.2f}x as fast in bf16 as in fp32)'
+    vs = '' if len(dtypes) == 1 else f' ({total["fp32"] / total["bf16"]:.2f}x as fast in bf16{doubt and ", untrusted"})'
     pages = lambda form: form.replace(' huge', ' in huge pages')
-    how = f'{"cached" if cached else "measured now"}, {this_cpu().name}'
+    how = f'{doubt or ("cached" if cached else "measured now")}, {machine.this_cpu().name}'
     why = (f'decoding in {dtype}{vs}: linears {pages(lin)}, output layer {pages(heads[0])} at one row and '
            f'{pages(heads[1])} at more; the matrix products of a step took {said} ({how})')
     return DecodeChoice(dtype, lin, heads, why)
 
 def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
-    "Measure (or read from the cache) and choose how `model` decodes on this CPU; `dtypes` default: its own dtype's"
+    """Measure (or read from the cache) and choose how `model` decodes on this CPU; `dtypes` default: its own dtype's;
+    bf16 among others only where the CPU has bf16 instructions"""
     dtypes = dtypes or ({torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(next(model.parameters()).dtype, 'fp32'),)
-    linears, head = decode_shapes(model)
-    keys = [f'{d} {p} {f} {n}' for d in ('fp32', 'bf16') for p, forms in DECODE_FORMS.items()
+    bf16 = machine.bf16_kind(machine.this_cpu())
+    dtypes, linears, head = tuple(d for d in dtypes if d != 'bf16' or bf16) or dtypes, *decode_shapes(model)
+    keys = [f'{d} {p} {f} {n}' for d in dtypes for p, forms in DECODE_FORMS.items()
             for f in forms if f not in DECODE_OPTIONAL for n in DECODE_ROWS]      # the others: where they run
     forms = ' '.join(f for forms in DECODE_FORMS.values() for f in forms)
-    kind = f'decode {DECODE_ROUNDS} rounds, huge pages alternating: ' + forms    # new forms or method: measured anew
-    m = measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
-                 lambda shapes: measure_decode(linears, head), keys=keys)
-    return decode_choice(m.seconds, dtypes, m.cached)
+    kind = f'decode {DECODE_ROUNDS} rounds, huge pages alternating, {"+".join(dtypes)}: ' + forms  # new: measured anew
+    totals = lambda s: [sum(_best(s, d)[2].values()) for d in ('fp32', 'bf16')]
+    implausible = lambda s: machine.bf16_doubt(*totals(s), bf16) if len(dtypes) > 1 else ''
+    m = machine.measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
+                         lambda shapes: measure_decode(linears, head, dtypes), keys=keys, implausible=implausible)
+    return decode_choice(m.seconds, dtypes, m.cached, '' if m.trusted else machine.untrusted(m))
 
 # %% ../nbs/14c_generate.ipynb #aa3e6b8b
 def _norm_function(m):

@@ -26,14 +26,16 @@ from .files import JSON_BYTES, read_json, write_atomic
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'FEATURES', 'ISA_ENV', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'CACHE_ENV', 'BF16_GAIN',
-           'ATTENTION_GAIN', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'HUGE_PAGE',
-           'THP_SETTING', 'CPU', 'kernel_limits', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped',
-           'product_seconds', 'fastest_rounds', 'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads',
-           'measured', 'choose_precision', 'training_products', 'attention_shapes', 'attention_seconds',
-           'choose_attention', 'PrecisionChoice', 'precision_reason', 'auto_precision', 'attention_reason',
-           'auto_attention', 'nodes_problems', 'settle_precision', 'keep_freed_memory', 'huge_pages_setting',
-           'huge_pages_allowed', 'huge_empty', 'huge_copies']
+__all__ = ['log', 'FEATURES', 'ISA_ENV', 'NO_BF16_LIMITS', 'BF16_MOST', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS',
+           'SPREAD_MOST', 'CACHE_ENV', 'CACHE_FORM', 'MEASURE_TRIES', 'BF16_GAIN', 'ATTENTION_GAIN', 'M_TRIM_THRESHOLD',
+           'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'HUGE_PAGE', 'THP_SETTING', 'CPU', 'kernel_limits',
+           'bf16_kind', 'bf16_doubt', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds',
+           'Timings', 'spread_of', 'fastest_rounds', 'cache_folder', 'measure_key', 'lock_file', 'Measured',
+           'on_threads', 'doubt_of', 'steady_figures', 'measured', 'choose_precision', 'training_products',
+           'attention_shapes', 'attention_seconds', 'choose_attention', 'PrecisionChoice', 'precision_reason',
+           'untrusted', 'emulated_reason', 'auto_precision', 'attention_reason', 'auto_attention', 'nodes_problems',
+           'settle_precision', 'keep_freed_memory', 'huge_pages_setting', 'huge_pages_allowed', 'huge_empty',
+           'huge_copies']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -63,6 +65,28 @@ def kernel_limits() -> str:
     "'; kernels limited by VAR=VALUE' for each setting that keeps PyTorch's kernels from the CPU's best instructions"
     return ''.join(f'; kernels limited by {v}={os.environ[v]}' for v in ISA_ENV if os.environ.get(v))
 
+# oneDNN's instruction limits below its bf16 products (its kernels then convert bf16 to fp32 and back)
+NO_BF16_LIMITS = ('SSE41', 'AVX', 'AVX2', 'AVX2_VNNI', 'AVX2_VNNI_2', 'AVX512_CORE', 'AVX512_CORE_VNNI')
+BF16_MOST = {'AMX': 16.0, 'AVX-512-bf16': 4.0, 'Arm bf16': 4.0}   # bf16 over fp32 at most: peak and half the bytes
+
+def bf16_kind(cpu: CPU) -> str | None:
+    """The instructions `cpu` computes bf16 products with ('AMX', 'AVX-512-bf16' or 'Arm bf16'); None where it has
+    none, or a oneDNN limit keeps its kernels from them: bf16 is then emulated, never faster than fp32 for long"""
+    limit = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
+    if limit in NO_BF16_LIMITS:
+        return None
+    if cpu.has('AMX') and (limit in ('ALL', 'DEFAULT') or 'AMX' in limit):
+        return 'AMX'
+    if cpu.has('AVX-512-bf16'):
+        return 'AVX-512-bf16'
+    return 'Arm bf16' if 'bf16' in cpu.flags else None
+
+def bf16_doubt(fp32: float, bf16: float, kind: str) -> str:
+    "Why bf16 taking `bf16` s where fp32 took `fp32` s cannot be right on `kind`'s instructions; '' where it can"
+    most = BF16_MOST[kind]
+    return '' if fp32 / bf16 <= most else f'bf16 ran {fp32 / bf16:.2f}x as fast as fp32, past the {most:g}x {kind} can'
+
+
 # %% ../nbs/10a_machine.ipynb #2a3cb31b
 def parse_cpuinfo(text: str) -> CPU:
     "The CPU that `/proc/cpuinfo`'s `text` describes: its first processor's 'model name' and 'flags' (Arm: 'Features')"
@@ -85,7 +109,8 @@ def this_cpu() -> CPU:
 # %% ../nbs/10a_machine.ipynb #87c783fb
 MAX_ROWS, MAX_COLUMNS = 2048, 4096
 MAX_FLOPS = 4e9          # of one pass: past it the rows shrink (emulated bf16 runs a few GFLOP/s: seconds, not minutes)
-MEASURE_SECONDS = 2.0    # the rounds stop when they have taken this long (one round at least)
+MEASURE_SECONDS = 2.0    # the rounds stop when they have taken this long (two rounds at least)
+SPREAD_MOST = 1.25       # a pass's figure is trusted when its two fastest rounds differ by at most this factor
 
 def product_flops(shapes) -> float:
     "FLOPs of one pass over `shapes`"
@@ -116,21 +141,33 @@ def product_seconds(shapes, rounds: int = 5, budget: float = MEASURE_SECONDS) ->
     operands = {'fp32': _operands(shapes, torch.float32), 'bf16': _operands(shapes, torch.bfloat16)}
     return fastest_rounds({name: (lambda ops=ops: _one_pass(ops)) for name, ops in operands.items()}, rounds, budget)
 
-def fastest_rounds(passes: dict, rounds: int = 5, budget: float = MEASURE_SECONDS) -> dict[str, float]:
+class Timings(dict):
+    "Fastest seconds of each pass by name, and `spread`: the most any pass's second-fastest round took over its fastest"
+    spread: float = 1.0
+
+def spread_of(seconds: dict) -> float:
+    "How far the fastest rounds behind `seconds` spread (1.0 for figures that do not say)"
+    return getattr(seconds, 'spread', 1.0)
+
+def fastest_rounds(passes: dict, rounds: int = 5, budget: float = MEASURE_SECONDS) -> Timings:
     """Fastest seconds of each of `passes` ({name: a function that returns the seconds of one pass}), after one warm-up
-    each (oneDNN builds its kernels for a shape once), rounds alternating until `rounds` or `budget` seconds"""
+    each (oneDNN builds its kernels for a shape once), in rounds alternating between them: `rounds` (two at least),
+    more while a pass's two fastest differ by more than `SPREAD_MOST` (up to 3 x `rounds`), fewer past `budget` s"""
     for one_pass in passes.values():
         one_pass()
-    best, start = {}, time.perf_counter()
-    for _ in range(rounds):
+    times, start = {name: [] for name in passes}, time.perf_counter()
+    for done in range(1, 3 * max(rounds, 2) + 1):
         for name, one_pass in passes.items():
-            best[name] = min(best.get(name, float('inf')), one_pass())
-        if time.perf_counter() - start > budget:
+            times[name].append(one_pass())
+        out = Timings({name: min(ts) for name, ts in times.items()})
+        out.spread = max((sorted(ts)[1] / max(min(ts), 1e-12) for ts in times.values() if len(ts) > 1), default=1.0)
+        if done >= 2 and (time.perf_counter() - start > budget or (done >= rounds and out.spread <= SPREAD_MOST)):
             break
-    return best
+    return out
 
 # %% ../nbs/10a_machine.ipynb #a9f8878e
 CACHE_ENV = 'GPTKIT_CACHE'
+CACHE_FORM = 'trusted figures only'   # in every key: entries from before (when noisy figures were kept) measure anew
 
 def cache_folder() -> Path:
     "Where gptkit keeps what it measured about this machine"
@@ -143,7 +180,7 @@ def measure_key(kind: str, shapes, threads: int | None = None) -> str:
     import torch
     cpu = this_cpu()
     isa = [torch.backends.cpu.get_cpu_capability()] + [os.environ.get(v, '') for v in ISA_ENV]
-    what = [kind, cpu.name, sorted(cpu.flags), isa, torch.__version__, threads or torch.get_num_threads(),
+    what = [kind, CACHE_FORM, cpu.name, sorted(cpu.flags), isa, torch.__version__, threads or torch.get_num_threads(),
             [list(s) for s in shapes]]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
@@ -166,13 +203,18 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 # %% ../nbs/10a_machine.ipynb #d0472424
+MEASURE_TRIES = 3    # measurements of one kind before its figures are given up as untrusted
+
 @dataclass(frozen=True)
 class Measured:
-    "What one kind of work took on this machine in each dtype (seconds); from the cache? kept in it?"
+    """What one kind of work took on this machine in each dtype (seconds); from the cache? kept in it? `doubt`: why
+    the figures are not trusted after `tries` measurements ('' where they are)"""
     seconds: dict
     flops: float
     cached: bool = False
     kept: bool = True
+    doubt: str = ''
+    tries: int = 1
 
     def rate(self, dtype: str) -> float:
         "FLOP/s in `dtype`"
@@ -182,6 +224,11 @@ class Measured:
     def speedup(self) -> float:
         "How many times as fast bf16 ran as fp32"
         return self.seconds['fp32'] / self.seconds['bf16']
+
+    @property
+    def trusted(self) -> bool:
+        "Whether a choice may rest on these figures"
+        return not self.doubt
 
 def on_threads(threads: int | None, fn, *args):
     "`fn(*args)` with torch on `threads` threads (None: as it is)"
@@ -193,9 +240,29 @@ def on_threads(threads: int | None, fn, *args):
     finally:
         torch.set_num_threads(old)
 
-def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16'), threads: int | None = None) -> Measured:
+def doubt_of(seconds, keys, implausible=None) -> str:
+    "Why figures `seconds` are not to be trusted: missing, spread too far, or `implausible(seconds)`; '' where they are"
+    if not _valid(seconds, keys):
+        return 'a figure missing or out of range'
+    if spread_of(seconds) > SPREAD_MOST:
+        return f'the fastest rounds of a pass {spread_of(seconds):.2f}x apart, past the {SPREAD_MOST:g}x trusted'
+    return implausible(seconds) if implausible else ''
+
+def steady_figures(measure, shapes, threads, keys, implausible=None) -> tuple[dict, str, int]:
+    """(figures, doubt, tries): `measure(shapes)` on `threads`, measured again while its figures are not trusted, up to
+    `MEASURE_TRIES` times; the last figures and their doubt when none were"""
+    for tries in range(1, MEASURE_TRIES + 1):
+        seconds = on_threads(threads, measure, shapes)
+        doubt = doubt_of(seconds, keys, implausible)
+        if not doubt:
+            break
+    return seconds, doubt, tries
+
+def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16'), threads: int | None = None,
+             implausible=None) -> Measured:
     """`measure(shapes)` ({name: seconds}, at least `keys`; default `product_seconds` of the `capped` shapes) for
-    `kind` on `threads` threads, from the cache when it holds it"""
+    `kind` on `threads` threads, from the cache when it holds it; measured again when `steady_figures` finds them
+    spread or `implausible` (a function of them saying why, '' where they are not), and cached only when trusted"""
     shapes = capped(shapes) if measure is None else [tuple(int(v) for v in s) for s in shapes]
     measure, folder = measure or product_seconds, cache_folder()
     try:
@@ -203,26 +270,29 @@ def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16'), threads: in
         fd = lock_file(folder)
     except OSError as e:
         log.warning('cannot keep measurements in %s (%s); measuring without a cache', folder, e.strerror or e)
-        return Measured(on_threads(threads, measure, shapes), product_flops(shapes), kept=False)
+        seconds, doubt, tries = steady_figures(measure, shapes, threads, keys, implausible)
+        return Measured(seconds, product_flops(shapes), kept=False, doubt=doubt, tries=tries)
     try:
-        return _cached_or_measured(folder / 'machine.json', kind, shapes, measure, keys, threads)
+        return _cached_or_measured(folder / 'machine.json', kind, shapes, measure, keys, threads, implausible)
     finally:
         os.close(fd)                            # and with it the lock
 
-def _cached_or_measured(path: Path, kind: str, shapes, measure, keys, threads) -> Measured:
+def _cached_or_measured(path: Path, kind: str, shapes, measure, keys, threads, implausible) -> Measured:
     key, cache = measure_key(kind, shapes, threads), _read_cache(path)
     hit = cache.get(key)
-    if isinstance(hit, dict) and _valid(hit.get('seconds'), keys):
+    if isinstance(hit, dict) and not doubt_of(hit.get('seconds'), keys, implausible):
         return Measured(hit['seconds'], product_flops(shapes), cached=True)
-    seconds = on_threads(threads, measure, shapes)
+    seconds, doubt, tries = steady_figures(measure, shapes, threads, keys, implausible)
+    if doubt:                                   # a noisy run's figures decide nothing beyond this one
+        return Measured(seconds, product_flops(shapes), kept=False, doubt=doubt, tries=tries)
     cache[key] = {'kind': kind, 'shapes': ['x'.join(map(str, s)) for s in shapes], 'seconds': seconds,
                   'cpu': this_cpu().name, 'when': datetime.now(timezone.utc).isoformat(timespec='seconds')}
     try:
         write_atomic(path, json.dumps(cache, indent=1))
     except Exception as e:
         log.warning('could not cache the measurement in %s: %s', path, e)
-        return Measured(seconds, product_flops(shapes), kept=False)
-    return Measured(seconds, product_flops(shapes))
+        return Measured(seconds, product_flops(shapes), kept=False, tries=tries)
+    return Measured(seconds, product_flops(shapes), tries=tries)
 
 def _valid(seconds, keys) -> bool:
     return (isinstance(seconds, dict) and set(seconds) >= set(keys)
@@ -281,18 +351,31 @@ def choose_attention(speedup: float, gain: float = ATTENTION_GAIN) -> str:
 # %% ../nbs/10a_machine.ipynb #bf2f8a71
 @dataclass(frozen=True)
 class PrecisionChoice:
-    "The precision `auto` became, why, and whether the figures it rests on are kept for other processes to read"
+    """The precision `auto` became, why, whether the figures it rests on are kept for other processes to read, and
+    whether they were trusted (a choice from untrusted figures is the safe one: fp32, or the run's own precision)"""
     precision: str
     why: str
     kept: bool = True
+    trusted: bool = True
 
 def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m`"
     where = f'cached in {cache_folder() / "machine.json"}: delete it to measure again' if m.cached else 'measured now'
     took = 'takes bf16' if precision == 'bf16' else f'stays in fp32 (bf16 needs {BF16_GAIN:g}x)'
+    if not m.trusted:
+        where, took = f'{untrusted(m)}', 'stays in fp32'
     return (f'train.precision auto -> {precision}: this run\'s matrix products ran {m.speedup:.2f}x as fast in bf16 as '
             f'in fp32 ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
             f'{cpu.name} ({cpu.machine_class}{kernel_limits()}), so it {took}')
+
+def untrusted(m: Measured) -> str:
+    "Words for figures `m` that decide nothing: measured how often, the doubt, nothing cached"
+    return f'untrusted after {m.tries} measurements: {m.doubt}; another program busy? nothing cached'
+
+def emulated_reason(key: str, cpu: CPU) -> str:
+    "Why `key` auto stays in fp32 on `cpu`, which has no bf16 instructions: nothing is measured"
+    return (f'{key} auto -> fp32: {cpu.name} ({cpu.machine_class}{kernel_limits()}) has no bf16 instructions, so bf16 '
+            'would be emulated, slower than fp32 (nothing measured)')
 
 def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: str | None = None,
                    threads: int | None = None) -> PrecisionChoice:
@@ -301,14 +384,20 @@ def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: st
     if (device or ('cuda' if torch.cuda.is_available() else 'cpu')).startswith('cuda'):
         half = 'bf16' if torch.cuda.is_bf16_supported() else 'fp16'
         return PrecisionChoice(half, f'train.precision auto -> {half}: the 16-bit type this GPU computes fastest')
-    m = measured('train', training_products(model, micro_batch, tp, ep), threads=threads)
-    precision = choose_precision(m.speedup)
-    return PrecisionChoice(precision, precision_reason(m, precision, this_cpu()), m.kept)
+    cpu = this_cpu()
+    if (kind := bf16_kind(cpu)) is None:
+        return PrecisionChoice('fp32', emulated_reason('train.precision', cpu))
+    m = measured('train', training_products(model, micro_batch, tp, ep), threads=threads,
+                 implausible=lambda s: bf16_doubt(s['fp32'], s['bf16'], kind))
+    precision = choose_precision(m.speedup) if m.trusted else 'fp32'
+    return PrecisionChoice(precision, precision_reason(m, precision, cpu), m.kept, m.trusted)
 
 def attention_reason(m: Measured, precision: str) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing the attention's `precision` from `m`"
     where = f'cached in {cache_folder() / "machine.json"}' if m.cached else 'measured now'
     took = 'computes it in fp32' if precision == 'fp32' else f'keeps it in bf16 (fp32 needs {ATTENTION_GAIN:g}x)'
+    if not m.trusted:
+        where, took = untrusted(m), 'keeps it in bf16'
     fp32, bf16 = m.seconds['fp32'], m.seconds['bf16']
     return (f"train.attention_precision auto -> {precision}: this run's attention (forward and backward) ran "
             f"{bf16 / fp32:.2f}x as fast in fp32 as in bf16 ({fp32 * 1e3:,.2f} vs {bf16 * 1e3:,.2f} ms, {where}), "
@@ -322,8 +411,8 @@ def auto_attention(model, micro_batch: int, precision: str, tp: int = 1, device:
     if gpu or precision != 'bf16':
         return PrecisionChoice('same', '')
     m = measured('attention', attention_shapes(model, micro_batch, tp), attention_seconds, threads=threads)
-    chosen = choose_attention(m.seconds['bf16'] / m.seconds['fp32'])
-    return PrecisionChoice(chosen, attention_reason(m, chosen), m.kept)
+    chosen = choose_attention(m.seconds['bf16'] / m.seconds['fp32']) if m.trusted else 'same'
+    return PrecisionChoice(chosen, attention_reason(m, chosen), m.kept, m.trusted)
 
 def nodes_problems(precision: str, nodes: int | None = None) -> list[tuple[str, str]]:
     """`auto` refused for a CPU run over several machines (`nodes`, else torchrun's WORLD_SIZE over LOCAL_WORLD_SIZE):
@@ -360,6 +449,9 @@ def settle_precision(cfg, world: int | None = None):
 
 def _kept(choice: PrecisionChoice, key: str, world: int) -> PrecisionChoice:
     "`choice`, when the other processes of a run of `world` can read the figures it rests on"
+    if world > 1 and not choice.trusted:
+        check([(key, f'{{key}} auto is measured once for all {world} processes, and the figures were never steady '
+                     f'({choice.why.partition("untrusted ")[2].partition("; ")[0]}): set the value')])
     if world > 1 and not choice.kept:
         check([(key, f'{{key}} auto is measured once for all {world} processes, and the measurement could not be '
                      f'kept in {cache_folder()} (see the warning above): set {CACHE_ENV} to a folder they can write, '

@@ -61,6 +61,9 @@ def test_a_cpu_trains_in_the_precision_it_measured_faster_unless_asked(tmp_path,
     "The decision on both sides: bf16 emulated (19x slower than fp32) and on AMX tiles (8x faster), as measured there"
     import gptkit.machine as machine
     monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(machine, 'this_cpu', lambda: machine.CPU('Test Xeon', frozenset({'avx512_bf16', 'amx_bf16'})))
+    for var in machine.ISA_ENV:                    # a CPU with bf16 instructions, whatever this one is
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: {'fp32': 0.01, 'bf16': bf16_seconds})
     r = run('train', '--preset', 'tiny', '--dry-run')
     assert f'"precision": "{precision}"' in r.output and f'train.precision auto -> {precision}' in ' '.join(r.output.split())

@@ -1,0 +1,180 @@
+"""Issue 51 item 3: every measured choice is bounded by what the CPU can do (no bf16 without bf16 instructions),
+measured again when its figures spread too far or cannot be right, and never cached from a noisy run"""
+import json
+
+import pytest
+import torch
+
+import gptkit.generate as generate
+import gptkit.machine as machine
+from gptkit.errors import ConfigError
+from gptkit.generate import Generator
+from gptkit.machine import CPU, MEASURE_TRIES, SPREAD_MOST, Timings, bf16_kind, fastest_rounds, settle_precision
+from gptkit.runconfig import resolve
+from test_machine import decode_seconds
+
+AVX2 = CPU('Test EPYC', frozenset({'avx2'}))                         # the AVX2-only EPYC: bf16 emulated
+AVX512_BF16 = CPU('Test Zen 4', frozenset({'avx2', 'avx512f', 'avx512_bf16'}))
+AMX = CPU('Test Xeon', frozenset({'avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'}))
+FAST_BF16 = {'fp32': 0.010, 'bf16': 0.004}                         # 2.5x: within what AVX-512-bf16 can do
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path / 'cache'))
+    for var in machine.ISA_ENV:
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path / 'cache' / 'machine.json'
+
+
+def on_cpu(monkeypatch, cpu):
+    monkeypatch.setattr(machine, 'this_cpu', lambda: cpu)
+
+
+def timings(seconds: dict, spread: float = 1.0) -> Timings:
+    out = Timings(seconds)
+    out.spread = spread
+    return out
+
+
+def measuring(monkeypatch, *figures):
+    "product_seconds gives `figures` in turn (the last one again after); returns the list of calls"
+    calls = []
+    def measure(shapes, rounds=5):
+        calls.append(shapes)
+        return figures[min(len(calls), len(figures)) - 1]
+    monkeypatch.setattr(machine, 'product_seconds', measure)
+    return calls
+
+
+def auto():
+    return settle_precision(resolve('tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
+
+
+def test_which_cpus_have_bf16_instructions(cache, monkeypatch):
+    assert [bf16_kind(c) for c in (AVX2, AVX512_BF16, AMX)] == [None, 'AVX-512-bf16', 'AMX']
+    assert bf16_kind(CPU('Neoverse V2', frozenset({'asimd', 'bf16'}))) == 'Arm bf16'
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')                # kernels held below bf16: emulated
+    assert bf16_kind(AMX) is None
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'avx512_core_bf16')    # AMX's tiles held back, its bf16 dot products not
+    assert bf16_kind(AMX) == 'AVX-512-bf16'
+
+
+def test_without_bf16_instructions_auto_stays_fp32_and_measures_nothing(cache, monkeypatch):
+    on_cpu(monkeypatch, AVX2)
+    calls = measuring(monkeypatch, {'fp32': 0.7, 'bf16': 0.01})     # 70x: what a noisy run once said here
+    cfg, why = auto()
+    assert cfg.train.precision == 'fp32' and calls == [] and not cache.exists()
+    assert 'Test EPYC (AVX2) has no bf16 instructions' in why and 'nothing measured' in why
+
+
+def test_spread_figures_are_measured_again_and_a_steady_try_is_cached(cache, monkeypatch):
+    on_cpu(monkeypatch, AMX)
+    calls = measuring(monkeypatch, timings(FAST_BF16, 2.0), timings(FAST_BF16, 1.05))
+    cfg, why = auto()
+    assert len(calls) == 2 and cfg.train.precision == 'bf16' and 'measured now' in why
+    assert 'train' in [e['kind'] for e in json.loads(cache.read_text()).values()]
+
+
+def test_figures_that_never_steady_decide_fp32_and_are_not_cached(cache, monkeypatch):
+    on_cpu(monkeypatch, AMX)
+    calls = measuring(monkeypatch, timings(FAST_BF16, 1.9))
+    cfg, why = auto()
+    assert len(calls) == MEASURE_TRIES and cfg.train.precision == 'fp32'
+    assert f'untrusted after {MEASURE_TRIES} measurements' in why and '1.90x apart' in why and 'nothing cached' in why
+    assert not cache.exists() or 'train' not in cache.read_text()
+    auto()
+    assert len(calls) == 2 * MEASURE_TRIES                            # measured anew, not read back
+
+
+@pytest.mark.parametrize('cpu, seconds, precision', [(AVX512_BF16, {'fp32': 0.70, 'bf16': 0.01}, 'fp32'),   # 70x
+                                                     (AMX, {'fp32': 0.70, 'bf16': 0.01}, 'fp32'),           # 70x
+                                                     (AMX, {'fp32': 0.010, 'bf16': 0.0012}, 'bf16')])       # 8.3x
+def test_bf16_faster_than_the_cpus_instructions_allow_is_not_believed(cache, monkeypatch, cpu, seconds, precision):
+    on_cpu(monkeypatch, cpu)
+    calls = measuring(monkeypatch, seconds)
+    cfg, why = auto()
+    assert cfg.train.precision == precision
+    if precision == 'fp32':
+        assert len(calls) == MEASURE_TRIES and '70.00x as fast as fp32, past the' in why and not cache.exists()
+    else:
+        assert len(calls) == 1 and cache.exists()
+
+
+def test_an_implausible_cached_entry_is_measured_anew(cache, monkeypatch):
+    "A cache written before the bound (its key this one's) holding 70x is not read back"
+    on_cpu(monkeypatch, AVX512_BF16)
+    calls = measuring(monkeypatch, FAST_BF16)
+    auto()
+    entries = json.loads(cache.read_text())
+    (key,) = [k for k, e in entries.items() if e['kind'] == 'train']
+    entries[key]['seconds'] = {'fp32': 0.7, 'bf16': 0.01}
+    cache.write_text(json.dumps(entries))
+    cfg, why = auto()
+    assert len(calls) == 2 and cfg.train.precision == 'bf16' and 'measured now' in why
+
+
+def test_a_noisy_attention_measurement_keeps_the_runs_precision(cache, monkeypatch):
+    on_cpu(monkeypatch, AMX)
+    monkeypatch.setattr(machine, 'attention_seconds', lambda shapes, rounds=5: timings({'bf16': 0.005, 'fp32': 0.001},
+                                                                                        3.0))
+    cfg, why = settle_precision(resolve('tiny', sets=['train.precision=bf16']))
+    assert cfg.train.attention_precision == 'same' and 'untrusted' in why and not cache.exists()
+
+
+def test_processes_of_one_run_refuse_figures_that_never_steadied(cache, monkeypatch):
+    on_cpu(monkeypatch, AMX)
+    measuring(monkeypatch, timings(FAST_BF16, 1.9))
+    with pytest.raises(ConfigError, match=r'train\.precision auto is measured once for all 2 processes.*never steady'):
+        settle_precision(resolve('tiny', sets=['train.precision=auto']), world=2)
+
+
+def test_rounds_go_on_while_the_fastest_two_disagree():
+    "A pass whose fastest rounds keep disagreeing is timed up to three times the rounds; a steady one stops at them"
+    for rest, rounds_run, spread in (([1.0, 1.0], 5, 1.0), ([1.0, 2.0, 2.0], 15, 2.0), ([1.0, 1.1, 3.0], 5, 1.1)):
+        seq = iter([9.0] + rest + [rest[-1]] * 40)                 # a warm-up, then the rounds
+        calls = []
+        def one_pass():
+            calls.append(1)
+            return next(seq)
+        out = fastest_rounds({'x': one_pass}, rounds=5, budget=1e9)
+        assert (len(calls) - 1, out['x'], out.spread) == (rounds_run, 1.0, pytest.approx(spread))
+
+
+def test_a_real_measurement_says_its_spread():
+    shapes = [(64, 64, 64)]
+    out = machine.product_seconds(shapes)
+    assert set(out) == {'fp32', 'bf16'} and out.spread >= 1.0
+
+
+# Generation's decode dtype
+
+
+def test_decoding_without_bf16_instructions_measures_fp32_alone(tiny_checkpoint, cache, monkeypatch):
+    on_cpu(monkeypatch, AVX2)
+    asked = []
+    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: asked.append(dtypes)
+                        or decode_seconds(bf16=0.01))
+    gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
+    assert asked == [('fp32',)] and gen.decode.dtype == 'fp32' and 'bf16' not in gen.decode.why
+    assert next(gen.model.parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize('spread, bf16, cpu', [(3.0, 0.5, AMX), (1.0, 1 / 70, AVX512_BF16)])
+def test_noisy_or_implausible_decode_figures_decode_in_fp32_uncached(tiny_checkpoint, cache, monkeypatch, spread,
+                                                                     bf16, cpu):
+    on_cpu(monkeypatch, cpu)
+    calls = []
+    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: calls.append(1)
+                        or timings(decode_seconds(bf16=bf16), spread))
+    gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
+    assert gen.decode.dtype == 'fp32' and 'untrusted' in gen.decode.why and len(calls) == MEASURE_TRIES
+    assert not cache.exists()
+
+
+def test_steady_decode_figures_still_choose_bf16_where_it_is_faster(tiny_checkpoint, cache, monkeypatch):
+    on_cpu(monkeypatch, AMX)
+    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: timings(decode_seconds(bf16=0.5),
+                                                                                           SPREAD_MOST))
+    gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
+    assert gen.decode.dtype == 'bf16' and 'measured now' in gen.decode.why and cache.exists()
