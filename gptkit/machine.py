@@ -27,15 +27,15 @@ log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['log', 'FEATURES', 'ISA_ENV', 'NO_BF16_LIMITS', 'BF16_MOST', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS',
-           'SPREAD_MOST', 'CACHE_ENV', 'CACHE_FORM', 'MEASURE_TRIES', 'BF16_GAIN', 'ATTENTION_GAIN', 'M_TRIM_THRESHOLD',
-           'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'HUGE_PAGE', 'THP_SETTING', 'CPU', 'kernel_limits',
-           'bf16_kind', 'bf16_doubt', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped', 'product_seconds',
-           'Timings', 'spread_of', 'fastest_rounds', 'cache_folder', 'measure_key', 'lock_file', 'Measured',
-           'on_threads', 'doubt_of', 'steady_figures', 'measured', 'choose_precision', 'training_products',
-           'attention_shapes', 'attention_seconds', 'choose_attention', 'PrecisionChoice', 'precision_reason',
-           'untrusted', 'emulated_reason', 'auto_precision', 'attention_reason', 'auto_attention', 'nodes_problems',
-           'settle_precision', 'keep_freed_memory', 'huge_pages_setting', 'huge_pages_allowed', 'huge_empty',
-           'huge_copies']
+           'SPREAD_MOST', 'CACHE_ENV', 'CACHE_FORM', 'MEASURE_TRIES', 'BF16_GAIN', 'MOST_EXPERTS', 'ATTENTION_GAIN',
+           'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'MMAP_THRESHOLD', 'TRIM_THRESHOLD', 'HUGE_PAGE', 'THP_SETTING',
+           'CPU', 'kernel_limits', 'bf16_kind', 'bf16_doubt', 'parse_cpuinfo', 'this_cpu', 'product_flops', 'capped',
+           'product_seconds', 'Timings', 'spread_of', 'fastest_rounds', 'cache_folder', 'measure_key', 'lock_file',
+           'Measured', 'on_threads', 'doubt_of', 'steady_figures', 'measured', 'choose_precision', 'training_products',
+           'expert_products', 'ragged_seconds', 'training_seconds', 'attention_shapes', 'attention_seconds',
+           'choose_attention', 'PrecisionChoice', 'precision_reason', 'untrusted', 'emulated_reason', 'auto_precision',
+           'attention_reason', 'auto_attention', 'nodes_problems', 'settle_precision', 'keep_freed_memory',
+           'huge_pages_setting', 'huge_pages_allowed', 'huge_empty', 'huge_copies']
 
 # %% ../nbs/10a_machine.ipynb #81adb0fa
 FEATURES = {'AVX2': 'avx2', 'AVX-512': 'avx512f', 'AVX-512-bf16': 'avx512_bf16', 'AMX': 'amx_bf16'}  # name: flag
@@ -317,6 +317,49 @@ def training_products(model, micro_batch: int, tp: int = 1, ep: int = 1) -> list
         out += [(m, n, k), (m, k, n), (k, n, m)]
     return out
 
+# %% ../nbs/10a_machine.ipynb #c3a51f04
+MOST_EXPERTS = 8     # experts of one MoE layer timed, at most (the rest would take as long each)
+
+def expert_products(model, micro_batch: int, tp: int = 1, ep: int = 1) -> list[tuple[int, int, int, int]]:
+    """(rows, columns, inner, experts) of one MoE layer's two expert linears in a training step on one rank (rows: an
+    expert's mean share of the tokens), `capped`, at most `MOST_EXPERTS` experts; [] for a model without experts"""
+    from gptkit.perf import layer_linears
+    moe = [i for i in range(model.layers) if model.moe_layer(i)]
+    if not moe:
+        return []
+    experts = layer_linears(model, moe[0], micro_batch * model.seq_len, tp, ep)[3:5]   # after qkv, proj, router
+    return [(*capped([(m, n, k)])[0], min(int(c), MOST_EXPERTS)) for m, n, k, c in experts]
+
+def ragged_seconds(products, rounds: int = 5, budget: float = MEASURE_SECONDS) -> Timings:
+    """Fastest seconds of one pass over `expert_products` in fp32 and in bf16: each expert's forward product and both
+    backward ones at a token count not used before in this measurement (half to twice its rows, in turn), rounds
+    alternating"""
+    import torch
+    g, sizes = torch.Generator().manual_seed(0), {}
+    def operands(dtype):
+        return [(torch.randn(2 * m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype),
+                 torch.randn(2 * m, n, generator=g).to(dtype), m, c) for m, n, k, c in products]
+    def one_pass(ops, name):
+        start = time.perf_counter()
+        for x, w, grad, m, c in ops:
+            for _ in range(c):
+                done = sizes[name, m] = sizes.get((name, m), -1) + 1
+                r = m // 2 + 1 + done % max(1, 3 * m // 2)
+                x[:r] @ w, grad[:r] @ w.t(), x[:r].t() @ grad[:r]
+        return time.perf_counter() - start
+    ops = {'fp32': operands(torch.float32), 'bf16': operands(torch.bfloat16)}
+    return fastest_rounds({name: (lambda o=o, name=name: one_pass(o, name)) for name, o in ops.items()}, rounds, budget)
+
+def training_seconds(shapes, experts) -> Timings:
+    "`product_seconds` of the `shapes`, plus `ragged_seconds` of the `experts` where there are some"
+    dense = product_seconds(shapes)
+    if not experts:
+        return dense
+    ragged = ragged_seconds(experts)
+    out = Timings({d: dense[d] + ragged[d] for d in dense})
+    out.spread = max(spread_of(dense), spread_of(ragged))
+    return out
+
 # %% ../nbs/10a_machine.ipynb #2c2a99b0
 ATTENTION_GAIN = 1.1     # fp32 must run a bf16 run's attention at least this many times as fast to be chosen
 
@@ -358,14 +401,15 @@ class PrecisionChoice:
     kept: bool = True
     trusted: bool = True
 
-def precision_reason(m: Measured, precision: str, cpu: CPU) -> str:
-    "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m`"
+def precision_reason(m: Measured, precision: str, cpu: CPU, experts: bool = False) -> str:
+    "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m` (`experts`: theirs in it)"
+    experts = ', the experts\' at new token counts as routed,' if experts else ''
     where = f'cached in {cache_folder() / "machine.json"}: delete it to measure again' if m.cached else 'measured now'
     took = 'takes bf16' if precision == 'bf16' else f'stays in fp32 (bf16 needs {BF16_GAIN:g}x)'
     if not m.trusted:
         where, took = f'{untrusted(m)}', 'stays in fp32'
     return (f'train.precision auto -> {precision}: this run\'s matrix products ran {m.speedup:.2f}x as fast in bf16 as '
-            f'in fp32 ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
+            f'in fp32{experts} ({m.rate("bf16") / 1e9:,.1f} vs {m.rate("fp32") / 1e9:,.1f} GFLOP/s, {where}) on '
             f'{cpu.name} ({cpu.machine_class}{kernel_limits()}), so it {took}')
 
 def untrusted(m: Measured) -> str:
@@ -387,10 +431,14 @@ def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: st
     cpu = this_cpu()
     if (kind := bf16_kind(cpu)) is None:
         return PrecisionChoice('fp32', emulated_reason('train.precision', cpu))
-    m = measured('train', training_products(model, micro_batch, tp, ep), threads=threads,
+    shapes = capped(training_products(model, micro_batch, tp, ep))
+    experts = expert_products(model, micro_batch, tp, ep)
+    m = measured('train, experts at new token counts' if experts else 'train',
+                 shapes + [(r, n, k) for r, n, k, c in experts for _ in range(c)],
+                 lambda s: training_seconds(shapes, experts), threads=threads,
                  implausible=lambda s: bf16_doubt(s['fp32'], s['bf16'], kind))
     precision = choose_precision(m.speedup) if m.trusted else 'fp32'
-    return PrecisionChoice(precision, precision_reason(m, precision, cpu), m.kept, m.trusted)
+    return PrecisionChoice(precision, precision_reason(m, precision, cpu, bool(experts)), m.kept, m.trusted)
 
 def attention_reason(m: Measured, precision: str) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing the attention's `precision` from `m`"

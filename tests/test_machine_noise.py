@@ -178,3 +178,34 @@ def test_steady_decode_figures_still_choose_bf16_where_it_is_faster(tiny_checkpo
                                                                                            SPREAD_MOST))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
     assert gen.decode.dtype == 'bf16' and 'measured now' in gen.decode.why and cache.exists()
+
+
+# An MoE model's experts: a new shape at every step
+
+
+def test_an_moe_run_weighs_its_experts_at_new_token_counts(cache, monkeypatch):
+    "bf16's products alone 8x as fast (AMX), its experts' at new shapes 20x slower: the MoE run stays in fp32"
+    on_cpu(monkeypatch, AMX)
+    dense = measuring(monkeypatch, {'fp32': 0.010, 'bf16': 0.0012})
+    ragged = []
+    monkeypatch.setattr(machine, 'ragged_seconds', lambda products: ragged.append(products)
+                        or {'fp32': 0.020, 'bf16': 0.400})
+    cfg, why = settle_precision(resolve('moe-tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
+    assert cfg.train.precision == 'fp32' and "the experts' at new token counts" in why
+    assert ragged == [[(256, 256, 128, 8), (256, 128, 128, 8)]] and len(dense) == 1
+    cfg, _ = auto()                                                # a dense model: no expert term
+    assert cfg.train.precision == 'bf16' and len(ragged) == 1
+
+
+def test_expert_products_are_timed_at_new_token_counts(monkeypatch):
+    "Every forward product of an expert in one measurement has a token count of its own (oneDNN builds a kernel for each)"
+    rows, matmul = {torch.float32: [], torch.bfloat16: []}, torch.Tensor.__matmul__
+    def spy(a, b):
+        if a.shape[1] == 16 and b.shape == (16, 32):                 # the forward product [r, 16] @ [16, 32]
+            rows[a.dtype].append(a.shape[0])
+        return matmul(a, b)
+    monkeypatch.setattr(torch.Tensor, '__matmul__', spy)
+    out = machine.ragged_seconds([(64, 32, 16, 4)], rounds=2)
+    assert set(out) == {'fp32', 'bf16'} and all(v > 0 for v in out.values())
+    for seen in rows.values():
+        assert len(seen) >= 4 * 3 and len(set(seen)) == len(seen) and 33 <= min(seen) and max(seen) <= 128
