@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from importlib.metadata import PackageNotFoundError, version as _pkg_version
 from pathlib import Path
 from typing import Annotated, List, Optional, get_type_hints
 
@@ -198,6 +197,8 @@ def typed_prompts():
 
 
 def package_version() -> str:
+    "gptkit's installed version (importlib.metadata imported only now: off the start-up path)"
+    from importlib.metadata import PackageNotFoundError, version as _pkg_version
     try:
         return _pkg_version('gptkit')
     except PackageNotFoundError:

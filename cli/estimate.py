@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gptkit.calibrate import calibrate, load_hardware, predicted_step, profile_dict, read_run, save_hardware
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, MOE_PRESETS, ParallelConfig, TrainConfig, parse_size
 from gptkit.errors import ConfigError
 from gptkit.estimate import (
@@ -108,6 +107,7 @@ def estimate(
 
 def hardware_profile(gpu: str, hardware: Optional[Path], memory_gib: Optional[float], tflops: Optional[float]):
     "The profile called `gpu`, among the known ones and those of the file `hardware`, memory or peak overridden"
+    from gptkit.calibrate import load_hardware  # off the start-up path, as the rest of calibrate
     table = {**GPUS, **(load_hardware(hardware) if hardware is not None else {})}
     return get_gpu(gpu, None if memory_gib is None else round(memory_gib * GiB), tflops, table=table)
 
@@ -143,6 +143,7 @@ def model_flags(a: dict) -> str:
 
 def _calibrate(folder: Path, base, save: Optional[Path], name: Optional[str], as_json: bool):
     "Fit `base` to the run in `folder`, show measured against predicted before and after, save it if asked"
+    from gptkit.calibrate import calibrate, predicted_step, profile_dict, read_run, save_hardware
     run = read_run(folder)
     fitted = calibrate(run, base, name)
     before, after = predicted_step(run.cfg, run.world, base), predicted_step(run.cfg, run.world, fitted)

@@ -17,7 +17,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.files import json_text
 from gptkit_cli import format as fmt
@@ -96,6 +95,7 @@ def eval_(
     from gptkit.data.corpus import HELD_OUT  # ftfy and the readers: not on the CLI's start-up path
     from gptkit.evaluate import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
+    from gptkit.engine import device_type
     device = device or device_type()
     with _Bar() as bar:
         res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key,

@@ -14,7 +14,6 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.engine import free_port, init_distributed
 from gptkit.errors import ConfigError
 
 LAUNCHERS = ('torchrun', 'deepspeed')
@@ -193,13 +192,19 @@ def emit(kind: str, launch: Launch, argv: list[str], out: str | None, image: str
     return k8s_manifest(launch, argv, job_name(out), image)
 
 
+def _free_port() -> int:
+    "A free TCP port (gptkit.engine imported only now: off the CLI's start-up path)"
+    from gptkit.engine import free_port
+    return free_port()
+
+
 def launch_tp(ctx, command: str, tp: int, extra: list[str] = ()) -> int:
     """`gptkit COMMAND` with this command's options again, in `tp` processes on this machine under torchrun (each
     finds RANK set and joins with `join_tp`); its exit code"""
 
     argv = [a for a in train_argv(ctx) if a not in extra]
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(tp), '--master_port',
-           str(free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
+           str(_free_port()), '-m', 'gptkit_cli.main', command] + argv + list(extra)
     env = {**os.environ, 'OMP_NUM_THREADS': os.environ.get('OMP_NUM_THREADS', '1')}
     return run_launcher(cmd, env, own_session=True)
 
@@ -326,6 +331,7 @@ def join_tp(device: str | None) -> tuple[int, str]:
     "Join the torchrun job; only rank 0 prints. (this rank, its device: its local GPU, or the CPU)"
     import torch
 
+    from gptkit.engine import init_distributed
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
     leave_group_at_exit()

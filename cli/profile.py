@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 
 from gptkit.files import json_text
-from gptkit.machine import settle_precision
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.train import RichProgress, resolve_run
@@ -52,6 +51,7 @@ def profile(
     if data is None:
         with err.status('tokenizing the built-in KJV text'):
             data, tokenizer = prepare_builtin(out_dir / 'data', tokenizer=tokenizer)
+    from gptkit.machine import settle_precision  # off the start-up path
     cfg, why = settle_precision(resolve_run(preset, config, set_ or [], data, tokenizer, None, None, None))
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:

@@ -17,10 +17,8 @@ from rich.table import Table
 
 from gptkit.callbacks import Callback
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRECISIONS, PRESETS, ParallelConfig, TrainConfig
-from gptkit.engine import device_type
 from gptkit.errors import ConfigError
 from gptkit.estimate import count_params, estimate, search
-from gptkit.machine import this_cpu
 from gptkit.perf import GPUS
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
@@ -129,6 +127,7 @@ def _pipeline(out_dir: Path, vocab_size: int, iters: int | None, preset: str, pr
     _estimate_stage()
     run = out_dir / 'run'
     o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
+    from gptkit.machine import this_cpu
     cpu = this_cpu()
     out.print(f'\nDone in {time.perf_counter() - start:.1f} s on this {fmt.text(cpu.name)} (machine class '
               f'{cpu.machine_class}, {_torch_threads()} threads). Next: [bold]gptkit train --preset {preset} '
@@ -299,6 +298,7 @@ def _train_stage(out_dir: Path, iters: int | None, preset: str = 'tiny', precisi
                  where: Where | None = None, start: float | None = None):
     "Train the preset (`iters` None: as many steps as the budget holds), then its loss on held-out text"
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
+    from gptkit.engine import device_type
     from gptkit.evaluate import token_counts, unigram_loss
     from gptkit.plan import plan_run
     where = Where() if where is None else where

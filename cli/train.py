@@ -20,11 +20,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from gptkit.engine import check_ds_config, ds_config, free_port, world_size
 from gptkit.errors import ConfigError, check
 from gptkit.estimate import count_params, flops_per_iteration
 from gptkit.files import read_text
-from gptkit.machine import nodes_problems
 from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
@@ -72,6 +70,7 @@ def _ds_override(path: Optional[Path], cfg: RunConfig) -> dict | None:
     if not isinstance(d, dict):
         raise ConfigError([('deepspeed_config',
                                                     f'{{key}} file {path} must hold a JSON object')])
+    from gptkit.engine import check_ds_config, ds_config  # the engine's imports off the start-up path
     check_ds_config(ds_config(cfg, override=d), f'--deepspeed-config file {path}')   # before any process starts
     return d
 
@@ -231,9 +230,8 @@ def train(
                       init=init)
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
     launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
-    problems = launch.problems(launching=emit is None)
-    if problems:
-        raise ConfigError(problems)
+    check(launch.problems(launching=emit is None))
+    from gptkit.engine import world_size
     world = world_size(cfg, launch.world)
     cfg, argv = cfg.for_world(world), train_argv(ctx)
     override = _ds_override(deepspeed_config, cfg)
@@ -251,6 +249,8 @@ def train(
 
 def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list[str]) -> int:
     "The run planned once here and saved in its folder, then its processes started by the launcher, told where"
+    from gptkit.engine import free_port
+    from gptkit.machine import nodes_problems
     from gptkit.plan import PLAN_ENV, hand_over, plan_run
     check(nodes_problems(cfg.train.precision, launch.nodes))      # nodes that measured apart could disagree
     plan = plan_run(cfg, resume, world)          # checked once here, not in every process the launcher starts
@@ -295,6 +295,7 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print('[bold]Run config[/]')
     out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
+    from gptkit.engine import ds_config
     out.print_json(json.dumps(ds_config(cfg, override=override)))
     cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)

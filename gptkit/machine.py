@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import math
@@ -177,6 +176,8 @@ def cache_folder() -> Path:
 
 def measure_key(kind: str, shapes, threads: int | None = None) -> str:
     "The cache key of measuring `shapes` for `kind` on this CPU, its kernels, torch and `threads` (default: this one's)"
+    import hashlib  # off the CLI's start-up path, as torch is
+
     import torch
     cpu = this_cpu()
     isa = [torch.backends.cpu.get_cpu_capability()] + [os.environ.get(v, '') for v in ISA_ENV]
