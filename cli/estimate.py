@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -11,20 +11,11 @@ from rich.table import Table
 
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, MOE_PRESETS, ParallelConfig, TrainConfig, parse_size
 from gptkit.errors import ConfigError
-from gptkit.estimate import (
-    Estimate,
-    GiB,
-    data_parallel,
-    estimate as run_estimate,
-    kv_cache_bytes,
-    resolve_model,
-    search as run_search,
-    train_flags,
-)
-from gptkit.perf import GPUS, get_gpu
-from gptkit.runconfig import ep_engine_problems
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
+
+if TYPE_CHECKING:       # the estimator itself is imported where it runs, off the start-up path
+    from gptkit.estimate import Estimate
 
 Opt = typer.Option
 MODEL, LAYOUT, HW = 'Model', 'Layout', 'Hardware and budget'
@@ -107,13 +98,16 @@ def estimate(
 
 def hardware_profile(gpu: str, hardware: Optional[Path], memory_gib: Optional[float], tflops: Optional[float]):
     "The profile called `gpu`, among the known ones and those of the file `hardware`, memory or peak overridden"
-    from gptkit.calibrate import load_hardware  # off the start-up path, as the rest of calibrate
+    from gptkit.calibrate import load_hardware
+    from gptkit.estimate import GiB
+    from gptkit.perf import GPUS, get_gpu
     table = {**GPUS, **(load_hardware(hardware) if hardware is not None else {})}
     return get_gpu(gpu, None if memory_gib is None else round(memory_gib * GiB), tflops, table=table)
 
 
 def _estimate_on(device, a: dict):
     "The estimate (or --search) of the model and layout the flags in `a` describe, on `device`"
+    from gptkit.estimate import data_parallel, estimate as run_estimate, resolve_model, search as run_search
     if a['save_hardware'] is not None or a['name'] is not None:
         raise ConfigError([('save_hardware' if a['save_hardware'] else 'name', '{key} goes with --calibrate RUN')])
     if a['precision'] == 'auto':            # a CPU run's setting: a GPU estimate names its precision
@@ -231,10 +225,12 @@ def _params_table(e: Estimate, d: dict) -> Table:
 
 def not_yet(e: Estimate) -> str:
     "Why `gptkit train` does not run this expert-parallel layout yet, its own words; '' when it does"
+    from gptkit.runconfig import ep_engine_problems
     return '; '.join(m.replace('{key}', k) for k, m in ep_engine_problems(e.parallel, e.train))
 
 
 def _print_estimate(e: Estimate, note: str, hint: str = '...'):
+    from gptkit.estimate import kv_cache_bytes
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
     mo = e.model
@@ -321,6 +317,7 @@ def _step_table(e: Estimate) -> Table:
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
+    from gptkit.estimate import GiB, train_flags
     if not results:
         out.print(f'[red]No layout of {fmt.text(note)} fits in {gpus} x {gpu}[/]: add GPUs, choose a bigger GPU or a '
                   f'smaller model.')

@@ -18,8 +18,6 @@ from rich.table import Table
 from gptkit.callbacks import Callback
 from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRECISIONS, PRESETS, ParallelConfig, TrainConfig
 from gptkit.errors import ConfigError
-from gptkit.estimate import count_params, estimate, search
-from gptkit.perf import GPUS
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.train import RichProgress
@@ -351,6 +349,8 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
 
 
 def _estimate_stage():
+    from gptkit.estimate import count_params, estimate, search
+    from gptkit.perf import GPUS
     t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them',
               title_justify='left')
     for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'):

@@ -21,7 +21,6 @@ from rich.progress import (
 )
 
 from gptkit.errors import ConfigError, check
-from gptkit.estimate import count_params, flops_per_iteration
 from gptkit.files import read_text
 from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
@@ -77,6 +76,7 @@ def _ds_override(path: Optional[Path], cfg: RunConfig) -> dict | None:
 
 def _summary(cfg: RunConfig):
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
+    from gptkit.estimate import count_params, flops_per_iteration
     params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
     experts = f' (ep {p.ep}: {m.moe_experts // p.ep} of {m.moe_experts} experts per rank)' if p.ep > 1 else ''
     out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: {params:,} parameters ({m.layers} layers, '
