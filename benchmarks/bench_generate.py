@@ -61,7 +61,7 @@ def prompts(tok, batch: int) -> list[list[int]]:
 
 
 def run_ours(gen, rows, new):
-    from gptkit.sampling import Sampling
+    from gptkit.inference.sampling import Sampling
     out = [[] for _ in rows]
     for c in gen.stream(rows, Sampling(max_new_tokens=new, greedy=True, stop_at_eod=False)):
         if c.token is not None: out[c.index].append(c.token)
@@ -99,7 +99,7 @@ def bench_server(gen, new):
     to their end before the next) and with continuous batching, in the same run: the 16 sent one after another, all
     at once, and arriving one every `gap` seconds. Throughput, and each client's latency (p50, p99, max)"""
     import httpx
-    from gptkit.batching import Limits
+    from gptkit.inference.batching import Limits
     from gptkit.serve import Server
     words = ('God', 'the', 'it', 'he', 'they', 'Moses', 'Jesus', 'she', 'we', 'I', 'thou', 'ye', 'all', 'there', 'when', 'so')
     lengths = [max(1, new * (1 + i * 5 % 8) // 8) for i in range(len(words))]     # mixed: new/8 ... new, shuffled
@@ -164,7 +164,8 @@ def main():
     a = ap.parse_args()
     if a.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: this torch sees no CUDA GPU')
-    from gptkit.generate import Generator, choose_decode
+    from gptkit.inference.decode import choose_decode
+    from gptkit.inference.generator import Generator
     from gptkit.machine import this_cpu
     ours, hf, tok, cfg, err = models(a.preset, a.vocab)
     import transformers

@@ -115,7 +115,7 @@ def main():
     logging.getLogger('lm_eval').setLevel(logging.ERROR)
     from lm_eval.models.huggingface import HFLM
 
-    from gptkit.generate import Generator
+    from gptkit.inference.generator import Generator
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         (d / 'tasks').mkdir()

@@ -76,7 +76,7 @@ def generation(m, new: int, rounds: int):
     from safetensors.torch import save_file
     from transformers import MixtralForCausalLM
 
-    from gptkit.generate import Generator
+    from gptkit.inference.generator import Generator
     from gptkit.interop import to_hf
     from gptkit.model import GPT
     from gptkit.tokenizer import gpt2

@@ -39,7 +39,7 @@ def read_prompts(prompts: list[str], prompt_file: Optional[Path]) -> list[tuple[
 
 
 def _sampling(**kw):
-    from gptkit.sampling import Sampling
+    from gptkit.inference.sampling import Sampling
     return Sampling(**kw)
 
 
@@ -59,7 +59,7 @@ class _Seqs:
 def _run(gen, items: list[tuple[str, str]], sampling, samples: int, batch_size: int, asked: bool = False):
     """Generate for (where, prompt) items; stream live when one sequence runs, else print each as it finishes.
     `asked`: --max-new-tokens was given, and a prompt the context has no room for that many after is refused"""
-    from gptkit.sampling import check_room
+    from gptkit.inference.sampling import check_room
     prompts = [gen.encode(p, w) for w, p in items]          # each prompt once, however many samples
     for (where, _), ids in zip(items if asked else [], prompts):
         check_room(len(ids), sampling.max_new_tokens, gen.context, where='the prompt' if where == 'prompt' else where)
@@ -142,7 +142,7 @@ def generate(
     sampling = _sampling(max_new_tokens=64 if max_new_tokens is None else max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, greedy=greedy, seed=seed, stop=tuple(stop or ()))
     items = read_prompts(prompt or [], prompt_file)
-    from gptkit.generate import Generator, decode_dtype
+    from gptkit.inference.generator import Generator, decode_dtype
     with out.status(f'loading {fmt.text(checkpoint)}'):
         gen = Generator.from_checkpoint(checkpoint, device=device, dtype=decode_dtype(dtype), tp=tp)
     step, cfg, weight = gen.loaded.state.get('iteration', '?'), gen.model.cfg, gen.model.wte.weight
@@ -161,7 +161,7 @@ def _problems(num_samples: int, batch_size: int) -> list[tuple[str, str]]:
                 for k, v in (('num_samples', num_samples), ('batch_size', batch_size)) if v < 1]
     if num_samples > MAX_SAMPLES:
         problems.append(('num_samples', f'{{key}} {num_samples:,} is more than {MAX_SAMPLES:,}; for more, call '
-                                        'gptkit.generate.Generator from a script and write as it goes'))
+                                        'gptkit.inference.generator.Generator from a script and write as it goes'))
     return problems
 
 

@@ -335,8 +335,8 @@ def _train_stage(out_dir: Path, iters: int | None, preset: str = 'tiny', precisi
 
 def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int = 80):
     "Stream a sample from the trained checkpoint, loaded by its path as `gptkit generate` does"
-    from gptkit.generate import Generator
-    from gptkit.sampling import Sampling
+    from gptkit.inference.generator import Generator
+    from gptkit.inference.sampling import Sampling
     gen = Generator.from_checkpoint(run, device='cpu', dtype='auto')
     out.print(f'\n[bold]9. A sample from the model trained above[/] (gptkit generate --checkpoint {fmt.text(run)} '
               '--top-k 40 '

@@ -64,9 +64,9 @@ def serve(
                     max_prompt_tokens=max_prompt_tokens or 1)
     if bad:
         raise ConfigError(bad)
-    from gptkit.batching import Limits
-    from gptkit.generate import decode_dtype
     from gptkit.guard import LOOPBACK, Access
+    from gptkit.inference.batching import Limits
+    from gptkit.inference.generator import decode_dtype
     from gptkit.serve import access_on, check_address, make_app, serve as run
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ:
@@ -94,7 +94,7 @@ def _run_name(folder: Path) -> str:
 
 def _load(checkpoint: Path, device: str | None, dtype, tp: int):
     "The generator of `checkpoint`: this rank's shard under --tp, on its device, in `dtype` (or as measured)"
-    from gptkit.generate import Generator
+    from gptkit.inference.generator import Generator
     if tp > 1:
         device = join_tp(device)[1]
     with out.status(f'loading {escape(str(checkpoint))}'):

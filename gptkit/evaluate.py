@@ -26,7 +26,7 @@ from .data.indexed import IndexedDataset
 from .data.samples import split_ranges
 from .errors import ConfigError, DataError, shorten
 from .files import size_text
-from .generate import GatheredLogits, tensor_parallel_part
+from .inference.generator import GatheredLogits, tensor_parallel_part
 from .model import num_params
 from .store import CheckpointError
 from .tokenizer import gpt2

@@ -19,8 +19,8 @@ import torch
 from .encoders import around
 from .errors import ConfigError, DataError, GptkitError
 from .files import check_folder, finite_or_none, write_atomic
-from .generate import Generator
-from .sampling import Sampling
+from .inference.generator import Generator
+from .inference.sampling import Sampling
 from .store import TAG_RE, find
 from .task_files import check_task_folder, sandboxed_templates
 from .tensor_parallel import gather_from_tp

@@ -14,10 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .batching import Limits
 from .errors import ConfigError
-from .generate import Generator
-from .sampling import STOP_CHARS, Sampling, check_room
+from .inference.batching import Limits
+from .inference.generator import Generator
+from .inference.sampling import STOP_CHARS, Sampling, check_room
 from .tokenizer import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
 
 # %% auto #0

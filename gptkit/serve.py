@@ -51,11 +51,11 @@ from gptkit.http_api import (
     validation_sentence,
 )
 
-from .batching import Busy, Job, Limits, OutOfTime, Worker, follow
 from .errors import ConfigError, GptkitError
-from .generate import Generator
 from .guard import WILDCARD, Access, Gate, Guard, quoted
-from .sampling import Chunk
+from .inference.batching import Busy, Job, Limits, OutOfTime, Worker, follow
+from .inference.generator import Generator
+from .inference.sampling import Chunk
 
 # %% auto #0
 __all__ = ['routes', 'STREAMED', 'ASSETS', 'PAGE_HEADERS', 'GenerationFailed', 'token_name', 'CompletionLogprobs',

@@ -131,8 +131,8 @@ def test_quickstart(tmp_path):
     from gptkit.tokenizer import load
     ds, tok = IndexedDataset(tmp_path / 'qs' / 'data' / 'corpus_text_document'), load(tmp_path / 'qs' / 'tokenizer')
     assert ds.num_documents == 1238 and tok.decode(ds.document(0)[:40]).startswith("ALL'S WELL THAT ENDS WELL")
-    from gptkit.generate import Generator  # it ends with a sample from the checkpoint it trained
-    from gptkit.sampling import Sampling
+    from gptkit.inference.generator import Generator  # it ends with a sample from the checkpoint it trained
+    from gptkit.inference.sampling import Sampling
     sample = Generator.from_checkpoint(tmp_path / 'qs' / 'run').complete(['And the king said unto'], Sampling(80, 0.8, 40, seed=0))[0].text
     tail = r.output[r.output.index('9. A sample from the model trained above'):]
     assert ' '.join(tail.split()).endswith(' '.join(('And the king said unto' + sample).split()))

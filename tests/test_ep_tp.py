@@ -17,7 +17,7 @@ from gptkit.config import LLAMA, ModelConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.evaluate import evaluate
 from gptkit.expert_parallel import AllToAll, ep_layers
-from gptkit.generate import Generator
+from gptkit.inference.generator import Generator
 from gptkit.interop import write_run
 from gptkit.model import GPT
 from gptkit.moe import moe_stats
@@ -33,7 +33,7 @@ from gptkit.parallel import (
     stage_input_shape,
 )
 from gptkit.runconfig import resolve
-from gptkit.sampling import Sampling
+from gptkit.inference.sampling import Sampling
 from gptkit.tensor_parallel import WholeSequenceMLPBlock
 from gptkit.tokenizer import load
 from gptkit.train import _step

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import run_here, torch_threads
 
-from gptkit.batching import Limits, RunningBatch
+from gptkit.inference.batching import Limits, RunningBatch
 from gptkit.config import LLAMA, ModelConfig
-from gptkit.generate import Generator, reference_greedy
-from gptkit.sampling import Sampling
+from gptkit.inference.generator import Generator, reference_greedy
+from gptkit.inference.sampling import Sampling
 
 BASE = dict(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=64, tie_embeddings=False, init_std=0.1, **LLAMA)
 CHOICES = {'qwen3': dict(qk_norm=True, head_size=16),          # 4 heads of 16 over a width of 32

@@ -92,7 +92,7 @@ def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
         r = runner.invoke(app, [str(a) for a in args])
         assert r.exit_code == 1, r.output
         assert 'weights are NaN or infinite' in r.output and 'Traceback' not in r.output
-    from gptkit.generate import Generator  # what gptkit serve loads its model with, before it listens
+    from gptkit.inference.generator import Generator  # what gptkit serve loads its model with, before it listens
     with pytest.raises(CheckpointError, match='weights are NaN or infinite'): Generator.from_checkpoint(nan_checkpoint)
 
 
@@ -186,7 +186,7 @@ def test_hostile_paths_devices_and_sizes_get_one_sentence(tiny_data, tiny_checkp
         r = runner.invoke(app, [str(a) for a in args])
         said = ' '.join(r.output.split())
         assert r.exit_code in (1, 2) and sentence in said and 'Traceback' not in said, (args, r.output[-2000:])
-    from gptkit.generate import Generator
+    from gptkit.inference.generator import Generator
     gen = Generator.from_checkpoint(tiny_checkpoint)
     gen.check_batch(8)
     with pytest.raises(ConfigError, match=r'batch_size 1,000,000,000: the KV cache of 1,000,000,000 sequences of 64 '

@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from conftest import run_here
-from gptkit.batching import Limits
-from gptkit.generate import Generator
-from gptkit.sampling import STOP_CHARS, TextStream
+from gptkit.inference.batching import Limits
+from gptkit.inference.generator import Generator
+from gptkit.inference.sampling import STOP_CHARS, TextStream
 from gptkit.serve import Server, page_html
 
 

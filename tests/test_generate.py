@@ -8,8 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gptkit.generate import Generator, reference_greedy
-from gptkit.sampling import Sampling
+from gptkit.inference.generator import Generator, reference_greedy
+from gptkit.inference.sampling import Sampling
 from gptkit_cli.main import app
 
 
@@ -124,7 +124,7 @@ def test_checkpoints_with_dropped_settings_still_load(tiny_checkpoint, tmp_path)
 def test_rows_near_the_context_join_and_leave_a_running_batch(gen):
     """A prompt that nearly fills the context joins a row that may generate up to the context, and a third joins after
     it left: each gets the tokens the plain loop gives, and the cache never holds more columns than the context"""
-    from gptkit.batching import RunningBatch
+    from gptkit.inference.batching import RunningBatch
     ctx = gen.context
     text = gen.tok.encode('In the beginning God created the heaven and the earth. ' * (ctx // 4))
     prompts = {'short': text[:3], 'long': text[:ctx - 6], 'later': text[5:9]}

@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.errors import ConfigError
 from gptkit.evaluate import evaluate
-from gptkit.generate import Generator
-from gptkit.sampling import Sampling
+from gptkit.inference.generator import Generator
+from gptkit.inference.sampling import Sampling
 
 DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 PROMPTS = ['In the beginning God created', 'And']
@@ -107,7 +107,7 @@ def _serve_worker(rank, world, ckpt, init_file, out):
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
-        from gptkit.batching import Limits, follow
+        from gptkit.inference.batching import Limits, follow
         from gptkit.serve import Server
         gen = Generator.from_checkpoint(ckpt, device='cpu', tp=world)
         if rank != 0: return follow(gen)                      # until rank 0's server stops

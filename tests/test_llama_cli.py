@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import run_here
-from gptkit.batching import Limits
-from gptkit.generate import Generator, reference_greedy
-from gptkit.sampling import Sampling
+from gptkit.inference.batching import Limits
+from gptkit.inference.generator import Generator, reference_greedy
+from gptkit.inference.sampling import Sampling
 from gptkit.serve import Server
 
 LLAMA_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=32',

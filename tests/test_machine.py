@@ -10,8 +10,9 @@ import torch
 from conftest import ROOT, TINY_SETS, run_here
 import gptkit.machine as machine
 from gptkit.config import ModelConfig
-from gptkit.generate import (DECODE_FORMS, HUGE_CREDIT, MKL_ROWS, DecodeChoice, Generator, decode_choice, decode_layout,
-                             measure_decode, mkl_packed, packed_weight)
+from gptkit.inference.decode import (DECODE_FORMS, HUGE_CREDIT, MKL_ROWS, DecodeChoice, decode_choice, decode_layout,
+                                     measure_decode, mkl_packed, packed_weight)
+from gptkit.inference.generator import Generator
 from gptkit.machine import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
                             measured, parse_cpuinfo, precision_reason, settle_precision)
 from gptkit.model import GPT
@@ -267,20 +268,20 @@ def decode_seconds(bf16: float = 1.0, packed: float | None = None, mkl8: float |
 @pytest.mark.parametrize('side', SIDES)
 def test_generation_picks_its_dtype_by_measuring_and_tokens_stay_the_models(tiny_checkpoint, cache, monkeypatch, side):
     over, dtype = SIDES[side]
-    import gptkit.generate as generate
-    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: decode_seconds(**over))
+    import gptkit.inference.decode as decoding
+    monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: decode_seconds(**over))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
     assert gen.decode.dtype == dtype and gen.decode.head == ('plain', 'rows')
     assert next(gen.model.parameters()).dtype == (torch.bfloat16 if dtype == 'bf16' else torch.float32)
     assert f'decoding in {dtype}' in gen.decode.why
-    from gptkit.sampling import Sampling
+    from gptkit.inference.sampling import Sampling
     out = gen.complete(['In the beginning'], Sampling(max_new_tokens=5, greedy=True, stop_at_eod=False))
     assert len(out[0].tokens) == 5
 
 
 def test_an_explicit_decode_dtype_is_kept(tiny_checkpoint, cache, monkeypatch):
-    import gptkit.generate as generate
-    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: decode_seconds(bf16=0.1))
+    import gptkit.inference.decode as decoding
+    monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: decode_seconds(bf16=0.1))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu')           # the library's default: fp32
     assert gen.decode.dtype == 'fp32' and next(gen.model.parameters()).dtype == torch.float32
 
@@ -316,16 +317,16 @@ def test_the_packed_layout_gives_the_models_logits_and_greedy_tokens(dtype):
             torch.testing.assert_close(net(ids).float(), m(ids).float(), rtol=tol, atol=tol)
     tok = type('Tok', (), {'eod': 299, 'encode': lambda self, t: [1, 2, 3],
                            'decode': lambda self, ids: 'x' * len(ids)})()
-    from gptkit.generate import reference_greedy
-    from gptkit.sampling import Sampling
+    from gptkit.inference.generator import reference_greedy
+    from gptkit.inference.sampling import Sampling
     gen = Generator(m, tok, DecodeChoice('fp32', 'packed', ('packed', 'packed')))
     got = gen.complete(['p'], Sampling(max_new_tokens=8, greedy=True, stop_at_eod=False))[0].tokens
     assert got == reference_greedy(gen.model, [1, 2, 3], 8)
 
 
 def test_a_cpu_without_packed_kernels_measures_and_chooses_among_the_other_forms(monkeypatch):
-    import gptkit.generate as generate
-    monkeypatch.setattr(generate, 'packed_weight', lambda w: None)       # bf16 on an AVX2 CPU: oneDNN refuses
+    import gptkit.inference.decode as decoding
+    monkeypatch.setattr(decoding, 'packed_weight', lambda w: None)       # bf16 on an AVX2 CPU: oneDNN refuses
     seconds = measure_decode([(16, 8)], (32, 8))
     assert seconds and not any(' packed ' in k for k in seconds)
     assert decode_choice(seconds).linear in ('plain', 'transposed')
@@ -337,15 +338,15 @@ def test_a_cpu_without_packed_kernels_measures_and_chooses_among_the_other_forms
 
 def test_a_cached_packed_choice_on_a_pytorch_that_cannot_pack_still_decodes(tiny_checkpoint, cache, monkeypatch):
     "A cache written where oneDNN packed (say, a machine.json carried to another build): the layout falls back"
-    import gptkit.generate as generate
-    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: decode_seconds(packed=0.1))
-    monkeypatch.setattr(generate, 'packed_weight', lambda w: None)
+    import gptkit.inference.decode as decoding
+    monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: decode_seconds(packed=0.1))
+    monkeypatch.setattr(decoding, 'packed_weight', lambda w: None)
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu')
     assert gen.decode.linear == 'packed' and gen.model.head.forms == ('plain', 'plain')
     linears = [m for m in gen.model.modules() if type(m).__name__ == 'DecodeLinear']
     assert linears and all(m.weight_t is not None and m.packed is None for m in linears)
-    from gptkit.generate import reference_greedy
-    from gptkit.sampling import Sampling
+    from gptkit.inference.generator import reference_greedy
+    from gptkit.inference.sampling import Sampling
     got = gen.complete(['In the beginning'], Sampling(max_new_tokens=5, greedy=True, stop_at_eod=False))[0]
     assert got.tokens == reference_greedy(gen.model, got.prompt_tokens, 5)
 
@@ -370,8 +371,8 @@ def test_the_mkl_output_layer_gives_the_models_logits_at_any_rows():
 def test_the_mkl_form_is_chosen_by_its_figures_and_falls_back_where_it_cannot_be_made(monkeypatch):
     assert decode_choice(decode_seconds(mkl8=0.2)).head == ('mkl8', 'mkl8')
     assert decode_choice(decode_seconds(mkl8=1.5)).head == ('plain', 'rows')        # slower: not taken
-    import gptkit.generate as generate
-    monkeypatch.setattr(generate, 'mkl_packed', lambda w: None)
+    import gptkit.inference.decode as decoding
+    monkeypatch.setattr(decoding, 'mkl_packed', lambda w: None)
     seconds = measure_decode([(16, 8)], (32, 8))
     assert not any(' mkl8 ' in k for k in seconds)
     m = GPT(ModelConfig(layers=1, hidden=32, heads=2, seq_len=32, vocab=300, dropout=0.0)).eval()
@@ -517,8 +518,8 @@ def test_a_layout_in_huge_pages_gives_the_models_logits_and_greedy_tokens(choice
     assert net.wte.weight is m.wte.weight                                            # the embeddings: not copied
     tok = type('Tok', (), {'eod': 8191, 'encode': lambda self, t: [1, 2, 3],
                            'decode': lambda self, ids: 'x' * len(ids)})()
-    from gptkit.generate import reference_greedy
-    from gptkit.sampling import Sampling
+    from gptkit.inference.generator import reference_greedy
+    from gptkit.inference.sampling import Sampling
     gen = Generator(m, tok, choice)
     got = gen.complete(['p'], Sampling(max_new_tokens=8, greedy=True, stop_at_eod=False))[0].tokens
     assert got == reference_greedy(m, [1, 2, 3], 8)
@@ -629,7 +630,7 @@ def test_a_resume_trains_on_in_the_precision_the_run_saved(tmp_path, cache, monk
 
 
 def test_measuring_the_decode_layout_leaves_the_global_random_numbers_alone():
-    from gptkit.generate import measure_decode
+    from gptkit.inference.decode import measure_decode
     torch.manual_seed(0)
     want = torch.rand(3)
     torch.manual_seed(0)

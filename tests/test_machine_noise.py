@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-import gptkit.generate as generate
+import gptkit.inference.decode as decoding
 import gptkit.machine as machine
 from gptkit.errors import ConfigError
-from gptkit.generate import Generator
+from gptkit.inference.generator import Generator
 from gptkit.machine import CPU, MEASURE_TRIES, SPREAD_MOST, Timings, bf16_kind, fastest_rounds, settle_precision
 from gptkit.runconfig import resolve
 from test_machine import decode_seconds
@@ -153,7 +153,7 @@ def test_a_real_measurement_says_its_spread():
 def test_decoding_without_bf16_instructions_measures_fp32_alone(tiny_checkpoint, cache, monkeypatch):
     on_cpu(monkeypatch, AVX2)
     asked = []
-    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: asked.append(dtypes)
+    monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: asked.append(dtypes)
                         or decode_seconds(bf16=0.01))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
     assert asked == [('fp32',)] and gen.decode.dtype == 'fp32' and 'bf16' not in gen.decode.why
@@ -165,7 +165,7 @@ def test_noisy_or_implausible_decode_figures_decode_in_fp32_uncached(tiny_checkp
                                                                      bf16, cpu):
     on_cpu(monkeypatch, cpu)
     calls = []
-    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: calls.append(1)
+    monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: calls.append(1)
                         or timings(decode_seconds(bf16=bf16), spread))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
     assert gen.decode.dtype == 'fp32' and 'untrusted' in gen.decode.why and len(calls) == MEASURE_TRIES
@@ -174,7 +174,7 @@ def test_noisy_or_implausible_decode_figures_decode_in_fp32_uncached(tiny_checkp
 
 def test_steady_decode_figures_still_choose_bf16_where_it_is_faster(tiny_checkpoint, cache, monkeypatch):
     on_cpu(monkeypatch, AMX)
-    monkeypatch.setattr(generate, 'measure_decode', lambda linears, head, dtypes: timings(decode_seconds(bf16=0.5),
+    monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: timings(decode_seconds(bf16=0.5),
                                                                                            SPREAD_MOST))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
     assert gen.decode.dtype == 'bf16' and 'measured now' in gen.decode.why and cache.exists()

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from gptkit import checkpoint as ck, interop
-from gptkit.generate import Generator
+from gptkit.inference.generator import Generator
 from gptkit.model import GPT, KVCache
-from gptkit.sampling import Sampling
+from gptkit.inference.sampling import Sampling
 from gptkit.store import CheckpointError
 from gptkit.tokenizer import EOD, load as load_tokenizer
 
@@ -123,7 +123,7 @@ def test_the_generator_evaluator_and_server_run_the_import(family):
     import httpx
 
     from gptkit import evaluate as ev
-    from gptkit.batching import Limits
+    from gptkit.inference.batching import Limits
     from gptkit.serve import Server
     name, hf, _, run = family
     gen = Generator.from_checkpoint(run, device='cpu')

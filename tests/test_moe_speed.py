@@ -8,7 +8,7 @@ import torch
 import transformers as T
 
 from gptkit.config import LLAMA, ModelConfig
-from gptkit.generate import decode_layout
+from gptkit.inference.decode import decode_layout
 from gptkit.model import GPT
 from gptkit.moe import MoE
 

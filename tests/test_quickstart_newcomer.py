@@ -115,7 +115,7 @@ def test_sigterm_outside_training_ends_in_one_line(tmp_path):
 def test_the_held_out_evaluation_shows_progress_in_a_log(tiny_checkpoint, capsys):
     "Not a terminal: whole lines with the count, the rate and the ETA, about every tenth of the way"
     from gptkit.evaluate import text_loss
-    from gptkit.generate import load_model
+    from gptkit.inference.generator import load_model
     model = load_model(tiny_checkpoint).model
     tokens = list(range(1, 500)) * 9                        # 4,491 tokens: 70 windows of 64
     loss = q._held_out_loss(model, tokens, 64, q.Where())

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from conftest import run_here
-from gptkit.batching import Limits
+from gptkit.inference.batching import Limits
 from gptkit.guard import Access
 from gptkit.http_api import body_limit, prompt_chars
 from gptkit.serve import Server

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import requests
 
-from gptkit.batching import Busy, Job, Limits, Worker
-from gptkit.generate import Generator
-from gptkit.sampling import Sampling
+from gptkit.inference.batching import Busy, Job, Limits, Worker
+from gptkit.inference.generator import Generator
+from gptkit.inference.sampling import Sampling
 from gptkit.serve import Server
 
 LIMITS = Limits(max_new_tokens=48, max_prompts=16, max_waiting=32)

@@ -7,10 +7,10 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from gptkit.batching import Limits
-from gptkit.generate import Generator
+from gptkit.inference.batching import Limits
+from gptkit.inference.generator import Generator
 from gptkit.guard import Access
-from gptkit.sampling import Sampling
+from gptkit.inference.sampling import Sampling
 from gptkit.serve import Server
 from test_serve import _chromium
 

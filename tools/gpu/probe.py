@@ -105,7 +105,8 @@ def decode(preset: str, new: int, device: str):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / 'benchmarks'))
     from bench_generate import models, prompts, run_hf, run_ours
 
-    from gptkit.generate import DecodeChoice, Generator
+    from gptkit.inference.decode import DecodeChoice
+    from gptkit.inference.generator import Generator
     ours, hf, tok, cfg, _ = models(preset, None)
     dtype = torch.bfloat16 if device == 'cuda' else torch.float32
     ours, hf = ours.to(device=device, dtype=dtype), hf.to(device=device, dtype=dtype)
