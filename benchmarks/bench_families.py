@@ -46,7 +46,7 @@ def data(out: Path, vocab: int = 4096) -> tuple[str, str]:
 def run(name: str, model: dict, seed: int, iters: int, prefix: str, tok_dir: str, out: Path, held: list[int],
         preset: str = 'tiny') -> dict:
     from gptkit.estimate import count_params, flops_per_iteration
-    from gptkit.evaluate import text_loss
+    from gptkit.eval.perplexity import text_loss
     from gptkit.moe_estimate import active_params
     from gptkit.plan import run_config
     from gptkit.train import train

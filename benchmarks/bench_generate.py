@@ -9,7 +9,7 @@ the batch-8 prompts of different lengths (left-padded with an attention mask on 
 compared too: a faster generator that produced other tokens would not count. Rounds alternate between the two so
 that machine noise hits both alike; the median round wins.
 
-Server (issue 18): `gptkit.serve.Server` over real HTTP on 127.0.0.1; 16 clients each ask /v1/completions for new/8 to
+Server (issue 18): `gptkit.serve.server.Server` over real HTTP on 127.0.0.1; 16 clients each ask /v1/completions for new/8 to
 --new greedy tokens, sent one after another, all at once, and arriving at twice the rate one at a time serves them;
 continuous batching against the batching gptkit had before (`Limits(continuous=False)`), both in the same run:
 throughput and p50/p99 latency.
@@ -100,7 +100,7 @@ def bench_server(gen, new):
     at once, and arriving one every `gap` seconds. Throughput, and each client's latency (p50, p99, max)"""
     import httpx
     from gptkit.inference.batching import Limits
-    from gptkit.serve import Server
+    from gptkit.serve.server import Server
     words = ('God', 'the', 'it', 'he', 'they', 'Moses', 'Jesus', 'she', 'we', 'I', 'thou', 'ye', 'all', 'there', 'when', 'so')
     lengths = [max(1, new * (1 + i * 5 % 8) // 8) for i in range(len(words))]     # mixed: new/8 ... new, shuffled
     bodies = [{'prompt': f'And {w} said', 'max_tokens': n, 'temperature': 0} for w, n in zip(words, lengths)]

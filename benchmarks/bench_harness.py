@@ -1,4 +1,4 @@
-"""lm-evaluation-harness speed: gptkit's model class (`gptkit.harness.GptkitLM`) on a checkpoint against lm-eval's own
+"""lm-evaluation-harness speed: gptkit's model class (`gptkit.eval.harness.GptkitLM`) on a checkpoint against lm-eval's own
 `HFLM` on the Hugging Face export of the same checkpoint.
 
 Target (issue 34, item 4): gptkit at least as fast as HFLM (ratio >= 1.0x), same metrics.
@@ -84,7 +84,7 @@ def timed(lm, tm, specs) -> tuple[float, dict]:
     "Seconds lm-eval's evaluate takes on `lm` (tasks read before the clock starts), and its results"
     from lm_eval import evaluator
 
-    from gptkit.harness import load_tasks
+    from gptkit.eval.harness import load_tasks
     loaded = tm.load(load_tasks(tm, specs))                 # fresh Task objects: lm-eval keeps requests on them
     start = time.perf_counter()
     res = evaluator.evaluate(lm=lm, task_dict=loaded, bootstrap_iters=0)
@@ -109,7 +109,7 @@ def main():
     print(this_cpu().summary())   # ratios hold for this machine class only
     if a.threads:
         torch.set_num_threads(a.threads)
-    from gptkit.harness import find_tasks, lm_class, metric_rows, require_lm_eval
+    from gptkit.eval.harness import find_tasks, lm_class, metric_rows, require_lm_eval
     require_lm_eval(offline=True)
     import logging
     logging.getLogger('lm_eval').setLevel(logging.ERROR)

@@ -24,7 +24,7 @@ from gptkit_cli.app import TextKey, app, err, handles_errors, out
 from gptkit_cli.launch import join_tp, launch_tp
 
 Opt = typer.Option
-# `--tasks` and the options that go with it: lm-evaluation-harness (gptkit.harness)
+# `--tasks` and the options that go with it: lm-evaluation-harness (gptkit.eval.harness)
 Tasks = Annotated[Optional[str], Opt(help='Run these lm-evaluation-harness tasks, groups or tags instead '
                                           '(comma-separated, e.g. hellaswag,arc_easy).')]
 IncludePath = Annotated[Optional[str], Opt(help='A folder of lm-eval task YAMLs of your own (--tasks); their '
@@ -93,7 +93,7 @@ def eval_(
     if tp > 1:
         rank, device = join_tp(device)
     from gptkit.data.corpus import HELD_OUT  # ftfy and the readers: not on the CLI's start-up path
-    from gptkit.evaluate import evaluate
+    from gptkit.eval.perplexity import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
     from gptkit.engine import device_type
     device = device or device_type()
@@ -112,7 +112,7 @@ def eval_(
 def _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file, offline,
              device, tp, as_json, others, trust_code=False):
     "gptkit eval --tasks: lm-eval's simple_evaluate on the checkpoint; a table of every metric, the JSON saved"
-    from gptkit.harness import evaluate_tasks, find_tasks, require_lm_eval
+    from gptkit.eval.harness import evaluate_tasks, find_tasks, require_lm_eval
     if any(v is not None for v in others):
         raise ConfigError([('tasks', '{key} runs lm-evaluation-harness alone; measure --text, --jsonl or --lambada '
                                      'in a gptkit eval of their own')])
@@ -137,7 +137,7 @@ def _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewsho
 
 
 def _harness_table(res: dict) -> Table:
-    from gptkit.harness import metric_rows
+    from gptkit.eval.harness import metric_rows
     g = res['gptkit']
     step = g['iteration'] if g['iteration'] is not None else '?'
     t = Table(title=f'{fmt.text(g["checkpoint"])}: step {step}, lm-evaluation-harness on {g["device"]}'

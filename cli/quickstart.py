@@ -257,7 +257,7 @@ def _budgeted(plan, out_dir: Path, preset: str, precision: str, where: Where, st
 
 def _held_out_loss(model, held: list, seq_len: int, where: Where) -> float:
     "text_loss over the held-out tokens with its progress shown: a bar in a terminal, whole lines in a log"
-    from gptkit.evaluate import text_loss
+    from gptkit.eval.perplexity import text_loss
     windows = (len(held) - 1) // seq_len
     if not out.is_terminal:
         return text_loss(model, held, seq_len, progress=PlainProgress('   held-out', seq_len))
@@ -297,7 +297,7 @@ def _train_stage(out_dir: Path, iters: int | None, preset: str = 'tiny', precisi
     "Train the preset (`iters` None: as many steps as the budget holds), then its loss on held-out text"
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
     from gptkit.engine import device_type
-    from gptkit.evaluate import token_counts, unigram_loss
+    from gptkit.eval.perplexity import token_counts, unigram_loss
     from gptkit.plan import plan_run
     where = Where() if where is None else where
     start = time.perf_counter() if start is None else start

@@ -64,10 +64,10 @@ def serve(
                     max_prompt_tokens=max_prompt_tokens or 1)
     if bad:
         raise ConfigError(bad)
-    from gptkit.guard import LOOPBACK, Access
     from gptkit.inference.batching import Limits
     from gptkit.inference.generator import decode_dtype
-    from gptkit.serve import access_on, check_address, make_app, serve as run
+    from gptkit.serve.guard import LOOPBACK, Access
+    from gptkit.serve.server import access_on, check_address, make_app, serve as run
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ:
         raise typer.Exit(launch_tp(ctx, 'serve', tp))

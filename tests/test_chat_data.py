@@ -83,7 +83,7 @@ def test_a_chat_template_masks_exactly_the_replies_and_their_end_markers(tmp_pat
 
 
 def test_the_plain_template_is_the_servers_and_masks_what_follows_assistant(tmp_path):
-    from gptkit.http_api import plain_chat_prompt
+    from gptkit.serve.http_api import plain_chat_prompt
     for conv in CONVERSATIONS:
         for k in range(1, len(conv) + 1):
             assert plain_chat(conv[:k]) == plain_chat_prompt(conv[:k])
@@ -217,7 +217,7 @@ def test_the_server_tokenizes_a_templated_prompt_as_the_chat_data_was_tokenized(
     "The prompt the server makes of a conversation's first turns is the start of that conversation's training tokens"
     from types import SimpleNamespace
 
-    from gptkit.http_api import Limits, encode_prompts
+    from gptkit.serve.http_api import Limits, encode_prompts
     from gptkit.tokenizer import compile_chat, load, render_chat
     folder = chatml_tokenizer(tmp_path / 'tok')
     _, res = prepared(tmp_path, folder)

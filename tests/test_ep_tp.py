@@ -15,7 +15,7 @@ from gptkit import checkpoint as ckpt, parallel
 from gptkit.checkpoint import load_model
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.engine import build_engine, free_port, init_distributed
-from gptkit.evaluate import evaluate
+from gptkit.eval.perplexity import evaluate
 from gptkit.expert_parallel import AllToAll, ep_layers
 from gptkit.inference.generator import Generator
 from gptkit.interop import write_run

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import TINY_SETS, torch_threads
 from typer.testing import CliRunner
 
-from gptkit import evaluate as ev
+import gptkit.eval.perplexity as ev
 from gptkit.checkpoint import load_model
 from gptkit.data.corpus import HELD_OUT, read_documents
 from gptkit.runconfig import resolve
@@ -81,7 +81,7 @@ def test_batched_windows_equal_a_one_token_at_a_time_reference(loaded, held_toke
 
 
 def test_stride_equal_to_context_is_non_overlapping_chunks(loaded, held_tokens):
-    from gptkit.evaluate import text_loss
+    from gptkit.eval.perplexity import text_loss
     toks = held_tokens[:32 * 9 + 1]
     total, scored, nw = ev.token_losses(loaded.model, toks, 32)
     assert (scored, nw) == (32 * 9, 9)

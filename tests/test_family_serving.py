@@ -110,7 +110,7 @@ def test_cli_generate_prints_the_greedy_text(runs, gens):
 def test_the_server_answers_as_the_generator(gens):
     import httpx
 
-    from gptkit.serve import Server
+    from gptkit.serve.server import Server
     gen = gens['mistral']
     answers = {}
     with Server(gen, Limits(max_new_tokens=32, max_prompts=8), name='mistral') as url:
@@ -133,7 +133,7 @@ def test_cli_eval_gives_transformers_loss(tiny_data, tmp_path):
     import torch.nn.functional as F
     from test_families import make_family
 
-    from gptkit import evaluate as ev
+    import gptkit.eval.perplexity as ev
     from gptkit.interop import import_hf
     hf = make_family('mistral', tiny_data[1], tmp_path / 'hf')
     run = import_hf(tmp_path / 'hf', tmp_path / 'run')

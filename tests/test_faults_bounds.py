@@ -12,7 +12,7 @@ from conftest import run_here
 from gptkit.inference.batching import Limits
 from gptkit.inference.generator import Generator
 from gptkit.inference.sampling import STOP_CHARS, TextStream
-from gptkit.serve import Server, page_html
+from gptkit.serve.server import Server, page_html
 
 
 @pytest.fixture(scope='module')

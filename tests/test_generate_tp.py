@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.errors import ConfigError
-from gptkit.evaluate import evaluate
+from gptkit.eval.perplexity import evaluate
 from gptkit.inference.generator import Generator
 from gptkit.inference.sampling import Sampling
 
@@ -108,7 +108,7 @@ def _serve_worker(rank, world, ckpt, init_file, out):
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
         from gptkit.inference.batching import Limits, follow
-        from gptkit.serve import Server
+        from gptkit.serve.server import Server
         gen = Generator.from_checkpoint(ckpt, device='cpu', tp=world)
         if rank != 0: return follow(gen)                      # until rank 0's server stops
         import threading

@@ -14,7 +14,7 @@ import torch
 from conftest import run_here, torch_threads
 
 from gptkit.errors import ConfigError, DataError
-from gptkit.harness import evaluate_tasks, find_tasks, load_tasks, metric_rows, require_lm_eval
+from gptkit.eval.harness import evaluate_tasks, find_tasks, load_tasks, metric_rows, require_lm_eval
 
 DATA = Path(__file__).parent / 'data' / 'harness'
 TASKS = 'kjv_choice,kjv_complete,kjv_verses'
@@ -142,7 +142,7 @@ def test_a_missing_data_file_is_named_with_its_yaml(tmp_path):
 
 
 def test_without_lm_eval_the_module_imports_and_eval_tasks_says_how_to_install(tiny_checkpoint, monkeypatch):
-    code = "import sys; sys.modules['lm_eval'] = None; import gptkit.harness, gptkit_cli.main"
+    code = "import sys; sys.modules['lm_eval'] = None; import gptkit.eval.harness, gptkit_cli.main"
     assert subprocess.run([sys.executable, '-c', code], capture_output=True, text=True).returncode == 0
     monkeypatch.setitem(sys.modules, 'lm_eval', None)                           # what an import finds when missing
     r = run_here('eval', '--checkpoint', tiny_checkpoint, '--tasks', 'hellaswag')

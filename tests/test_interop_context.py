@@ -121,7 +121,7 @@ def test_export_after_training_shorter_keeps_the_capacity(imported, tiny_data, t
 def test_eval_seq_len_sets_the_window(imported, tmp_path):
     from typer.testing import CliRunner
 
-    from gptkit.evaluate import evaluate
+    from gptkit.eval.perplexity import evaluate
     from gptkit_cli.main import app
     run = imported['gpt2'][2]
     text = tmp_path / 'a.txt'

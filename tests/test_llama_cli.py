@@ -10,7 +10,7 @@ from conftest import run_here
 from gptkit.inference.batching import Limits
 from gptkit.inference.generator import Generator, reference_greedy
 from gptkit.inference.sampling import Sampling
-from gptkit.serve import Server
+from gptkit.serve.server import Server
 
 LLAMA_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=32',
               'train.micro_batch=2', 'train.global_batch=4', 'train.precision=fp32', 'train.iters=4',

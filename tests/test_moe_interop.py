@@ -122,9 +122,9 @@ def test_the_generator_evaluator_and_server_run_the_import(family):
     "gptkit generate's greedy text is transformers'; gptkit's window losses are its loss; the server answers the same"
     import httpx
 
-    from gptkit import evaluate as ev
+    import gptkit.eval.perplexity as ev
     from gptkit.inference.batching import Limits
-    from gptkit.serve import Server
+    from gptkit.serve.server import Server
     name, hf, _, run = family
     gen = Generator.from_checkpoint(run, device='cpu')
     prompt = 'In the beginning God created'

@@ -90,9 +90,9 @@ def test_a_signal_before_the_first_evaluation_saves_and_ends_in_one_line(tiny_da
 
 
 def test_ctrl_c_in_the_held_out_evaluation(tiny_data, tmp_path, monkeypatch):
-    import gptkit.evaluate
+    import gptkit.eval.perplexity
     monkeypatch.setattr(q, '_data_stage', lambda out_dir, vocab: quick_data(tiny_data, out_dir))
-    monkeypatch.setattr(gptkit.evaluate, 'text_loss', raise_interrupt)
+    monkeypatch.setattr(gptkit.eval.perplexity, 'text_loss', raise_interrupt)
     r, _, err = invoke('--out', tmp_path / 'qs', '--iters', 2, '--precision', 'fp32')
     line = assert_one_line_stop(r, err, 130, '4. the held-out evaluation')
     assert 'iter_0000002 (step 2)' in line
@@ -114,7 +114,7 @@ def test_sigterm_outside_training_ends_in_one_line(tmp_path):
 
 def test_the_held_out_evaluation_shows_progress_in_a_log(tiny_checkpoint, capsys):
     "Not a terminal: whole lines with the count, the rate and the ETA, about every tenth of the way"
-    from gptkit.evaluate import text_loss
+    from gptkit.eval.perplexity import text_loss
     from gptkit.inference.generator import load_model
     model = load_model(tiny_checkpoint).model
     tokens = list(range(1, 500)) * 9                        # 4,491 tokens: 70 windows of 64

@@ -106,8 +106,8 @@ def reading(kind: str, run: Path, tmp_path: Path, text: Path) -> list:
 @pytest.fixture
 def no_server(monkeypatch):
     "serve loads the model exactly as it does for real, but does not start listening"
-    import gptkit.serve
-    monkeypatch.setattr(gptkit.serve, 'serve', lambda *a, **k: None)
+    import gptkit.serve.server
+    monkeypatch.setattr(gptkit.serve.server, 'serve', lambda *a, **k: None)
 
 
 READERS = ['inspect', 'generate', 'eval', 'export-hf', 'export-megatron', 'reshard', 'serve']

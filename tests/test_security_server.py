@@ -22,9 +22,9 @@ import pytest
 
 from conftest import run_here
 from gptkit.inference.batching import Limits
-from gptkit.guard import Access
-from gptkit.http_api import body_limit, prompt_chars
-from gptkit.serve import Server
+from gptkit.serve.guard import Access
+from gptkit.serve.http_api import body_limit, prompt_chars
+from gptkit.serve.server import Server
 from test_serve import SlowGenerator, _chromium, _free_port, gen, greedy  # noqa: F401  (gen: a module-scoped fixture)
 
 KEY = 's3cret-Key'
@@ -358,7 +358,7 @@ def test_requests_still_running_after_the_grace_period_end_without_a_traceback(g
     events = [e for e in got['stream'] if e.startswith('data: ')]
     assert events and 'data: [DONE]' not in events                 # cut short, but a well-formed stream
     assert 'Traceback' not in capfd.readouterr().err
-    assert [r.getMessage() for r in caplog.records if r.name == 'gptkit.guard'] == [
+    assert [r.getMessage() for r in caplog.records if r.name == 'gptkit.serve.guard'] == [
         'POST /v1/completions was still running when the server stopped'] * 2
 
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import run_here
 
 from gptkit.errors import ConfigError, DataError
-from gptkit.harness import find_tasks, load_tasks, require_lm_eval
-from gptkit.task_files import check_task_folder, sandboxed_templates, task_yaml
+from gptkit.eval.harness import find_tasks, load_tasks, require_lm_eval
+from gptkit.eval.task_files import check_task_folder, sandboxed_templates, task_yaml
 
 DATA = Path(__file__).parent / 'data' / 'harness'
 BASE = (DATA / 'kjv_complete.yaml').read_text().replace('task: kjv_complete', 'task: coded')

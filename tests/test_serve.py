@@ -17,7 +17,7 @@ import requests
 from gptkit.inference.batching import Busy, Job, Limits, Worker
 from gptkit.inference.generator import Generator
 from gptkit.inference.sampling import Sampling
-from gptkit.serve import Server
+from gptkit.serve.server import Server
 
 LIMITS = Limits(max_new_tokens=48, max_prompts=16, max_waiting=32)
 
@@ -133,7 +133,7 @@ def test_openai_logprobs_echo_and_stream_usage(url, gen):
 
 
 def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
-    from gptkit.serve import CompletionLogprobs
+    from gptkit.serve.server import CompletionLogprobs
     from gptkit.tokenizer import gpt2
     tok = gpt2()
     ids = tok.encode('日本')                                     # 日 is two tokens: bytes e6 97, then a5
@@ -144,7 +144,7 @@ def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
 
 def test_chat_completions_with_the_plain_template(url, gen):
     from openai import BadRequestError, OpenAI
-    from gptkit.http_api import PLAIN_CHAT_STOP, plain_chat_prompt
+    from gptkit.serve.http_api import PLAIN_CHAT_STOP, plain_chat_prompt
     client = OpenAI(base_url=url + '/v1', api_key='unused', max_retries=0)
     messages = [{'role': 'system', 'content': 'You answer in verse.'}, {'role': 'user', 'content': 'Who made the earth?'}]
     prompt = plain_chat_prompt(messages)
@@ -183,7 +183,7 @@ def test_chat_completions_with_the_plain_template(url, gen):
 
 def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
     from transformers import AutoTokenizer
-    from gptkit.http_api import chat_prompt, chat_renderer
+    from gptkit.serve.http_api import chat_prompt, chat_renderer
     from gptkit.tokenizer import gpt2, load, save
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ eos_token if false }}")

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from gptkit.inference.batching import Limits
 from gptkit.inference.generator import Generator
-from gptkit.guard import Access
+from gptkit.serve.guard import Access
 from gptkit.inference.sampling import Sampling
-from gptkit.serve import Server
+from gptkit.serve.server import Server
 from test_serve import _chromium
 
 LIMITS = Limits(max_new_tokens=16, max_prompts=4, max_waiting=8)
