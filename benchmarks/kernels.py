@@ -2,9 +2,9 @@
 that reference, same process, same inputs, on a CUDA GPU.
 
 Kernels: bias + GELU (exact and tanh) at the MLP's shape, LayerNorm at the model width, Qwen3's per-head QK-norm fused
-with rotary (gptkit.kernels_qk: queries as the QKV split leaves them, 16 heads of 128) against ops.rms_norm then
+with rotary (gptkit.kernels.qk: queries as the QKV split leaves them, 16 heads of 128) against ops.rms_norm then
 ops.apply_rotary, and the chunked cross entropy (output layer + loss, vocabulary 50,304) against F.linear + fp32
-F.cross_entropy, whose peak memory is printed too; and a mixture-of-experts MLP (gptkit.kernels_moe: permute, the
+F.cross_entropy, whose peak memory is printed too; and a mixture-of-experts MLP (gptkit.kernels.moe: permute, the
 gate/up and down projections as grouped GEMMs, SwiGLU, unpermute; --experts experts of width --expert-ffn, top
 --top-k) against the same steps on the torch references, whose grouped GEMM is a Python loop over experts.
 Rounds alternate between the contenders so that machine noise hits all of them alike; the median time wins.
@@ -68,8 +68,8 @@ def main():
     if not torch.cuda.is_available():
         print('benchmarks/kernels.py times the Triton kernels on a GPU; there is no CUDA GPU here, so nothing was timed.')
         return
-    from gptkit import kernels as K, kernels_moe as M, kernels_qk as Q
-    from gptkit.ops import rotary_tables
+    from gptkit.kernels import fused as K, moe as M, qk as Q
+    from gptkit.kernels.reference import rotary_tables
     if K.triton is None:
         print('benchmarks/kernels.py needs Triton: pip install -c constraints.txt triton')
         return

@@ -217,7 +217,7 @@ def qk_norm_bytes(model: ModelConfig, element: int) -> float:
     if not model.qk_norm:
         return 0
     d, heads = model.head_dim, model.heads + model.kv            # q's heads and k's
-    if model.kernels == 'triton':     # gptkit.kernels_qk's norm + rotary keeps the QKV output q and k are views of
+    if model.kernels == 'triton':     # gptkit.kernels.qk's norm + rotary keeps the QKV output q and k are views of
         return (model.heads + 2 * model.kv) * d * element if model.position == 'rotary' else heads * (d * element + 4)
     # in fp32 q and k are views of the QKV output, which the norms keep whole; else they keep fp32 copies of q and k
     inputs = (model.heads + 2 * model.kv) * d * 4 if element == 4 else heads * d * 4

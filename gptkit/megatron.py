@@ -18,7 +18,7 @@ from .errors import ConfigError, DataError, shown
 from .files import read_text, write_atomic
 from .hf_config import stored_ffn
 from .interop import check_tensor_names, pad_rows, staged_output, write_run
-from .ops import rotary_scale
+from .kernels.reference import rotary_scale
 from .params import param_table
 from .store import CheckpointError, check_output_outside_runs
 from .tokenizer import from_bpe_files, gpt2, load as load_tokenizer, save as save_tokenizer

@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import RECOMPUTE, ModelConfig
 from .errors import ConfigError
+from .kernels.reference import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .moe import MoE, track_loss_scale
-from .ops import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
 from .params import param_table
 
 # %% auto #0
@@ -31,10 +31,10 @@ __all__ = ['CPU_CE_CHUNK_TOKENS', 'RMSNorm', 'repeat_kv', 'window_mask', 'window
 
 # %% ../nbs/07b_model.ipynb #76e4f9ed
 def _kernels(mode: str, x):
-    "gptkit.kernels when the `model.kernels` switch picks Triton for tensor `x`; None: the torch code runs"
+    "gptkit.kernels.fused when the `model.kernels` switch picks Triton for tensor `x`; None: the torch code runs"
     if mode == 'torch' or (mode == 'auto' and not x.is_cuda):
         return None    # decided without importing Triton
-    from gptkit import kernels
+    from gptkit.kernels import fused as kernels
     return kernels if kernels.use_triton(mode, x) else None
 
 # %% ../nbs/07b_model.ipynb #5e11a002
@@ -144,8 +144,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and not fused and not self.qk_norm_all:  # each head's vector normalized
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))                     # [b, heads, s, d], 2 x [b, kv_heads, s, d]
-        if fused:                  # gptkit.kernels_qk: each head normalized and rotated in one pass
-            from gptkit.kernels_qk import qk_norm_rotary
+        if fused:                  # gptkit.kernels.qk: each head normalized and rotated in one pass
+            from gptkit.kernels.qk import qk_norm_rotary
             q = qk_norm_rotary(q, self.q_norm.weight, self.q_norm.eps, *rope)
             k, v = qk_norm_rotary(k, self.k_norm.weight, self.k_norm.eps, *rope), v.contiguous()
         elif rope is not None:     # q and k become new tensors: v too, so that the fused QKV output is not kept
@@ -307,8 +307,8 @@ class OutputLayer(nn.Module):
         total = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1), reduction='sum')
         return total / (targets != -100).sum().clamp(min=1)
     def chunked_loss(self, x, weight, targets, use_triton: bool = True):
-        "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels)"
-        from gptkit.kernels import chunked_cross_entropy
+        "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels.fused)"
+        from gptkit.kernels.fused import chunked_cross_entropy
         return chunked_cross_entropy(x, weight[:self.vocab], targets, use_triton=use_triton)
 
 class GPT(nn.Module):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .ops import swiglu
+from .kernels.reference import swiglu
 
 # %% auto #0
 __all__ = ['Router', 'StackedLinear', 'Experts', 'ExpertsMLP', 'SwiGLUKeepingInput', 'capacity', 'dispatch',
@@ -250,7 +250,7 @@ class MoE(nn.Module):
         return x.new_zeros(x.shape).index_add(0, token, y.to(x.dtype)), counts, kept
 
     def routed_kernels(self, kernels, x, weights, chosen):
-        "The same, dropless, with `gptkit.kernels_moe`: permute, a grouped GEMM per layer, the weighted unpermute"
+        "The same, dropless, with `gptkit.kernels.moe`: permute, a grouped GEMM per layer, the weighted unpermute"
         rows, order, counts = kernels.permute(x, chosen, self.num_experts)
         e = self.experts
         h = grouped_linear(kernels, rows, e.fc1, counts)
@@ -258,10 +258,10 @@ class MoE(nn.Module):
         return kernels.unpermute(grouped_linear(kernels, h, e.fc2, counts), order, weights, x.shape[0]), counts
 
 def moe_kernels(mode: str, x):
-    "`gptkit.kernels_moe` when the `model.kernels` switch picks Triton for tensor `x`; None: the torch code runs"
+    "`gptkit.kernels.moe` when the `model.kernels` switch picks Triton for tensor `x`; None: the torch code runs"
     if mode == 'torch' or (mode == 'auto' and not x.is_cuda):
         return None    # decided without importing Triton
-    from gptkit import kernels, kernels_moe
+    from gptkit.kernels import fused as kernels, moe as kernels_moe
     return kernels_moe if kernels.use_triton(mode, x) else None
 
 def grouped_linear(kernels, rows, layer: StackedLinear, counts):

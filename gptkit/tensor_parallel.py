@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels.reference import rms_norm
 from .model import Block, RMSNorm
-from .ops import rms_norm
 
 # %% auto #0
 __all__ = ['copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear', 'RowParallelLinear',
@@ -305,7 +305,7 @@ class ParallelOutputLayer(nn.Module):
         return per_token.sum() / valid.sum().clamp(min=1)
     def chunked_loss(self, x, weight, targets, use_triton: bool = True):
         "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels, model.kernels)"
-        from gptkit.kernels import chunked_cross_entropy
+        from gptkit.kernels.fused import chunked_cross_entropy
         x = gather_from_sequence(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
         return chunked_cross_entropy(x, weight, targets, self.real, _rank(self.group) * weight.shape[0], self.group,
                                      use_triton=use_triton)

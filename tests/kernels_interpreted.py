@@ -1,4 +1,4 @@
-"""gptkit.kernels: every Triton kernel, forward and backward, through Triton's interpreter on CPU tensors against its
+"""gptkit.kernels.fused: every Triton kernel, forward and backward, through Triton's interpreter on CPU tensors against its
 torch reference; the chunked cross entropy in its torch form, vocabulary-parallel on 2 gloo processes, in the model,
 and the `model.kernels` switch. CUDA-only checks are marked `gpu` (skipped without a GPU).
 
@@ -16,13 +16,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # Without a GPU the interpreter must be on when the kernels are defined (at import) and when they run: set it, import
-# (or re-import) gptkit.kernels, put the environment back, and set it again around each test here (fixture below).
+# (or re-import) gptkit.kernels.fused, put the environment back, and set it again around each test here (fixture below).
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'
 _saved = os.environ.get('TRITON_INTERPRET')
 if DEV == 'cpu': os.environ['TRITON_INTERPRET'] = '1'
 try:
-    import gptkit.kernels as K
-    import gptkit.kernels_qk as Q
+    import gptkit.kernels.fused as K
+    import gptkit.kernels.qk as Q
     if DEV == 'cpu' and K.triton is not None and not K.interpreted():
         K, Q = importlib.reload(K), importlib.reload(Q)              # Q's kernels too, defined after K's
 finally:
@@ -118,7 +118,7 @@ def test_chunk_size_follows_the_estimator():
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('shape', [(2, 9, 40), (37, 64)])
 def test_rms_norm_matches_torch(shape, dtype):
-    from gptkit.ops import rms_norm
+    from gptkit.kernels.reference import rms_norm
     torch.manual_seed(0)
     x, w = (torch.randn(shape) * 3 + 2).to(DEV, dtype), torch.randn(shape[-1]).to(DEV, dtype)
     compare(lambda x, w: K.rms_norm(x, w), lambda x, w: rms_norm(x, w, 1e-5), [x, w], TOL[dtype] * 2)
@@ -127,7 +127,7 @@ def test_rms_norm_matches_torch(shape, dtype):
 @needs_triton
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 def test_swiglu_matches_torch(dtype):
-    from gptkit.ops import swiglu
+    from gptkit.kernels.reference import swiglu
     torch.manual_seed(0)
     y = (torch.randn(3, 5, 2 * 72) * 4).to(DEV, dtype)
     y[0, 0, :3] = torch.tensor([-30.0, 30.0, 0.0])                     # sigmoid's tails, and zero
@@ -138,7 +138,7 @@ def test_swiglu_matches_torch(dtype):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=['fp32', 'bf16'])
 @pytest.mark.parametrize('per_row', [False, True], ids=['shared', 'per-row'])
 def test_rotary_matches_torch(per_row, dtype):
-    from gptkit.ops import apply_rotary, rotary_tables
+    from gptkit.kernels.reference import apply_rotary, rotary_tables
     torch.manual_seed(0)
     x = torch.randn(2, 3, 7, 24).to(DEV, dtype).transpose(1, 2).contiguous().transpose(1, 2)   # strided, as after QKV
     pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 40]]).to(DEV)
@@ -149,7 +149,7 @@ def test_rotary_matches_torch(per_row, dtype):
 
 def _heads(b, h, s, d, dtype, positions, scaling='none', **scale):
     "Queries as the QKV split leaves them ([b, s, h, d] memory seen as [b, h, s, d]), a norm weight, fp32 tables"
-    from gptkit import ops
+    from gptkit.kernels import reference as ops
     x = (torch.randn(b, s, h, d, generator=torch.Generator().manual_seed(0)) * 2 + 0.3).to(DEV, dtype).transpose(1, 2)
     w = (torch.rand(d, generator=torch.Generator().manual_seed(1)) + 0.5).to(DEV, dtype)
     cos, sin = ops.rotary_tables(d, positions.to(DEV), 1000000.0, frequencies=ops.rotary_frequencies(
@@ -212,7 +212,7 @@ def test_rotary_tables_that_do_not_fit_are_refused():
     odd = torch.randn(1, 1, 5, 15)
     with pytest.raises(K.GptkitError, match='d even'): Q.qk_norm_rotary(odd, w[:15], 1e-6, cos[:, :15], sin[:, :15])
     one = (cos[None, None], sin[None, None])                          # [1, 1, t, d] over a batch of 2: read as shared
-    from gptkit.ops import apply_rotary
+    from gptkit.kernels.reference import apply_rotary
     assert torch.allclose(K.apply_rotary(x, *one), apply_rotary(x, *one), atol=1e-6)
 
 
@@ -220,7 +220,7 @@ def test_rotary_tables_that_do_not_fit_are_refused():
 @pytest.mark.parametrize('scaling', ['linear', 'llama3', 'yarn'])
 def test_scaled_rotary_tables_through_both_kernels(scaling):
     "Scaled rotary lives in the tables: both rotary kernels match torch with them, past the original context"
-    from gptkit.ops import apply_rotary, rotary_frequencies
+    from gptkit.kernels.reference import apply_rotary, rotary_frequencies
     scale = dict(factor=4.0)
     if scaling == 'llama3': scale = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=64)
     if scaling == 'yarn': scale = dict(factor=4.0, original_context=64, beta_fast=32.0, beta_slow=1.0)
@@ -303,14 +303,14 @@ def test_auto_on_cpu_imports_no_triton():
     code = ('import sys, torch; from gptkit.config import ModelConfig; from gptkit.model import GPT\n'
             "m = GPT(ModelConfig(layers=1, hidden=16, heads=2, seq_len=8, vocab=50)); ids = torch.randint(0, 50, (1, 9))\n"
             'm(ids[:, :-1], ids[:, 1:]).backward()\n'
-            "print([k for k in ('triton', 'gptkit.kernels') if k in sys.modules])")
+            "print([k for k in ('triton', 'gptkit.kernels.fused') if k in sys.modules])")
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'TRITON_INTERPRET': '0'})
     assert r.returncode == 0 and r.stdout.strip() == '[]', r.stderr
 
 
 def test_kernels_import_without_triton():
     code = ("import sys; sys.modules['triton'] = None\n"                # `import triton` now raises ImportError
-            'import torch, gptkit.kernels as K\n'
+            'import torch, gptkit.kernels.fused as K\n'
             'torch.manual_seed(0)\n'
             'x, w, t = torch.randn(10, 8), torch.randn(20, 8), torch.randint(0, 20, (10,))\n'
             'err = abs(K.chunked_cross_entropy(x, w, t, chunk=4) - K.cross_entropy_reference(x, w, t)).item()\n'

@@ -1,4 +1,4 @@
-"""The CPU output layer + loss whose gradients are made in forward (gptkit.kernels.fused_cross_entropy, chapter 09),
+"""The CPU output layer + loss whose gradients are made in forward (gptkit.kernels.fused.fused_cross_entropy, chapter 09),
 against torch's own F.linear + F.cross_entropy, and GPT's training step with it against the plain path."""
 import pytest
 import torch

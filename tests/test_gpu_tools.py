@@ -9,8 +9,8 @@ from nb_cells import script  # noqa: E402
 
 
 def test_notebook_cells_become_one_script_with_the_gpu_cells_and_without_nbdev():
-    text = script(str(ROOT / 'nbs' / '09_kernels.ipynb'))
-    compile(text, '09_kernels.py', 'exec')
+    text = script(str(ROOT / 'nbs' / '09_kernels.fused.ipynb'))
+    compile(text, '09_kernels.fused.py', 'exec')
     assert "device='cuda'" in text and 'print("cell 56c09800"' in text       # the gpu-flagged cell runs
     assert 'nbdev' not in text and text.startswith('from __future__ import annotations')
 

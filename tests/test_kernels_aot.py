@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from gptkit import kernels as K, kernels_aot as A, kernels_moe as M, kernels_qk as Q
+from gptkit.kernels import fused as K, aot as A, moe as M, qk as Q
 
 
 def test_the_argument_table_describes_every_kernel():
@@ -60,7 +60,7 @@ def test_a_kernel_that_does_not_compile_fails_with_its_name(tmp_path):
     "The control: a kernel whose block is not a power of two (Triton refuses tl.arange over it) fails, saying which"
     (tmp_path / 'broken.py').write_text(textwrap.dedent('''
         import triton, triton.language as tl
-        from gptkit import kernels as K, kernels_aot as A
+        from gptkit.kernels import fused as K, aot as A
 
         @triton.jit
         def _broken(x_ptr, n, BLOCK: tl.constexpr):

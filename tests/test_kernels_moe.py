@@ -1,4 +1,4 @@
-"""gptkit.kernels_moe: the torch references against Megatron-Core's permute / unpermute and transformers' Mixtral
+"""gptkit.kernels.moe: the torch references against Megatron-Core's permute / unpermute and transformers' Mixtral
 experts, the refusals, and the Triton kernels (forward and backward) against the references in Triton's interpreter.
 
 The Triton tests (named test_triton_*) run in a fresh process with TRITON_INTERPRET=1 set from the start
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptkit import kernels as K, kernels_moe as M
+from gptkit.kernels import fused as K, moe as M
 from gptkit.errors import GptkitError
 
 DEV = 'cuda' if torch.cuda.is_available() else 'cpu'

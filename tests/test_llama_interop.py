@@ -177,7 +177,7 @@ def test_rescaled_rotary_imports_and_exports_with_transformers_logits(kind, tiny
     "Llama 3's rescaled rotary angles (and linear): imported, the logits transformers gives; exported, loaded back alike"
     from transformers import LlamaForCausalLM
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from gptkit.ops import model_rotary
+    from gptkit.kernels.reference import model_rotary
     hf = make_llama(tiny_data[1], tmp_path / 'hf', tie=False, rope=SCALED[kind])
     run = interop.import_hf(tmp_path / 'hf', tmp_path / 'run')
     got = ck.load_model(run)

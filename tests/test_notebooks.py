@@ -20,7 +20,7 @@ NOTEBOOKS = sorted((ROOT / 'nbs').glob('*.ipynb'))
 NOTEBOOK_SECONDS = 1800           # the most one notebook may take
 RUNNER_MOST_BYTES = 6 << 30       # a runner resident past this is replaced before the next notebook
 # notebooks that set TRITON_INTERPRET=1, which Triton reads once, when it is first imported: each runs alone
-ALONE = {'09_kernels', '09b_kernels_qk', '09c_kernels_moe'}
+ALONE = {'09_kernels.fused', '09b_kernels.qk', '09c_kernels.moe'}
 
 
 def environment() -> dict:

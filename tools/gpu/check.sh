@@ -46,7 +46,7 @@ if [ "$PART" = a ]; then
   step "kernel tests on the device (no interpreter)"
   limit 120 python3 -m pytest -q --tb=short -p no:cacheprovider -o addopts= tests/kernels_interpreted.py tests/test_kernels_moe.py
   step "the notebooks' gpu cells"
-  for nb in 09_kernels 09b_kernels_qk; do
+  for nb in 09_kernels.fused 09b_kernels.qk; do
     python3 tools/gpu/nb_cells.py "nbs/$nb.ipynb" "/tmp/$nb.py" && (cd nbs && limit 90 python3 "/tmp/$nb.py" 2>&1 | tail -4)
   done
   step "benchmarks/kernels.py"

@@ -1,7 +1,7 @@
 """A notebook's code cells as one Python script, the way `nbdev-test --flags gpu` runs them (cells flagged slow or
 notest and `eval: false` left out; gpu cells kept), for a GPU machine that has no nbdev: the documentation-only lines
 (`from nbdev...` imports, `show_doc(...)` calls, the export cell) are left out, fastcore's test helpers stay.
-Run: python tools/gpu/nb_cells.py nbs/09_kernels.ipynb /tmp/09_kernels.py && (cd nbs && python /tmp/09_kernels.py)
+Run: python tools/gpu/nb_cells.py nbs/09_kernels.fused.ipynb /tmp/09_kernels.fused.py && (cd nbs && python /tmp/09_kernels.fused.py)
 """
 import json
 import sys

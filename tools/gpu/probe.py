@@ -71,7 +71,7 @@ def host_costs(device: str, n: int = 2000):
     op, waited = per_call(lambda: x.add_(1)), per_call(lambda: x.add_(1).item())
     line = f'host: one-element add {op:.1f} us, add then wait {waited:.1f} us'
     if device == 'cuda':
-        from gptkit import kernels as K
+        from gptkit.kernels import fused as K
         b = torch.zeros(1, device=device)
         line += f', Triton bias + GELU {per_call(lambda: K.bias_gelu(x, b)):.1f} us'
     print(line + ' per call')
