@@ -70,7 +70,7 @@ def checkpoint(folder: Path, layers: int, hidden: int, seq_len: int) -> tuple[Pa
     "(gptkit run, its Hugging Face export) of a random GPT-2-architecture model with GPT-2's tokenizer"
     from gptkit.config import ModelConfig
     from gptkit.interop import export_hf, write_run
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import gpt2
     tok = gpt2()
     torch.manual_seed(0)

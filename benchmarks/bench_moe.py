@@ -78,7 +78,7 @@ def generation(m, new: int, rounds: int):
 
     from gptkit.inference.generator import Generator
     from gptkit.interop import to_hf
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import gpt2
     tok = gpt2()
     tok.encode = (lambda enc: lambda text: [i % m.vocab for i in enc(text)])(tok.encode)   # GPT-2's ids folded in
@@ -117,7 +117,7 @@ def main():
         torch.set_num_threads(a.threads)      # one thread: steadier ratios on a machine other jobs share
 
     from gptkit.engine import build_engine, init_distributed
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.runconfig import resolve
 
     vocab = [f'model.vocab={a.vocab}'] if a.vocab else []

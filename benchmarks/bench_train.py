@@ -60,7 +60,7 @@ def main():
     from gptkit.engine import build_engine, init_distributed
     from gptkit.estimate import flops_per_iteration
     from gptkit.machine import keep_freed_memory
-    from gptkit.model import GPT, set_attention_precision
+    from gptkit.model.decoder import GPT, set_attention_precision
     from gptkit.runconfig import resolve
     from gptkit.train import peak_flops
 

@@ -44,8 +44,8 @@ from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_ow
 from .expert_parallel import own_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
-from .lora import has_adapters, is_adapter, load_base, with_base
-from .model import GPT
+from .model.decoder import GPT
+from .model.lora import has_adapters, is_adapter, load_base, with_base
 from .parallel import merge_weights
 from .runconfig import RunConfig, from_dict, save_config
 from .tokenizer import load as load_tokenizer
@@ -493,7 +493,7 @@ def _model_file(f: Path) -> dict:
 @dataclass
 class Loaded:
     "A model ready for inference, with everything that travelled with its checkpoint"
-    model: object              # gptkit.model.GPT, in eval mode
+    model: object              # gptkit.model.decoder.GPT, in eval mode
     config: RunConfig
     tokenizer: object | None   # gptkit.tokenizer.Tokenizer, None if the checkpoint has none
     folder: Path

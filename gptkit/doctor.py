@@ -23,7 +23,7 @@ from .engine import build_engine, free_port, init_distributed
 from .estimate import flops_per_iteration
 from .kernels import reference as M
 from .machine import huge_pages_allowed, huge_pages_setting, settle_precision, this_cpu
-from .model import GPT
+from .model.decoder import GPT
 from .runconfig import resolve
 from .train import peak_flops
 

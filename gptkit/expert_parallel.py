@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .layout import Layout
-from .moe import AuxLoss, Experts, MoE, capacity, dispatch, load_balancing_loss, z_loss
+from .model.moe import AuxLoss, Experts, MoE, capacity, dispatch, load_balancing_loss, z_loss
 from .parallel import DeepSpeedMPU, ParallelState, grad_norm
 
 # %% auto #0

@@ -23,7 +23,7 @@ from .files import read_json, write_atomic
 from .hf_config import config_from_hf, config_to_hf, hf_model_type, kept_config
 from .hf_files import MAX_SHARD_SIZE, parse_size, read_weights, write_weights
 from .layout import Layout
-from .model import GPT
+from .model.decoder import GPT
 from .parallel import shard_weights
 from .params import hf_family, param_table, stage_layers
 from .runconfig import RunConfig, save_config
@@ -228,7 +228,7 @@ def export_peft(path: str | Path, out_dir: str | Path) -> Path:
     "Write a LoRA run's adapters as a peft adapter folder (adapter_model.safetensors, adapter_config.json)"
     from safetensors.torch import save_file
 
-    from gptkit.lora import peft_adapter
+    from gptkit.model.lora import peft_adapter
     check_output_outside_runs(out_dir, 'OUT')
     folder, cfg, adapters = read_adapters(path)
     _hf_names(cfg.model, str(folder))                   # a model no Hugging Face family computes: refused first

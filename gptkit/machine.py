@@ -376,7 +376,7 @@ def attention_seconds(shapes, rounds: int = 5, budget: float = MEASURE_SECONDS) 
     computed in bf16 ({'bf16': s}) and in fp32 ({'fp32': s}, inputs cast up, output back), rounds alternating"""
     import torch
 
-    from gptkit.model import core_attention_in
+    from gptkit.model.decoder import core_attention_in
     g = torch.Generator().manual_seed(0)
     work = [[torch.randn(1, r, s, d, generator=g).bfloat16() for _ in range(4)] for r, s, d in shapes]
     def one_pass(dtype):

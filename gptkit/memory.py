@@ -21,14 +21,14 @@ import torch.utils.checkpoint as tuc
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-import gptkit.model
+import gptkit.model.decoder
 import gptkit.parallel
 
 from .config import ModelConfig, ParallelConfig, TrainConfig
 from .estimate import activation_element_bytes, lora_activation_change, memory_per_gpu, stage_activation_bytes
 from .layout import Layout
-from .lora import add_adapters
-from .model import GPT, core_attention, set_attention_precision
+from .model.decoder import GPT, core_attention, set_attention_precision
+from .model.lora import add_adapters
 from .parallel import ParallelState, parallelize, stage_input_shape
 from .torch_files import read_torch_file
 
@@ -98,8 +98,8 @@ class SavedTensors:
 # %% ../nbs/17_memory.ipynb #cf71d3d6
 @contextlib.contextmanager
 def watch_rebuilds(tracker: SavedTensors, modules=None):
-    "Inside: `checkpoint` as `modules` (default gptkit.model) call it reports each rebuild to `tracker`"
-    modules = modules or [sys.modules['gptkit.model']]
+    "Inside: `checkpoint` as `modules` (default gptkit.model.decoder) call it reports each rebuild to `tracker`"
+    modules = modules or [sys.modules['gptkit.model.decoder']]
     real = tuc.checkpoint
     def checkpoint(fn, *args, **kwargs):
         calls = [0]
@@ -121,7 +121,7 @@ def watch_rebuilds(tracker: SavedTensors, modules=None):
 def saved_activation_bytes(fn, exclude=(), backward: bool = True) -> Saved:
     "Bytes autograd keeps for backward while `fn()` runs and (if `backward`) while its result is backpropagated"
     tracker = SavedTensors(exclude)
-    with watch_rebuilds(tracker, [gptkit.model]):
+    with watch_rebuilds(tracker, [gptkit.model.decoder]):
         with tracker.hooks():
             out = fn()
         kept = tracker.bytes
@@ -215,7 +215,7 @@ def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
             x = ids if ps.is_first_stage else torch.randn(stage_input_shape(model, b, tp, sp), requires_grad=True)
             step = (lambda: gpt(x, targets)) if ps.is_last_stage else (lambda: gpt(x))
             tracker = SavedTensors(list(gpt.parameters()))
-            with watch_rebuilds(tracker, [gptkit.model, gptkit.parallel]):
+            with watch_rebuilds(tracker, [gptkit.model.decoder, gptkit.parallel]):
                 with tracker.hooks():
                     y = step()
                 kept = tracker.bytes

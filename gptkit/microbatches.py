@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .errors import DataError
-from .model import documents_of
+from .model.decoder import documents_of
 
 # %% auto #0
 __all__ = ['micro_batch', 'MicroBatching', 'loss_masks', 'micro_batches', 'mask_opener']

@@ -24,8 +24,8 @@ from .engine import machine_defaults
 from .errors import ConfigError, DataError, GptkitError, check, shown
 from .files import JSON_BYTES, read_json, read_text, write_atomic
 from .layout import BatchPlan, Layout
-from .lora import lora_problems
 from .machine import settle_precision
+from .model.lora import lora_problems
 from .runconfig import RunConfig, from_dict, resolve
 from .tokenizer import load as load_tokenizer
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels.reference import rms_norm
-from .model import Block, RMSNorm
+from .model.decoder import Block, RMSNorm
 
 # %% auto #0
 __all__ = ['copy_to_tp', 'reduce_from_tp', 'scatter_to_tp', 'gather_from_tp', 'ColumnParallelLinear', 'RowParallelLinear',

@@ -40,11 +40,11 @@ from .engine import Schedule, build_engine, check_precision, compile_model, devi
 from .errors import ConfigError, GptkitError
 from .estimate import GPUS, flops_per_iteration, memory_per_gpu
 from .layout import BatchPlan
-from .lora import add_adapters
 from .machine import keep_freed_memory
 from .microbatches import MicroBatching, mask_opener, micro_batches
-from .model import GPT, num_params, set_attention_precision
-from .moe import expert_load, moe_stats, set_moe_grad_scale
+from .model.decoder import GPT, num_params, set_attention_precision
+from .model.lora import add_adapters
+from .model.moe import expert_load, moe_stats, set_moe_grad_scale
 from .plan import RunPlan, plan_run, read_tokenizer
 from .runconfig import RunConfig, save_config
 from .stops import StopSignals, Watchdog

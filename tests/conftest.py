@@ -70,7 +70,7 @@ def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
     import torch
     from gptkit.interop import write_run
     from gptkit.config import ModelConfig
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import load
     tok = load(tiny_data[1])
     torch.manual_seed(0)

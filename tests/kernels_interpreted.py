@@ -31,7 +31,7 @@ finally:
 
 from gptkit.config import ModelConfig
 from gptkit.errors import ConfigError
-from gptkit.model import GPT
+from gptkit.model.decoder import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -300,7 +300,7 @@ def test_switch():
 
 
 def test_auto_on_cpu_imports_no_triton():
-    code = ('import sys, torch; from gptkit.config import ModelConfig; from gptkit.model import GPT\n'
+    code = ('import sys, torch; from gptkit.config import ModelConfig; from gptkit.model.decoder import GPT\n'
             "m = GPT(ModelConfig(layers=1, hidden=16, heads=2, seq_len=8, vocab=50)); ids = torch.randint(0, 50, (1, 9))\n"
             'm(ids[:, :-1], ids[:, 1:]).backward()\n'
             "print([k for k in ('triton', 'gptkit.kernels.fused') if k in sys.modules])")

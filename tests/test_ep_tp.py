@@ -19,8 +19,8 @@ from gptkit.eval.perplexity import evaluate
 from gptkit.expert_parallel import AllToAll, ep_layers
 from gptkit.inference.generator import Generator
 from gptkit.interop import write_run
-from gptkit.model import GPT
-from gptkit.moe import moe_stats
+from gptkit.model.decoder import GPT
+from gptkit.model.moe import moe_stats
 from gptkit.parallel import (
     DeepSpeedMPU,
     Layout,

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from gptkit import checkpoint as ckpt
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
-from gptkit.model import GPT
+from gptkit.model.decoder import GPT
 from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
 from gptkit.runconfig import resolve
 from gptkit.train import _step

@@ -174,7 +174,7 @@ def counted_flops(cfg, batch, recompute='none'):
     from torch.utils.flop_counter import FlopCounterMode
 
     from gptkit.layout import Layout
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.parallel import ParallelState, parallelize
     torch.manual_seed(0)
     gpt = parallelize(GPT(cfg), ParallelState(Layout(), 0), recompute).train()
@@ -262,7 +262,7 @@ def test_each_stage_counts_its_own_dense_and_moe_layers(pp):
     "with MoE on every other layer, a stage's rows are its layers' own (not the first MoE layer's times its count)"
     import torch
 
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     cfg = ModelConfig(**(MOE | dict(layers=4)), **LLAMA, moe_every=2, moe_shared_ffn=40)
     c = count_params(cfg, pp=pp)
     built = sum(p.numel() for p in GPT(cfg).parameters())
@@ -285,7 +285,7 @@ def test_moe_flops_equal_pytorchs_count(cfg):
 def test_moe_activation_bytes_equal_what_autograd_keeps(dtype):
     import torch
 
-    from gptkit.model import make_mlp
+    from gptkit.model.decoder import make_mlp
     from gptkit.moe_estimate import moe_activation_bytes
     cfg = dataclasses.replace(PRESETS['moe-tiny'].model, moe_shared_ffn=64, kernels='torch')
     dt = getattr(torch, dtype)

@@ -18,8 +18,8 @@ from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.expert_parallel import AllToAll, ExpertParallelMoE, whole_experts
 from gptkit.interop import reshard
-from gptkit.model import GPT
-from gptkit.moe import MoE
+from gptkit.model.decoder import GPT
+from gptkit.model.moe import MoE
 from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
 from gptkit.runconfig import ep_engine_problems, from_dict, resolve
 from gptkit.train import _step

@@ -12,7 +12,7 @@ from gptkit import checkpoint as ck, store
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.estimate import count_params
 from gptkit.interop import write_run
-from gptkit.model import GPT
+from gptkit.model.decoder import GPT
 from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, stage_input_shape)
 from gptkit.tokenizer import load
 

@@ -30,7 +30,7 @@ def one_thread():
 def runs(tiny_data, tmp_path_factory):
     "A gptkit run folder of a random tiny model with each choice (norm weights not ones, so a misplaced norm shows)"
     from gptkit.interop import write_run
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import load
     tok = load(tiny_data[1])
     out = {}
@@ -83,7 +83,7 @@ def test_the_window_changes_the_tokens(gens, runs):
     import dataclasses
 
     from gptkit.checkpoint import load_model
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     loaded = load_model(runs['mistral'])
     plain = GPT(dataclasses.replace(loaded.config.model, sliding_window=None))
     plain.load_state_dict(loaded.model.state_dict())
@@ -92,7 +92,7 @@ def test_the_window_changes_the_tokens(gens, runs):
 
 
 def test_kv_cache_bytes_are_what_the_cache_allocates(gens):
-    from gptkit.model import KVCache
+    from gptkit.model.decoder import KVCache
     for gen in gens.values():
         cache = KVCache.for_model(gen.model, 3, gen.context)
         assert gen.kv_cache_bytes(3) == sum(t.nbytes for t in [*cache.k.values(), *cache.v.values()])

@@ -49,7 +49,7 @@ def test_a_diverging_run_stops_before_any_checkpoint_holds_nan(tiny_data, tmp_pa
 
 
 def test_nan_steps_skip_a_due_save_and_a_run_ending_on_one_saves_nothing(tiny_data, tmp_path, monkeypatch, caplog):
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     real, calls = GPT.loss, {'n': 0}
     def nan_at(self, logits, targets):
         calls['n'] += 1
@@ -72,7 +72,7 @@ def nan_checkpoint(tiny_data, tmp_path_factory):
     "A run folder whose weights hold NaN, as a diverged run saved by an older gptkit would be"
     from gptkit.config import ModelConfig
     from gptkit.interop import write_run
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import load
     tok = load(tiny_data[1])
     cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)

@@ -219,7 +219,7 @@ def engine_run(tiny_checkpoint, tmp_path_factory):
     "(a DeepSpeed engine of the tiny model, its RunConfig and DeepSpeed config, a run folder holding iter 0 and 1)"
     from gptkit.checkpoint import read_config, save
     from gptkit.engine import build_engine, init_distributed
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     run_folder = tmp_path_factory.mktemp('resave') / 'run'
     shutil.copytree(tiny_checkpoint, run_folder)
     cfg = read_config(run_folder / 'checkpoints' / STEP)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gptkit.config import ModelConfig
-from gptkit.model import GPT, FusedCrossEntropy, fused_cross_entropy
+from gptkit.model.decoder import GPT, FusedCrossEntropy, fused_cross_entropy
 
 
 def reference(x, W, t):

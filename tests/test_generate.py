@@ -32,7 +32,7 @@ def test_cache_and_batches_match_the_plain_loop(gen):
 
 def test_sampling_never_yields_padded_ids_and_is_seeded():
     from gptkit.config import ModelConfig
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import gpt2
     torch.manual_seed(0)
     tok = gpt2()

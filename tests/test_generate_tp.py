@@ -46,7 +46,7 @@ def _worker(rank, world, ckpt, init_file, out):
 @pytest.fixture(scope='module')
 def llama_checkpoint(tiny_data, tmp_path_factory):
     from gptkit.interop import write_run
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import load
     tok = load(tiny_data[1])
     torch.manual_seed(0)

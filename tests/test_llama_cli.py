@@ -22,7 +22,7 @@ def llama_checkpoint(tiny_data, tmp_path_factory):
     "A random Llama-style run (rotary, RMSNorm, SwiGLU, 2 KV heads for 4 query heads, untied), context 64"
     from gptkit.config import LLAMA, ModelConfig
     from gptkit.interop import write_run
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.tokenizer import load
     tok = load(tiny_data[1])
     torch.manual_seed(0)

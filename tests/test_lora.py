@@ -13,12 +13,13 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from conftest import TINY_SETS, run_here
 
-from gptkit import checkpoint as ck, interop, lora
+from gptkit import checkpoint as ck, interop
+from gptkit.model import lora
 from gptkit.config import LLAMA, ModelConfig, TrainConfig
 from gptkit.engine import build_engine, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.estimate import adapter_params
-from gptkit.model import GPT
+from gptkit.model.decoder import GPT
 from gptkit.runconfig import resolve
 from gptkit.store import CheckpointError
 from gptkit.torch_files import read_torch_file

@@ -15,7 +15,7 @@ from gptkit.inference.decode import (DECODE_FORMS, HUGE_CREDIT, MKL_ROWS, Decode
 from gptkit.inference.generator import Generator
 from gptkit.machine import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
                             measured, parse_cpuinfo, precision_reason, settle_precision)
-from gptkit.model import GPT
+from gptkit.model.decoder import GPT
 from gptkit.plan import RunPlan, plan_run, run_config
 from gptkit.runconfig import resolve
 
@@ -212,10 +212,10 @@ def test_the_cpu_default_is_auto_and_the_plan_says_what_it_became(tiny_data, cac
 
 @pytest.mark.parametrize('seconds, precision', [(NO_BF16, 'fp32'), (AMX, 'bf16')])
 def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monkeypatch, tmp_path, seconds, precision):
-    import gptkit.model
+    import gptkit.model.decoder
     as_measured(monkeypatch, seconds)
-    cores, core = [], gptkit.model.core_attention_in
-    monkeypatch.setattr(gptkit.model, 'core_attention_in', lambda dtype, q, *a: cores.append((dtype, q.dtype))
+    cores, core = [], gptkit.model.decoder.core_attention_in
+    monkeypatch.setattr(gptkit.model.decoder, 'core_attention_in', lambda dtype, q, *a: cores.append((dtype, q.dtype))
                         or core(dtype, q, *a))
     sets = [s for s in TINY_SETS if not s.startswith('train.precision')]
     r = run_here('train', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', tmp_path / 'run',

@@ -49,7 +49,7 @@ def test_full_recompute_peak_is_the_rebuild():
 
 @pytest.mark.parametrize('precision', ['fp32', 'bf16'])
 def test_loss_keeps_fp32_softmax(precision):
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     gpt = GPT(CFG).to({'fp32': torch.float32, 'bf16': torch.bfloat16}[precision]).train()
     h = torch.randn(2, CFG.seq_len, CFG.hidden, dtype=gpt.wte.weight.dtype, requires_grad=True)
     t = torch.randint(0, CFG.vocab, (2, CFG.seq_len))

@@ -9,7 +9,7 @@ import torch
 from gptkit.config import PRESETS, ModelConfig
 from gptkit.errors import ConfigError
 from gptkit.estimate import count_params
-from gptkit.model import GPT, KVCache, core_attention, num_params, reference_attention
+from gptkit.model.decoder import GPT, KVCache, core_attention, num_params, reference_attention
 
 
 @pytest.mark.parametrize('name', list(PRESETS))

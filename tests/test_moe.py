@@ -12,8 +12,8 @@ import transformers as T
 
 from gptkit.config import LLAMA, MOE_PRESETS, PRESETS, ModelConfig
 from gptkit.errors import ConfigError
-from gptkit.model import GPT, KVCache, num_params
-from gptkit.moe import MoE, moe_layers, moe_stats, set_moe_grad_scale
+from gptkit.model.decoder import GPT, KVCache, num_params
+from gptkit.model.moe import MoE, moe_layers, moe_stats, set_moe_grad_scale
 from gptkit.params import param_table, stage_extras, stage_layers
 
 SMALL = dict(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=96, tie_embeddings=False, **LLAMA)
@@ -247,7 +247,7 @@ def test_stages_balanced_by_parameters_weigh_moe_and_dense_layers_apart():
 def test_losses_equal_megatron_cores():
     from megatron.core.transformer.moe.moe_utils import switch_load_balancing_loss_func, z_loss_func
 
-    from gptkit.moe import load_balancing_loss, z_loss
+    from gptkit.model.moe import load_balancing_loss, z_loss
     torch.manual_seed(0)
     logits = torch.randn(20, 6, dtype=torch.float64, requires_grad=True)
     probs = logits.softmax(-1)

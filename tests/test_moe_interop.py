@@ -14,7 +14,7 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from gptkit import checkpoint as ck, interop
 from gptkit.inference.generator import Generator
-from gptkit.model import GPT, KVCache
+from gptkit.model.decoder import GPT, KVCache
 from gptkit.inference.sampling import Sampling
 from gptkit.store import CheckpointError
 from gptkit.tokenizer import EOD, load as load_tokenizer

@@ -9,8 +9,8 @@ import transformers as T
 
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.inference.decode import decode_layout
-from gptkit.model import GPT
-from gptkit.moe import MoE
+from gptkit.model.decoder import GPT
+from gptkit.model.moe import MoE
 
 CFG = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=96, tie_embeddings=False,
                   moe_experts=8, moe_top_k=2, moe_ffn_hidden=24, **LLAMA)

@@ -92,11 +92,11 @@ def test_progress_in_a_log_is_whole_lines(capsys):
 
 
 def test_docs_pages_find_every_image_they_show(tmp_path, monkeypatch):
-    chapters = [ROOT / 'nbs' / '07b_model.ipynb', ROOT / 'nbs' / '07d_moe.ipynb']
+    chapters = [ROOT / 'nbs' / '07b_model.decoder.ipynb', ROOT / 'nbs' / '07d_model.moe.ipynb']
     monkeypatch.setattr(docs, 'notebooks', lambda nbs: chapters)
     docs.render_html(tmp_path)
     shown = 0
-    for page in ('07b_model.html', '07d_moe.html'):
+    for page in ('07b_model.decoder.html', '07d_model.moe.html'):
         for src in re.findall(r'<img\b[^>]*?\bsrc="([^"]+)"', (tmp_path / page).read_text()):
             if not src.startswith('data:'):
                 assert (tmp_path / src).is_file(), f'{page} shows {src}, which docs/ lacks'

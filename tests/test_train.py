@@ -153,7 +153,7 @@ def test_full_disk_keeps_the_previous_checkpoint(tiny_data, tmp_path, monkeypatc
 
 
 def test_nan_losses_are_skipped_then_stop_the_run(tiny_data, tmp_path, monkeypatch, caplog):
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     real = GPT.loss
     calls = {'n': 0}
     def sometimes_nan(self, logits, targets):

@@ -4,7 +4,7 @@ import torch
 
 from gptkit.engine import build_engine, init_distributed
 from gptkit.errors import ConfigError
-from gptkit.model import GPT
+from gptkit.model.decoder import GPT
 from gptkit.runconfig import resolve
 
 

@@ -91,7 +91,7 @@ def _logits_worker(rank, world, folder, ids_file, out):
     import torch.distributed as dist
     from gptkit.checkpoint import read_config
     from gptkit.store import read_state
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.parallel import Layout, ParallelState, apply_tp, one_f_one_b, pipeline_stage, stage_input_shape
     from gptkit.tensor_parallel import _gather
     torch.set_num_threads(1)

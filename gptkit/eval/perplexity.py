@@ -27,7 +27,7 @@ from ..data.samples import split_ranges
 from ..errors import ConfigError, DataError, shorten
 from ..files import size_text
 from ..inference.generator import GatheredLogits, tensor_parallel_part
-from ..model import num_params
+from ..model.decoder import num_params
 from ..store import CheckpointError
 from ..tokenizer import gpt2
 

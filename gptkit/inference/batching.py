@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..model import KVCache
+from ..model.decoder import KVCache
 from .sampling import Chunk, Sampling, TextStream, next_tokens, top_alternatives
 
 log = logging.getLogger(__name__)

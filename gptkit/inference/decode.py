@@ -19,7 +19,7 @@ from torch import nn
 
 from .. import machine
 from ..kernels.reference import apply_rotary, rms_norm, swiglu
-from ..model import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
+from ..model.decoder import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 
 # %% auto #0
 __all__ = ['MKL_ROWS', 'DECODE_BYTES', 'DECODE_ROWS', 'DECODE_ROUNDS', 'DECODE_FORMS', 'DECODE_OPTIONAL', 'HUGE_CREDIT',

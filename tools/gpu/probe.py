@@ -79,7 +79,7 @@ def host_costs(device: str, n: int = 2000):
 
 def train_steps(preset: str, batch: int, device: str):
     from gptkit.engine import build_engine, init_distributed
-    from gptkit.model import GPT
+    from gptkit.model.decoder import GPT
     from gptkit.runconfig import resolve
     init_distributed()
     precision = 'bf16' if device == 'cuda' else 'fp32'
