@@ -23,7 +23,7 @@ def doctor(
 ):
     """Versions, CUDA, NCCL and Triton; every kernel against its reference on this device; a short training run with
     TFLOP/s and MFU; all-reduce bandwidth between local GPUs. On a CPU, what applies, and what was skipped and why."""
-    from gptkit.doctor import doctor as run
+    from gptkit.diagnose.doctor import doctor as run
 
     def show(checks):
         if as_json:

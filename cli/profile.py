@@ -46,7 +46,7 @@ def profile(
 ):
     ("""Profile training steps with torch.profiler: Chrome and TensorBoard traces, top operators by time and """
      """memory, TFLOP/s and MFU.""")
-    from gptkit.profile import parse_steps, prepare_builtin, profile_run  # torch: only when a profile runs
+    from gptkit.diagnose.profile import parse_steps, prepare_builtin, profile_run  # torch: only when a profile runs
     ranges = parse_steps(steps)                       # bad --steps fails before anything is built
     if data is None:
         with err.status('tokenizing the built-in KJV text'):

@@ -22,7 +22,7 @@ def test_kernel_checks_pass_in_the_interpreter_and_fail_a_wrong_kernel(tmp_path)
     script = tmp_path / 'kernels.py'
     script.write_text(textwrap.dedent('''
         from gptkit.kernels import fused as K
-        from gptkit.doctor import kernel_checks
+        from gptkit.diagnose.doctor import kernel_checks
         checks = kernel_checks('cpu', tokens=32, hidden=64)
         assert len(checks) == 6 and all(c.status == 'ok' for c in checks), checks
         right = K.rms_norm

@@ -366,7 +366,7 @@ def test_cli_refuses_a_bad_ep_naming_the_flag(args, words):
 @pytest.mark.parametrize('recompute,precision', [('none', 'fp32'), ('selective', 'bf16'), ('full', 'bf16')])
 def test_moe_activations_of_a_whole_step_near_the_measured_ones(recompute, precision):
     "chapter 17's harness on a model of mixed dense and MoE layers with a shared expert (-0.2% to -3% measured)"
-    from gptkit.memory import measure, predict
+    from gptkit.diagnose.memory import measure, predict
     model = ModelConfig(layers=4, hidden=64, heads=4, seq_len=64, vocab=256, moe_experts=4, moe_ffn_hidden=96,
                         moe_every=2, moe_shared_ffn=48, **LLAMA)
     train = TrainConfig(micro_batch=2, precision=precision, recompute=recompute, flash=True)

@@ -6,7 +6,7 @@ import torch
 from conftest import torch_threads
 
 from gptkit.config import LLAMA, ModelConfig, ParallelConfig, TrainConfig
-from gptkit.memory import PARALLEL_CASES, Saved, measure, measure_parallel, parallel_rows, predict, saved_activation_bytes, single_rows
+from gptkit.diagnose.memory import PARALLEL_CASES, Saved, measure, measure_parallel, parallel_rows, predict, saved_activation_bytes, single_rows
 
 # not the notebook's shapes: more layers, 6 heads, a vocabulary that TP pads (100 -> 256 rows)
 CFG = ModelConfig(layers=4, hidden=48, heads=6, seq_len=32, vocab=100, dropout=0.0)
