@@ -35,7 +35,7 @@ def data(out: Path, vocab: int = 4096) -> tuple[str, str]:
     "(dataset prefix, tokenizer folder) of the built-in corpus, built once"
     from gptkit.data.corpus import DEFAULT_CORPUS, clean_text, read_documents
     from gptkit.data.prepare import PrepareConfig, prepare
-    from gptkit.tokenizer import save, train_bpe
+    from gptkit.tokenizer.bpe import save, train_bpe
     prefix = out / 'data' / 'corpus_text_document'
     if not Path(f'{prefix}.idx').is_file():
         save(train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS)), vocab), out / 'tokenizer')
@@ -144,7 +144,7 @@ def main():
     if a.from_json:
         return draw(json.loads(a.from_json.read_text()), a.plot)
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     prefix, tok_dir = data(a.out)
     tok = load(tok_dir)
     held = []

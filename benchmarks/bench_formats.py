@@ -48,7 +48,7 @@ WIKI = ROOT / 'tests' / 'data' / 'mediawiki' / 'enwiki-sample-pages-articles.xml
 
 def make_jsonl(folder: Path, target: int) -> tuple[Path, list[str]]:
     "The built-in corpora's documents, taken in turn until `target` bytes of JSON Lines"
-    from gptkit.tokenizer import asset
+    from gptkit.tokenizer.bpe import asset
     lines = [line for p in sorted(asset('corpora').glob('*.jsonl.gz'))
              for line in gzip.decompress(p.read_bytes()).splitlines(keepends=True) if line.strip()]
     out, size, i = [], 0, 0
@@ -69,7 +69,7 @@ def make_parquet(folder: Path, texts: list[str], row_group: int) -> tuple[Path, 
 
 def corpus_paragraphs():
     "The built-in corpora's documents as blank-line paragraphs of distinct text, in turn, forever"
-    from gptkit.tokenizer import asset
+    from gptkit.tokenizer.bpe import asset
     while True:
         for p in sorted(asset('corpora').glob('*.jsonl.gz')):
             for line in gzip.decompress(p.read_bytes()).splitlines():
@@ -150,7 +150,7 @@ def batches(texts: list[str], batch_bytes: int = 1 << 20):
 def raw_encode(texts: list[str], cores: int) -> tuple[float, int, float, int, float]:
     """HF tokenizers' encode_batch and gptkit's Tokenizer.encode_batch on the texts in memory: seconds and tokens;
     and the seconds it takes to load the tokenizer and build its fast encoder (which prepare's time includes)"""
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     os.environ['RAYON_NUM_THREADS'] = str(cores)   # HF's thread pool reads it when it starts (on first use)
     os.environ['TOKENIZERS_PARALLELISM'] = 'true'
     t = time.perf_counter()

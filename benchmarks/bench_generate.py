@@ -32,7 +32,7 @@ def models(preset: str, vocab: int | None):
     from gptkit.interop import to_hf
     from gptkit.config import PRESETS
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
     cfg = PRESETS[preset].model.__class__(**{**PRESETS[preset].model.to_dict(), 'vocab': vocab or tok.vocab_size, 'dropout': 0.0, 'seq_len': 1024})
     if vocab:                         # a smaller BPE (like the quickstart's): GPT-2's ids above it are folded in

@@ -71,7 +71,7 @@ def checkpoint(folder: Path, layers: int, hidden: int, seq_len: int) -> tuple[Pa
     from gptkit.config import ModelConfig
     from gptkit.interop import export_hf, write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
     torch.manual_seed(0)
     cfg = ModelConfig(layers=layers, hidden=hidden, heads=hidden // 64, seq_len=seq_len, vocab=tok.vocab_size,

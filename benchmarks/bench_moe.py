@@ -79,7 +79,7 @@ def generation(m, new: int, rounds: int):
     from gptkit.inference.generator import Generator
     from gptkit.interop import to_hf
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
     tok.encode = (lambda enc: lambda text: [i % m.vocab for i in enc(text)])(tok.encode)   # GPT-2's ids folded in
     tok.eod = m.vocab - 1

@@ -26,7 +26,7 @@ BIN = Path(sys.executable).parent
 
 
 def make_input(folder: Path, copies: int) -> tuple[Path, int, int]:
-    from gptkit.tokenizer import asset
+    from gptkit.tokenizer.bpe import asset
     chunks = [gzip.decompress(asset('corpora', f'{n}.jsonl.gz').read_bytes()) for n in ('shakespeare', 'milton', 'kjv')]
     data = b''.join(chunks) * copies
     path = folder / 'input.jsonl'
@@ -45,7 +45,7 @@ def reference(path: Path, prefix: Path, tokenizer: str) -> float:
     "The plain way: one process, HF tokenizers one document at a time, gptkit's writer"
     import json
     from gptkit.data.indexed import IndexedWriter, token_dtype
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tokenizer)
     t = time.perf_counter()
     with open(path, encoding='utf-8') as f, IndexedWriter(prefix, token_dtype(tok.vocab_size)) as w:
@@ -81,7 +81,7 @@ def main():
         print(f'single-process reference (HF):    {ref:6.2f} s  {mb / ref:6.1f} MB/s  {docs / ref:8,.0f} docs/s')
         print(f'ratio gptkit / reference: {ref / ours:.2f}x faster; same bytes: {same(d / "gptkit_text_document", d / "ref_text_document")}')
         if args.megatron_lm:
-            from gptkit.tokenizer import load, save
+            from gptkit.tokenizer.bpe import load, save
             vocab = save(load(args.tokenizer), d / 'tokenizer')   # vocab.json + merges.txt, as Megatron reads them
             meg = timed([str(args.megatron_python or sys.executable), 'tools/preprocess_data.py', '--input', str(path),
                          '--output-prefix', str(d / 'megatron'), '--tokenizer-type', 'GPT2BPETokenizer',

@@ -89,7 +89,7 @@ def family_folder(folder: Path, family: str, data: Path | None = None) -> Path:
     "A Hugging Face model folder (tokenizer.json, tokenizer_config.json, config.json) of `family` on GPT-2's merges"
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers as pt, processors
 
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     tok = Tokenizer.from_str(gpt2().hf.to_str())
     if family == 'llama-3-style':
         spec = json.loads(tok.to_str())

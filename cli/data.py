@@ -138,7 +138,7 @@ def inspect(
         out.print(f'[yellow]{fmt.text(left)}: left by a prepare or merge of this prefix that was killed; delete it (a '
                   'prepare or merge into this folder removes it too)[/]', soft_wrap=True)
     if tokenizer and show:
-        from gptkit.tokenizer import load
+        from gptkit.tokenizer.bpe import load
         tok = load(tokenizer)
         for j in range(min(show, ds.num_documents)):
             text = tok.decode(ds.document(j))

@@ -151,7 +151,7 @@ def _data_stage(out_dir: Path, vocab_size: int):
     from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, clean_text, read_documents  # ftfy: off the start-up path
     from gptkit.data.document import Tally
     from gptkit.data.prepare import PrepareConfig, prepare
-    from gptkit.tokenizer import bytes_per_token, gpt2, save, train_bpe
+    from gptkit.tokenizer.bpe import bytes_per_token, gpt2, save, train_bpe
     out.rule('[bold]gptkit quickstart[/]: a tokenizer and a dataset from the built-in corpus')
     corpus = ', '.join(DEFAULT_CORPUS)
     t0, tally = time.perf_counter(), Tally()

@@ -30,7 +30,7 @@ def train(
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
     from gptkit.data.corpus import clean_text, expand_inputs, read_documents
     from gptkit.data.document import Tally
-    from gptkit.tokenizer import bytes_per_token, check_new_tokenizer, gpt2, save, train_bpe
+    from gptkit.tokenizer.bpe import bytes_per_token, check_new_tokenizer, gpt2, save, train_bpe
     check_new_tokenizer(output, overwrite)           # refused before the corpus is read
     tally, paths = Tally(), expand_inputs(input, format)
     total = sum(p.stat().st_size for p in paths)
@@ -67,7 +67,7 @@ def encode(
     tokenizer: TokenizerName = 'gpt2',
 ):
     """Print the token ids of TEXT."""
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     out.print(load(tokenizer).encode(text))
 
 
@@ -75,7 +75,7 @@ def encode(
 @handles_errors
 def info(tokenizer: TokenizerName = 'gpt2'):
     """Vocabulary size, end-of-document id and an example encoding."""
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tokenizer)
     ids = tok.encode('Hello world')
     end = fmt.text(tok.hf.id_to_token(tok.eod) or 'end of document')

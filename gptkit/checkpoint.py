@@ -48,7 +48,7 @@ from .model.decoder import GPT
 from .model.lora import has_adapters, is_adapter, load_base, with_base
 from .parallel import merge_weights
 from .runconfig import RunConfig, from_dict, save_config
-from .tokenizer import load as load_tokenizer
+from .tokenizer.bpe import load as load_tokenizer
 from .torch_files import deepspeed_reads_safely, read_torch_file, zero3_weights
 
 log = logging.getLogger(__name__)
@@ -495,7 +495,7 @@ class Loaded:
     "A model ready for inference, with everything that travelled with its checkpoint"
     model: object              # gptkit.model.decoder.GPT, in eval mode
     config: RunConfig
-    tokenizer: object | None   # gptkit.tokenizer.Tokenizer, None if the checkpoint has none
+    tokenizer: object | None   # gptkit.tokenizer.bpe.Tokenizer, None if the checkpoint has none
     folder: Path
     state: dict                # state.json
 

@@ -28,7 +28,7 @@ from .parallel import shard_weights
 from .params import hf_family, param_table, stage_layers
 from .runconfig import RunConfig, save_config
 from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
-from .tokenizer import EOD, load as load_tokenizer, save as save_tokenizer
+from .tokenizer.bpe import EOD, load as load_tokenizer, save as save_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from .interop import check_tensor_names, pad_rows, staged_output, write_run
 from .kernels.reference import rotary_scale
 from .params import param_table
 from .store import CheckpointError, check_output_outside_runs
-from .tokenizer import from_bpe_files, gpt2, load as load_tokenizer, save as save_tokenizer
+from .tokenizer.bpe import from_bpe_files, gpt2, load as load_tokenizer, save as save_tokenizer
 from .torch_files import read_torch_file
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from .layout import BatchPlan, Layout
 from .machine import settle_precision
 from .model.lora import lora_problems
 from .runconfig import RunConfig, from_dict, resolve
-from .tokenizer import load as load_tokenizer
+from .tokenizer.bpe import load as load_tokenizer
 
 # %% auto #0
 __all__ = ['RESUME_MAY_CHANGE', 'INIT_SEQ_LEN', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',

@@ -48,7 +48,7 @@ from .model.moe import expert_load, moe_stats, set_moe_grad_scale
 from .plan import RunPlan, plan_run, read_tokenizer
 from .runconfig import RunConfig, save_config
 from .stops import StopSignals, Watchdog
-from .tokenizer import load as load_tokenizer, save as save_tokenizer
+from .tokenizer.bpe import load as load_tokenizer, save as save_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def root() -> Path:
 def train_tokenizer(corpus: str, size: int, folder: Path) -> Path:
     "A `size`-entry byte-level BPE trained on the built-in `corpus`, saved in `folder`"
     from gptkit.data.corpus import clean_text, read_documents
-    from gptkit.tokenizer import save, train_bpe
+    from gptkit.tokenizer.bpe import save, train_bpe
     save(train_bpe((clean_text(x.text) for x in read_documents([f'builtin:{corpus}'])), size), folder)
     return folder
 
@@ -71,7 +71,7 @@ def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
     from gptkit.interop import write_run
     from gptkit.config import ModelConfig
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
     torch.manual_seed(0)
     cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)

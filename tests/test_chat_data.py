@@ -22,7 +22,7 @@ from gptkit.data.chat import (
 from gptkit.data.indexed import IndexedDataset, IndexedWriter, data_paths, read_metadata
 from gptkit.data.prepare import PrepareConfig
 from gptkit.errors import DataError
-from gptkit.tokenizer import asset, gpt2, load, save, train_bpe
+from gptkit.tokenizer.bpe import asset, gpt2, load, save, train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -218,7 +218,7 @@ def test_the_server_tokenizes_a_templated_prompt_as_the_chat_data_was_tokenized(
     from types import SimpleNamespace
 
     from gptkit.serve.http_api import Limits, encode_prompts
-    from gptkit.tokenizer import compile_chat, load, render_chat
+    from gptkit.tokenizer.bpe import compile_chat, load, render_chat
     folder = chatml_tokenizer(tmp_path / 'tok')
     _, res = prepared(tmp_path, folder)
     tok = load(folder)

@@ -18,7 +18,7 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from gptkit import checkpoint as ck, interop, megatron, store
 from gptkit.model.decoder import GPT
-from gptkit.tokenizer import EOD, PROBE, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, PROBE, load as load_tokenizer
 from gptkit.torch_files import read_torch_file
 from gptkit_cli.main import app
 

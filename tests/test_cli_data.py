@@ -62,7 +62,7 @@ def test_prepare_fix_unicode(tmp_path):
     (tmp_path / 'm.jsonl').write_text(json.dumps({'text': 'cafÃ© doesnÃ¢â‚¬â„¢t'}) + '\n')
     assert run('data', 'prepare', '-i', tmp_path / 'm.jsonl', '--output-prefix', tmp_path / 'o', '--fix-unicode').exit_code == 0
     from gptkit.data.indexed import IndexedDataset
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     assert gpt2().decode(IndexedDataset(tmp_path / 'o_text_document').document(0)[:-1]) == 'café doesn’t'
 
 

@@ -35,7 +35,7 @@ from gptkit.parallel import (
 from gptkit.runconfig import resolve
 from gptkit.inference.sampling import Sampling
 from gptkit.tensor_parallel import WholeSequenceMLPBlock
-from gptkit.tokenizer import load
+from gptkit.tokenizer.bpe import load
 from gptkit.train import _step
 
 LOSSES = dict(moe_aux_loss_coef=0.1, moe_z_loss_coef=0.01)

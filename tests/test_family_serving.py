@@ -31,7 +31,7 @@ def runs(tiny_data, tmp_path_factory):
     "A gptkit run folder of a random tiny model with each choice (norm weights not ones, so a misplaced norm shows)"
     from gptkit.interop import write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
     out = {}
     for name, choice in CHOICES.items():
@@ -142,7 +142,7 @@ def test_cli_eval_gives_transformers_loss(tiny_data, tmp_path):
     r = run_here('eval', '--checkpoint', run, '--text', tmp_path / 'a.txt', '--stride', 24, '--batch-size', 3, '--json')
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)['perplexity']
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
     ids = tok.encode(text) + [tok.eod]
     assert got['tokens'] == len(ids) > 2 * 64 and got['windows'] > 3

@@ -16,7 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from gptkit.data.indexed import IndexedDataset
 from gptkit.data.prepare import PrepareConfig, prepare
 from gptkit.errors import DataError
-from gptkit.tokenizer import load, save
+from gptkit.tokenizer.bpe import load, save
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")

@@ -73,7 +73,7 @@ def nan_checkpoint(tiny_data, tmp_path_factory):
     from gptkit.config import ModelConfig
     from gptkit.interop import write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
     cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)
     weights = GPT(cfg).state_dict()

@@ -243,7 +243,7 @@ def test_non_regular_input_is_refused_without_hanging(tmp_path, kind):
 
 def test_shipped_bgwiki_sample_prepares_through_the_cli(tmp_path):
     from gptkit.data.indexed import IndexedDataset
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     assert bz2.decompress(BG.read_bytes())[:2] == b'\xff\xfe'          # UTF-16 with a byte-order mark
     for extra in ([], ['--format', 'mediawiki']):
         out = tmp_path / f'bg{len(extra)}'
@@ -266,7 +266,7 @@ PAGE = ('<mediawiki><page><title>T</title><ns>0</ns><revision><text>{}</text></r
 ])
 def test_xml_in_other_encodings_prepares_through_the_cli(tmp_path, encoding, declared, text):
     from gptkit.data.indexed import IndexedDataset
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     decl = f'<?xml version="1.0" encoding="{encoding}"?>' if declared else '<?xml version="1.0"?>'
     src = tmp_path / 'dump.xml'
     src.write_bytes((decl + PAGE.format(text)).encode(encoding))

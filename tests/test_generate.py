@@ -33,7 +33,7 @@ def test_cache_and_batches_match_the_plain_loop(gen):
 def test_sampling_never_yields_padded_ids_and_is_seeded():
     from gptkit.config import ModelConfig
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     torch.manual_seed(0)
     tok = gpt2()
     gen = Generator(GPT(ModelConfig(layers=1, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)), tok)

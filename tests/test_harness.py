@@ -86,7 +86,7 @@ def test_a_llama_3_checkpoint_scores_with_its_begin_of_text_as_hflm_does(tmp_pat
     from gptkit.config import LLAMA, ModelConfig
     from gptkit.interop import export_hf, write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     llama3(tmp_path / 'tok')
     tok = load(tmp_path / 'tok')
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from test_llama_interop import make_llama
 from gptkit import checkpoint as ck, hf_files, interop
 from gptkit.hf_files import INDEX, SINGLE
 from gptkit.store import CheckpointError
-from gptkit.tokenizer import EOD
+from gptkit.tokenizer.bpe import EOD
 
 SHARD = '40KB'                              # the tiny models below are ~200 kB: 4 to 6 shards
 

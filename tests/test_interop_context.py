@@ -12,7 +12,7 @@ from gptkit import interop
 from gptkit.checkpoint import read_config
 from gptkit.errors import ConfigError
 from gptkit.plan import INIT_SEQ_LEN, run_config
-from gptkit.tokenizer import EOD
+from gptkit.tokenizer.bpe import EOD
 
 SIZES = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 LLAMA3 = {'rope_type': 'llama3', 'rope_theta': 5e5, 'factor': 32.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,

@@ -23,7 +23,7 @@ def llama_checkpoint(tiny_data, tmp_path_factory):
     from gptkit.config import LLAMA, ModelConfig
     from gptkit.interop import write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
     torch.manual_seed(0)
     cfg = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=64, vocab=tok.vocab_size,

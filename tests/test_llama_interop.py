@@ -17,7 +17,7 @@ from gptkit import checkpoint as ck, hf_config, interop, megatron, store
 from gptkit.config import LLAMA_PRESETS, ModelConfig
 from gptkit.model.decoder import GPT
 from gptkit.store import CheckpointError
-from gptkit.tokenizer import EOD, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
 from gptkit.torch_files import read_torch_file
 
 

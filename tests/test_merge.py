@@ -80,7 +80,7 @@ def test_a_folder_merges_in_megatrons_order(parts, tmp_path):
 
 
 def test_documents_read_back_in_order(parts, tmp_path):
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     prefixes, texts = parts
     merge_datasets([prefixes[2], prefixes[0], prefixes[1]], tmp_path / 'm')
     ds, tok = IndexedDataset(tmp_path / 'm'), gpt2()

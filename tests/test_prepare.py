@@ -7,7 +7,7 @@ from gptkit.data.corpus import read_documents
 from gptkit.data.indexed import IndexedDataset, IndexedWriter
 from gptkit.data.prepare import PrepareConfig, prepare
 from gptkit.errors import DataError
-from gptkit.tokenizer import gpt2
+from gptkit.tokenizer.bpe import gpt2
 
 
 def test_same_bytes_as_plain_encoding(tmp_path):
@@ -59,9 +59,9 @@ def test_encode_write_read_decode_returns_the_cleaned_text(tmp_path):
 
 
 def test_refusal_comes_before_the_tokenizer_loads(tmp_path, monkeypatch):
-    import gptkit.tokenizer
+    import gptkit.tokenizer.bpe
     from gptkit.errors import DataError
-    monkeypatch.setattr(gptkit.tokenizer, 'load', lambda name: pytest.fail('the tokenizer loaded before the check'))
+    monkeypatch.setattr(gptkit.tokenizer.bpe, 'load', lambda name: pytest.fail('the tokenizer loaded before the check'))
     (tmp_path / 'a.jsonl').write_text('{"text": "fine"}\n')
     (tmp_path / 'a.txt').write_bytes(b'PK\x03\x04' + bytes(30))
     with pytest.raises(DataError, match=r'a\.txt: its content is a zip archive, not text \(accepted: '):

@@ -134,7 +134,7 @@ def test_openai_logprobs_echo_and_stream_usage(url, gen):
 
 def test_a_token_that_is_part_of_a_character_is_named_by_its_bytes():
     from gptkit.serve.server import CompletionLogprobs
-    from gptkit.tokenizer import gpt2
+    from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
     ids = tok.encode('日本')                                     # 日 is two tokens: bytes e6 97, then a5
     log = CompletionLogprobs(tok, 0)
@@ -184,7 +184,7 @@ def test_chat_completions_with_the_plain_template(url, gen):
 def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
     from transformers import AutoTokenizer
     from gptkit.serve.http_api import chat_prompt, chat_renderer
-    from gptkit.tokenizer import gpt2, load, save
+    from gptkit.tokenizer.bpe import gpt2, load, save
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ eos_token if false }}")
     folder = save(gpt2(), tmp_path / 'tok')

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gptkit.errors import DataError
-from gptkit.tokenizer import asset, gpt2, load, save, train_bpe
+from gptkit.tokenizer.bpe import asset, gpt2, load, save, train_bpe
 
 TEXTS = ['Hello world', ' The quick brown fox jumps over the lazy dog.', "It's 3.14159 -- isn't it?\n\n  Indented\tline",
          'naïve café — 日本語 🙂', 'a<|endoftext|>b', '']
@@ -108,7 +108,7 @@ def test_trained_tokenizer_encodes_like_hf_on_every_builtin_corpus(trained, buil
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_trained_fast_encoder_matches_hf_on_random_text(text):
-    from gptkit.tokenizer import Tokenizer
+    from gptkit.tokenizer.bpe import Tokenizer
     tok = Tokenizer(_trained_hf())
     if '<|endoftext|>' in text: return   # HF cuts the special token out of text; gptkit treats it as text
     assert tok.encode(text) == _trained_hf().encode(text, add_special_tokens=False).ids
@@ -139,12 +139,12 @@ def _trained_hf():
 
 @functools.lru_cache
 def _word_cache():
-    from gptkit.tokenizer import WordCache
+    from gptkit.tokenizer.bpe import WordCache
     return WordCache(_trained_hf())
 
 
 def test_word_cache_matches_hf_on_every_builtin_corpus(trained, builtin_by_hf):
-    from gptkit.tokenizer import WordCache
+    from gptkit.tokenizer.bpe import WordCache
     texts, want = builtin_by_hf
     assert [WordCache(trained.hf).encode(t) for t in texts] == want
 
@@ -152,7 +152,7 @@ def test_word_cache_matches_hf_on_every_builtin_corpus(trained, builtin_by_hf):
 def test_fast_encoder_refuses_a_vocabulary_that_is_not_byte_level():
     from tokenizers import Tokenizer as HFTokenizer, models
 
-    from gptkit.encoders import fast_encoder, unicode_to_bytes as _unicode_to_bytes
+    from gptkit.tokenizer.encoders import fast_encoder, unicode_to_bytes as _unicode_to_bytes
     for vocab in ({'a': 0, ' b': 1}, {'a': 0, '\x07': 1}, {'a': 0, 'é日': 1}):   # a raw space or control byte, CJK
         assert fast_encoder(HFTokenizer(models.BPE(vocab=vocab, merges=[]))) is None
     u2b, hf = _unicode_to_bytes(), gpt2().hf                 # GPT-2's ranks are its vocabulary's bytes

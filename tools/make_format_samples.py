@@ -36,7 +36,7 @@ def fineweb_parquet(path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gptkit.tokenizer import load
+    from gptkit.tokenizer.bpe import load
     docs = [d for d in corpus('wikipedia') if len(d['text']) < 8000][:12]
     texts = [d['text'] for d in docs]
     table = pa.table({

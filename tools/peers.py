@@ -50,7 +50,7 @@ def megatron_preprocess(tree: Path, jsonl: Path, prefix: Path, workers: int) -> 
     it: writes PREFIX_text_document.bin/.idx"""
     import gzip
 
-    from gptkit.tokenizer import asset
+    from gptkit.tokenizer.bpe import asset
     files = {}
     for name in ('vocab.json', 'merges.txt'):
         files[name] = prefix.parent / f'megatron-{name}'

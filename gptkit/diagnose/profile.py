@@ -29,7 +29,7 @@ from ..data.prepare import PrepareConfig, prepare
 from ..errors import ConfigError
 from ..files import check_folder, json_text, write_atomic
 from ..runconfig import RunConfig
-from ..tokenizer import save as save_tokenizer, train_bpe
+from ..tokenizer.bpe import save as save_tokenizer, train_bpe
 from ..train import train
 
 # %% auto #0

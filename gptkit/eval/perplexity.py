@@ -29,7 +29,7 @@ from ..files import size_text
 from ..inference.generator import GatheredLogits, tensor_parallel_part
 from ..model.decoder import num_params
 from ..store import CheckpointError
-from ..tokenizer import gpt2
+from ..tokenizer.bpe import gpt2
 
 Progress = Callable[[str, int, int], None]   # (stage, done, total): stage is 'perplexity' or 'cloze'
 

@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..inference.batching import Limits
 from ..inference.generator import Generator
 from ..inference.sampling import STOP_CHARS, Sampling, check_room
-from ..tokenizer import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
+from ..tokenizer.bpe import CHAT_SAMPLE, ChatRenderer, ChatTemplateError, ChatTooLong
 
 # %% auto #0
 __all__ = ['BYTES_PER_TOKEN', 'BODY_EXTRA', 'PLAIN_CHAT_STOP', 'TEMPLATE_MEMORY', 'ERRORS', 'OPENAI_ERRORS', 'ROUTES',

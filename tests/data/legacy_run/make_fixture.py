@@ -8,7 +8,7 @@ from conftest import TINY_SETS
 from gptkit.config import resolve
 from gptkit.data.corpus import clean_text, read_documents
 from gptkit.data.prepare import PrepareConfig, prepare
-from gptkit.tokenizer import save, train_bpe
+from gptkit.tokenizer.bpe import save, train_bpe
 from gptkit.train import train
 from gptkit.checkpoint import load_model
 
