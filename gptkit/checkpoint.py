@@ -41,12 +41,12 @@ from gptkit.store import (
 
 from .errors import ConfigError
 from .expert_checkpoint import ep_degree, expert_summary, load_other_ep, load_own_experts, save_experts, saved_ep
-from .expert_parallel import own_experts
 from .files import free_space, full_disk, read_json, size_text, write_atomic
 from .layout import Layout
 from .model.decoder import GPT
 from .model.lora import has_adapters, is_adapter, load_base, with_base
-from .parallel import merge_weights
+from .parallel.expert import own_experts
+from .parallel.groups import merge_weights
 from .runconfig import RunConfig, from_dict, save_config
 from .tokenizer.bpe import load as load_tokenizer
 from .torch_files import deepspeed_reads_safely, read_torch_file, zero3_weights

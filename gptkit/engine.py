@@ -265,11 +265,11 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
     plan = plan or cfg.plan
     config = ds_config(cfg, plan, override)
     if cfg.parallel.ep > 1:                       # before DeepSpeed broadcasts the weights: experts per expert group
-        from .expert_parallel import apply_ep
+        from gptkit.parallel.expert import apply_ep
         apply_ep(model, cfg.layout.groups('dp'), cfg.parallel.ep)
     groups, experts = param_groups(model, cfg.optim.weight_decay), contextlib.nullcontext()
     if cfg.parallel.ep > 1:                       # expert parameters in groups of their own, for an engine that knows
-        from .expert_parallel import expert_groups, knows_experts
+        from gptkit.parallel.expert import expert_groups, knows_experts
         groups, experts = expert_groups(groups), knows_experts()
     optimizer = None if 'optimizer' in config else make_optimizer(cfg, groups, device_type())
     schedule = Schedule(cfg.optim, plan.iters if iters is None else iters)
@@ -284,7 +284,7 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
     except pydantic.ValidationError as e:      # a value DeepSpeed's config does not take: one sentence, not pydantic's
         raise ds_config_error(e, config, 'the DeepSpeed config') from None
     if cfg.parallel.ep > 1:
-        from .expert_parallel import attach_engine
+        from gptkit.parallel.expert import attach_engine
         attach_engine(engine, config['gradient_clipping'])
     if config['zero_optimization']['stage'] == 3:
         deepspeed.zero.register_external_parameter(engine.module, engine.module.wte.weight)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import shown
-from .expert_parallel import ep_layers, own_experts, whole_experts
+from .parallel.expert import ep_layers, own_experts, whole_experts
 from .store import CheckpointError
 from .torch_files import deepspeed_reads_safely, read_torch_file
 

@@ -24,7 +24,7 @@ from .hf_config import config_from_hf, config_to_hf, hf_model_type, kept_config
 from .hf_files import MAX_SHARD_SIZE, parse_size, read_weights, write_weights
 from .layout import Layout
 from .model.decoder import GPT
-from .parallel import shard_weights
+from .parallel.groups import shard_weights
 from .params import hf_family, param_table, stage_layers
 from .runconfig import RunConfig, save_config
 from .store import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag

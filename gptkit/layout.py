@@ -51,7 +51,7 @@ class Layout:
         "What makes this layout impossible for `model` on nodes of `gpus_per_node` GPUs"
         out = []
         if model is not None:
-            if self.tp > 1 and model.qk_norm_all:     # MoE layers run whole on every TP rank (gptkit.parallel)
+            if self.tp > 1 and model.qk_norm_all:     # MoE layers run whole on every TP rank (gptkit.parallel.groups)
                 out.append(('tp', f'{{key}} {self.tp}: tensor parallelism does not split QK norms across all heads '
                                   '(qk_norm_all) yet; use tp 1'))
             elif model.heads % self.tp:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gptkit.parallel import (
+from gptkit.parallel.groups import (
     DeepSpeedMPU,
     ParallelState,
     grad_norm,
@@ -235,7 +235,7 @@ class Loop:
     "A training run in progress in this process: what it was built with and where it stands"
     cfg: RunConfig                 # the run on this world (`RunConfig.for_world`), vocabulary from its tokenizer
     plan: BatchPlan                # the shape of every step and the number of steps
-    parallel: object               # this rank's gptkit.parallel.ParallelState
+    parallel: object               # this rank's gptkit.parallel.groups.ParallelState
     engine: object                 # the DeepSpeed engine
     ds_config: dict                # the DeepSpeed config it runs with
     train_set: object              # the train split's samples, in Megatron's order

@@ -335,7 +335,7 @@ def _tp_worker(rank, world, sp, init_file):
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:
-        from gptkit.parallel import Layout, ParallelState, apply_tp, shard_weights
+        from gptkit.parallel.groups import Layout, ParallelState, apply_tp, shard_weights
         cfg = dict(layers=1, hidden=32, heads=2, seq_len=8, vocab=200, dropout=0.0)    # padded to 256: 128 rows a rank, 72 real on rank 1
         ids = torch.randint(0, 200, (2, 9), generator=torch.Generator().manual_seed(0))
         ps = ParallelState.build(Layout.for_world(world, tp=world))

@@ -40,7 +40,7 @@ def _pipeline_logits(engine, cfg, rank):
     "The logits of IDS through the EP x PP model as trained: its 1F1B pipeline, every data-parallel rank fed IDS"
     import torch.distributed as dist
 
-    from gptkit.parallel import ParallelState, one_f_one_b, stage_input_shape
+    from gptkit.parallel.groups import ParallelState, one_f_one_b, stage_input_shape
     ps = ParallelState.build(cfg.for_world(dist.get_world_size()).layout)
     engine.module.eval()
     with torch.no_grad():

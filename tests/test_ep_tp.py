@@ -11,17 +11,18 @@ import torch
 import torch.distributed as dist
 from test_parallel_model import grads_then_sgd, spawn
 
-from gptkit import checkpoint as ckpt, parallel
+from gptkit import checkpoint as ckpt
+from gptkit.parallel import groups as parallel
 from gptkit.checkpoint import load_model
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.eval.perplexity import evaluate
-from gptkit.expert_parallel import AllToAll, ep_layers
+from gptkit.parallel.expert import AllToAll, ep_layers
 from gptkit.inference.generator import Generator
 from gptkit.interop import write_run
 from gptkit.model.decoder import GPT
 from gptkit.model.moe import moe_stats
-from gptkit.parallel import (
+from gptkit.parallel.groups import (
     DeepSpeedMPU,
     Layout,
     ParallelState,
@@ -34,7 +35,7 @@ from gptkit.parallel import (
 )
 from gptkit.runconfig import resolve
 from gptkit.inference.sampling import Sampling
-from gptkit.tensor_parallel import WholeSequenceMLPBlock
+from gptkit.parallel.tensor import WholeSequenceMLPBlock
 from gptkit.tokenizer.bpe import load
 from gptkit.train import _step
 

@@ -13,7 +13,7 @@ from gptkit import checkpoint as ckpt
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.model.decoder import GPT
-from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
+from gptkit.parallel.groups import DeepSpeedMPU, ParallelState, parallelize
 from gptkit.runconfig import resolve
 from gptkit.train import _step
 

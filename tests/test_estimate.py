@@ -175,7 +175,7 @@ def counted_flops(cfg, batch, recompute='none'):
 
     from gptkit.layout import Layout
     from gptkit.model.decoder import GPT
-    from gptkit.parallel import ParallelState, parallelize
+    from gptkit.parallel.groups import ParallelState, parallelize
     torch.manual_seed(0)
     gpt = parallelize(GPT(cfg), ParallelState(Layout(), 0), recompute).train()
     ids = torch.randint(0, cfg.vocab, (batch, cfg.seq_len))

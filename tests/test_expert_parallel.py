@@ -16,11 +16,11 @@ from gptkit import checkpoint as ckpt
 from gptkit.config import ModelConfig, ParallelConfig, TrainConfig
 from gptkit.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
-from gptkit.expert_parallel import AllToAll, ExpertParallelMoE, whole_experts
+from gptkit.parallel.expert import AllToAll, ExpertParallelMoE, whole_experts
 from gptkit.interop import reshard
 from gptkit.model.decoder import GPT
 from gptkit.model.moe import MoE
-from gptkit.parallel import DeepSpeedMPU, ParallelState, parallelize
+from gptkit.parallel.groups import DeepSpeedMPU, ParallelState, parallelize
 from gptkit.runconfig import ep_engine_problems, from_dict, resolve
 from gptkit.train import _step
 from gptkit_cli.main import app

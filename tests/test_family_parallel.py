@@ -13,7 +13,7 @@ from gptkit.config import LLAMA, ModelConfig
 from gptkit.estimate import count_params
 from gptkit.interop import write_run
 from gptkit.model.decoder import GPT
-from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, stage_input_shape)
+from gptkit.parallel.groups import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, stage_input_shape)
 from gptkit.tokenizer.bpe import load
 
 BASE = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=200, tie_embeddings=False, **LLAMA)

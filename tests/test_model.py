@@ -129,7 +129,7 @@ def _tp_cache_worker(rank, world, init_file):
     import torch.distributed as dist
 
     from gptkit.layout import Layout
-    from gptkit.parallel import ParallelState, apply_tp
+    from gptkit.parallel.groups import ParallelState, apply_tp
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)
     try:

@@ -8,8 +8,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from gptkit.parallel import Layout, ParallelState
-from gptkit.tensor_parallel import ColumnParallelLinear, RowParallelLinear, gather_from_tp
+from gptkit.parallel.groups import Layout, ParallelState
+from gptkit.parallel.tensor import ColumnParallelLinear, RowParallelLinear, gather_from_tp
 
 
 def _worker(rank, world, tp, init_file, out):
@@ -58,7 +58,7 @@ def test_layout_errors():
 
 
 def _vocab_worker(rank, world, init_file, out):
-    from gptkit.tensor_parallel import (VocabParallelEmbedding, gather_from_sequence, reduce_scatter_to_sequence,
+    from gptkit.parallel.tensor import (VocabParallelEmbedding, gather_from_sequence, reduce_scatter_to_sequence,
                                         scatter_to_sequence, vocab_parallel_cross_entropy)
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)

@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from gptkit.config import LLAMA, ModelConfig
 from gptkit.estimate import count_params
 from gptkit.model.decoder import GPT
-from gptkit.parallel import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, shard_weights,
+from gptkit.parallel.groups import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, shard_weights,
                              stage_input_shape, sync_tied_grads)
 
 CFG = ModelConfig(layers=4, hidden=32, heads=4, seq_len=16, vocab=200, dropout=0.0)

@@ -7,7 +7,7 @@ from gptkit.config import PRESETS, ModelConfig
 from gptkit.estimate import count_params
 from gptkit.layout import Layout
 from gptkit.model.decoder import GPT
-from gptkit.parallel import shard_weights
+from gptkit.parallel.groups import shard_weights
 from gptkit.params import INIT_GROUPS, TP_ROLES, param_table, stage_layers
 
 

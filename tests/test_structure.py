@@ -19,6 +19,11 @@ def test_no_import_cycle_and_no_private_name_across_modules():
     assert private == [], 'make the name public in the module that owns it'
 
 
+def test_every_import_of_a_gptkit_module_names_one_that_exists():
+    "Inside functions too, where an import runs only when its function does (a moved module's old name, relative)"
+    assert structure.unresolved_imports() == []
+
+
 def test_every_chapter_keeps_outputs_in_a_third_of_its_code_cells():
     share = structure.OUTPUT_SHARE
     quiet = [f'{name}: {kept} of {n}' for name, kept, n in structure.chapter_outputs() if kept < n * share]
@@ -42,4 +47,6 @@ def test_the_measures_find_what_they_look_for(tmp_path):
     graph, private = structure.imports(tmp_path)
     assert structure.cycles(graph) == [('gptkit.a', 'gptkit.b')] and private == ['gptkit.a imports gptkit.b._hidden']
     assert structure.inner_imports(tmp_path) == {'gptkit/b.py': 1}
+    (pkg / 'c.py').write_text('def g():\n    from .gone import x\n')
+    assert structure.unresolved_imports(tmp_path) == ['gptkit/c.py:2 gptkit.gone']
     assert structure.chapter_outputs(tmp_path) == [('01_a.ipynb', 1, 4)]

@@ -92,8 +92,8 @@ def _logits_worker(rank, world, folder, ids_file, out):
     from gptkit.checkpoint import read_config
     from gptkit.store import read_state
     from gptkit.model.decoder import GPT
-    from gptkit.parallel import Layout, ParallelState, apply_tp, one_f_one_b, pipeline_stage, stage_input_shape
-    from gptkit.tensor_parallel import _gather
+    from gptkit.parallel.groups import Layout, ParallelState, apply_tp, one_f_one_b, pipeline_stage, stage_input_shape
+    from gptkit.parallel.tensor import _gather
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{out}/init', rank=rank, world_size=world)
     try:

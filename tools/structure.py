@@ -91,6 +91,27 @@ def imports(root: Path = ROOT) -> tuple[dict[str, set[str]], list[str]]:
     return graph, private
 
 
+def unresolved_imports(root: Path = ROOT) -> list[str]:
+    """'file:line module' for each import of a gptkit module, anywhere in gptkit/ (inside functions too), that names no
+    module there: what a move into a subpackage leaves behind"""
+    modules = {module_name(p, root) for p in library_files(root)}
+    packages = {m.rsplit('.', 1)[0] for m in modules} | {'gptkit'}
+    out = []
+    for p in library_files(root):
+        mod = module_name(p, root)
+        for node in ast.walk(ast.parse(p.read_text(encoding='utf-8'))):
+            if isinstance(node, ast.ImportFrom):
+                targets = [_target(node, mod, p.name == '__init__.py')]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t.split('.')[0] == 'gptkit' and t not in modules and t not in packages:
+                    out.append(f'{p.relative_to(root)}:{node.lineno} {t}')
+    return out
+
+
 def cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     "Each pair of modules that import each other, directly or through others"
     def reach(start):

@@ -22,14 +22,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 import gptkit.model.decoder
-import gptkit.parallel
+import gptkit.parallel.groups
 
 from ..config import ModelConfig, ParallelConfig, TrainConfig
 from ..estimate import activation_element_bytes, lora_activation_change, memory_per_gpu, stage_activation_bytes
 from ..layout import Layout
 from ..model.decoder import GPT, core_attention, set_attention_precision
 from ..model.lora import add_adapters
-from ..parallel import ParallelState, parallelize, stage_input_shape
+from ..parallel.groups import ParallelState, parallelize, stage_input_shape
 from ..torch_files import read_torch_file
 
 # %% auto #0
@@ -215,7 +215,7 @@ def _parallel_worker(rank, world, model, micro_batch, cases, init_file, out):
             x = ids if ps.is_first_stage else torch.randn(stage_input_shape(model, b, tp, sp), requires_grad=True)
             step = (lambda: gpt(x, targets)) if ps.is_last_stage else (lambda: gpt(x))
             tracker = SavedTensors(list(gpt.parameters()))
-            with watch_rebuilds(tracker, [gptkit.model.decoder, gptkit.parallel]):
+            with watch_rebuilds(tracker, [gptkit.model.decoder, gptkit.parallel.groups]):
                 with tracker.hooks():
                     y = step()
                 kept = tracker.bytes

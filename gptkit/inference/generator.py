@@ -18,9 +18,9 @@ from torch import nn
 from ..checkpoint import check_device, load_model
 from ..errors import ConfigError
 from ..layout import Layout
-from ..parallel import ParallelState, apply_tp
+from ..parallel.groups import ParallelState, apply_tp
+from ..parallel.tensor import gather_from_tp
 from ..store import CheckpointError
-from ..tensor_parallel import gather_from_tp
 from .batching import RunningBatch, agree
 from .decode import DecodeChoice, DecodeStep, choose_decode, decode_layout
 from .sampling import Chunk, Sampling

@@ -315,7 +315,7 @@ class GPT(nn.Module):
     "The decoder: token embeddings (and learned positions), pre-norm blocks, final norm, tied or own output layer"
     def __init__(self, cfg: ModelConfig, recompute: str = 'none', tp: int = 1):
         super().__init__()
-        if tp > 1 and cfg.qk_norm_all:     # MoE layers are replicated under TP (gptkit.parallel.apply_tp)
+        if tp > 1 and cfg.qk_norm_all:     # MoE layers are replicated under TP (gptkit.parallel.groups.apply_tp)
             raise ConfigError([('parallel.tp', f'{{key}} {tp}: tensor parallelism does not split QK norms across all '
                                                'heads (qk_norm_all) yet; train this model with parallel.tp 1')])
         self.cfg, self.vocab = cfg, cfg.vocab
@@ -403,7 +403,7 @@ class GPT(nn.Module):
 
     def _extend(self, cache: KVCache, t: int, valid):
         "Take the cache's next `t` columns for the new tokens, after checking that they fit the model"
-        if getattr(self, 'sequence_parallel', False):                    # set by gptkit.parallel.apply_tp
+        if getattr(self, 'sequence_parallel', False):                    # set by gptkit.parallel.groups.apply_tp
             raise ConfigError([('parallel.sequence_parallel', '{key} splits each sequence over the tensor-parallel '
                                 'ranks, so the model cannot decode with a KV cache; load it without it')])
         if self.wte is not None and cache.len + t > self.cfg.positions:

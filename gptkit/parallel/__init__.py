@@ -1,0 +1,1 @@
+"""Parallelism: process groups and the pipeline schedule, tensor parallelism, and expert parallelism"""
