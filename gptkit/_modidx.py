@@ -1200,6 +1200,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'gptkit.machine.Measured.speedup': ('machine.html#measured.speedup', 'gptkit/machine.py'),
                                 'gptkit.machine.Measured.trusted': ('machine.html#measured.trusted', 'gptkit/machine.py'),
                                 'gptkit.machine.PrecisionChoice': ('machine.html#precisionchoice', 'gptkit/machine.py'),
+                                'gptkit.machine.PrecisionChoice.trusted': ('machine.html#precisionchoice.trusted', 'gptkit/machine.py'),
                                 'gptkit.machine.Timings': ('machine.html#timings', 'gptkit/machine.py'),
                                 'gptkit.machine._cached_or_measured': ('machine.html#_cached_or_measured', 'gptkit/machine.py'),
                                 'gptkit.machine._kept': ('machine.html#_kept', 'gptkit/machine.py'),

@@ -396,11 +396,16 @@ def choose_attention(speedup: float, gain: float = ATTENTION_GAIN) -> str:
 @dataclass(frozen=True)
 class PrecisionChoice:
     """The precision `auto` became, why, whether the figures it rests on are kept for other processes to read, and
-    whether they were trusted (a choice from untrusted figures is the safe one: fp32, or the run's own precision)"""
+    their `doubt` where they were not trusted (the choice is then the safe one: fp32, or the run's own precision)"""
     precision: str
     why: str
     kept: bool = True
-    trusted: bool = True
+    doubt: str = ''
+
+    @property
+    def trusted(self) -> bool:
+        "Whether the figures behind the choice were trusted"
+        return not self.doubt
 
 def precision_reason(m: Measured, precision: str, cpu: CPU, experts: bool = False) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing `precision` from `m` (`experts`: theirs in it)"
@@ -439,7 +444,7 @@ def auto_precision(model, micro_batch: int, tp: int = 1, ep: int = 1, device: st
                  lambda s: training_seconds(shapes, experts), threads=threads,
                  implausible=lambda s: bf16_doubt(s['fp32'], s['bf16'], kind))
     precision = choose_precision(m.speedup) if m.trusted else 'fp32'
-    return PrecisionChoice(precision, precision_reason(m, precision, cpu, bool(experts)), m.kept, m.trusted)
+    return PrecisionChoice(precision, precision_reason(m, precision, cpu, bool(experts)), m.kept, m.doubt)
 
 def attention_reason(m: Measured, precision: str) -> str:
     "The sentence a run summary and `gptkit doctor` give for choosing the attention's `precision` from `m`"
@@ -461,7 +466,7 @@ def auto_attention(model, micro_batch: int, precision: str, tp: int = 1, device:
         return PrecisionChoice('same', '')
     m = measured('attention', attention_shapes(model, micro_batch, tp), attention_seconds, threads=threads)
     chosen = choose_attention(m.seconds['bf16'] / m.seconds['fp32']) if m.trusted else 'same'
-    return PrecisionChoice(chosen, attention_reason(m, chosen), m.kept, m.trusted)
+    return PrecisionChoice(chosen, attention_reason(m, chosen), m.kept, m.doubt)
 
 def nodes_problems(precision: str, nodes: int | None = None) -> list[tuple[str, str]]:
     """`auto` refused for a CPU run over several machines (`nodes`, else torchrun's WORLD_SIZE over LOCAL_WORLD_SIZE):
@@ -500,7 +505,7 @@ def _kept(choice: PrecisionChoice, key: str, world: int) -> PrecisionChoice:
     "`choice`, when the other processes of a run of `world` can read the figures it rests on"
     if world > 1 and not choice.trusted:
         check([(key, f'{{key}} auto is measured once for all {world} processes, and the figures were never steady '
-                     f'({choice.why.partition("untrusted ")[2].partition("; ")[0]}): set the value')])
+                     f'({choice.doubt}): set the value')])
     if world > 1 and not choice.kept:
         check([(key, f'{{key}} auto is measured once for all {world} processes, and the measurement could not be '
                      f'kept in {cache_folder()} (see the warning above): set {CACHE_ENV} to a folder they can write, '
