@@ -1,11 +1,11 @@
 """Calibration on this machine (issue 33, item 4): train the `tiny` preset for a few dozen steps, fit the `cpu` profile
-to it (`gptkit.calibrate`), then predict runs the fit never saw (other widths and depths, the `small` preset
+to it (`gptkit.estimate.calibrate`), then predict runs the fit never saw (other widths and depths, the `small` preset
 shortened, other micro-batches, two data-parallel processes) and print predicted against measured.
 
     .venv/bin/python benchmarks/bench_calibrate.py [--steps 30] [--only tiny,wide] [--keep DIR]
 
 Each run is `gptkit train` in its own process (as a user runs it; `--nproc 2` through torchrun), on the built-in KJV
-text with a 512-entry BPE; its step is the median of metrics.jsonl's reports after the first (gptkit.calibrate)."""
+text with a 512-entry BPE; its step is the median of metrics.jsonl's reports after the first (gptkit.estimate.calibrate)."""
 from __future__ import annotations
 
 import argparse
@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gptkit.calibrate import calibrate, predicted_step, read_run  # noqa: E402
-from gptkit.perf import GPUS  # noqa: E402
+from gptkit.estimate.calibrate import calibrate, predicted_step, read_run  # noqa: E402
+from gptkit.estimate.perf import GPUS  # noqa: E402
 
 # name: (preset, --set overrides, processes); the first is the one calibrated on
 RUNS = {
@@ -68,7 +68,7 @@ def main():
     ap.add_argument('--only', default='', help='comma-separated run names (the first is calibrated on)')
     ap.add_argument('--keep', default=None, help='keep the run folders here (default: a temporary folder)')
     args = ap.parse_args()
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     names = [n for n in args.only.split(',') if n] or list(RUNS)
     with tempfile.TemporaryDirectory() as tmp:

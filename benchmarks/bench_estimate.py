@@ -38,16 +38,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--repeat', type=int, default=5)
     n = ap.parse_args().repeat
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     floor = wall([sys.executable, '-c', 'pass'], n)
     ours = wall([GPTKIT, 'estimate', '--params', '13B'], n)
     search = wall([GPTKIT, 'estimate', '--params', '175B', '--search', '--gpus', '1024'], n)
     family = wall([GPTKIT, 'estimate', '--preset', 'mistral-7b', '--sliding-window', '4096', '--search', '--gpus', '64'], n)
     peer = wall([sys.executable, '-c', DEEPSPEED], max(1, n // 2))
-    from gptkit.config import PRESETS
-    from gptkit.estimate import search as run_search
-    from gptkit.perf import GPUS
+    from gptkit.config.sections import PRESETS
+    from gptkit.estimate.sizing import search as run_search
+    from gptkit.estimate.perf import GPUS
     t = time.perf_counter(); run_search(PRESETS['175b'].model, GPUS['a100-80gb'], 1024, global_batch=1536); inproc = time.perf_counter() - t
     print(f'python -c pass                                     {floor:7.3f} s')
     print(f'gptkit estimate --params 13B                       {ours:7.3f} s   target < 0.5 s: {"ok" if ours < 0.5 else "MISSED"}')

@@ -45,11 +45,11 @@ def data(out: Path, vocab: int = 4096) -> tuple[str, str]:
 
 def run(name: str, model: dict, seed: int, iters: int, prefix: str, tok_dir: str, out: Path, held: list[int],
         preset: str = 'tiny') -> dict:
-    from gptkit.estimate import count_params, flops_per_iteration
+    from gptkit.estimate.sizing import count_params, flops_per_iteration
     from gptkit.eval.perplexity import text_loss
-    from gptkit.moe_estimate import active_params
-    from gptkit.plan import run_config
-    from gptkit.train import train
+    from gptkit.estimate.moe import active_params
+    from gptkit.train.plan import run_config
+    from gptkit.train.loop import train
     reports = max(1, iters // (10 if preset == 'tiny' else 30))
     folder = f'run-{len(model)}-{seed}' if preset == 'tiny' else f'run-{preset}-{len(model)}-{seed}'
     cfg = run_config(preset, sets=[f'train.iters={iters}', f'train.eval_interval={iters}', 'train.eval_iters=4',
@@ -138,7 +138,7 @@ def main():
     ap.add_argument('--from-json', type=Path, help='Only draw the plot of the results in this families.json.')
     ap.add_argument('--moe', action='store_true', help='moe-tiny against the dense model of equal active parameters')
     a = ap.parse_args()
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     draw = plot_moe if a.moe else plot
     if a.from_json:

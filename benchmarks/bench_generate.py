@@ -2,7 +2,7 @@
 
 Target (issues 5, 35): gptkit tokens/s >= 1.5x transformers `generate` on CPU at batch 1 and >= 1.2x at batch 8, on
 every machine class (the CPU and its features are printed first).
-Both sides: the same GPT-2-architecture weights (gptkit's model exported with `gptkit.interop.to_hf`, logits
+Both sides: the same GPT-2-architecture weights (gptkit's model exported with `gptkit.interop.hf.to_hf`, logits
 checked equal first), in one dtype: the one gptkit's measurement picks (issue 35: fp32 or bf16, `--dtype` to force
 one), with the layout it measured for it; greedy decoding of exactly --new tokens per sequence (end of document ignored), and
 the batch-8 prompts of different lengths (left-padded with an attention mask on both sides). The greedy tokens are
@@ -28,9 +28,9 @@ import torch
 
 def models(preset: str, vocab: int | None):
     from transformers import GPT2Config, GPT2LMHeadModel
-    from gptkit.hf_config import config_to_hf
-    from gptkit.interop import to_hf
-    from gptkit.config import PRESETS
+    from gptkit.interop.hf_config import config_to_hf
+    from gptkit.interop.hf import to_hf
+    from gptkit.config.sections import PRESETS
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
@@ -166,7 +166,7 @@ def main():
         raise SystemExit('--device cuda: this torch sees no CUDA GPU')
     from gptkit.inference.decode import choose_decode
     from gptkit.inference.generator import Generator
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     ours, hf, tok, cfg, err = models(a.preset, a.vocab)
     import transformers
     print(this_cpu().summary())

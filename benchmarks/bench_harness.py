@@ -3,7 +3,7 @@
 
 Target (issue 34, item 4): gptkit at least as fast as HFLM (ratio >= 1.0x), same metrics.
 Both sides: the same weights (a random GPT-2-architecture model with GPT-2's tokenizer, written as a gptkit run and
-exported with `gptkit.interop.export_hf`), the same dtype, the same batch size, and the same three local tasks as
+exported with `gptkit.interop.hf.export_hf`), the same dtype, the same batch size, and the same three local tasks as
 tests/data/harness with more rows, made here from the built-in KJV: multiple choice (4 choices of two words:
 loglikelihood), the next word of a verse (generate_until, greedy, at most --gen-toks tokens, stop at '\\n' or '.'),
 and perplexity of passages longer than the context (loglikelihood_rolling). Timed: lm-eval's `evaluate` (requests,
@@ -68,8 +68,8 @@ def write_tasks(folder: Path, rows: int, gen_toks: int) -> Path:
 
 def checkpoint(folder: Path, layers: int, hidden: int, seq_len: int) -> tuple[Path, Path]:
     "(gptkit run, its Hugging Face export) of a random GPT-2-architecture model with GPT-2's tokenizer"
-    from gptkit.config import ModelConfig
-    from gptkit.interop import export_hf, write_run
+    from gptkit.config.sections import ModelConfig
+    from gptkit.interop.hf import export_hf, write_run
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
@@ -105,7 +105,7 @@ def main():
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, default=None, help='torch threads on a CPU (default: as torch chooses)')
     a = p.parse_args()
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -2,7 +2,7 @@
 
 Targets: a training step >= 1.3x transformers' (same shapes, batch, dtype and optimizer, same process), and greedy
 generation at batch 1 and 8 >= 1.3x `generate` with the same tokens (the same weights: gptkit's model exported with
-`gptkit.interop.to_hf` into MixtralForCausalLM, logits checked equal first; bench_generate.py's prompts and timing).
+`gptkit.interop.hf.to_hf` into MixtralForCausalLM, logits checked equal first; bench_generate.py's prompts and timing).
 Both models: moe-tiny's shapes as Mixtral has them (RMSNorm, rotary, SwiGLU experts, grouped-query attention, untied
 output), 8 experts, 2 per token, softmax over all experts then the top 2 renormalised, the load-balancing loss at
 coefficient 0.01 in the loss on both sides (Mixtral's `output_router_logits=True`), no dropout, fp32, AdamW (lr 1e-4,
@@ -40,7 +40,7 @@ def mixtral(m, device, dtype, aux_loss: bool = True):
 
 
 def adamw(model):
-    from gptkit.engine import param_groups
+    from gptkit.train.engine import param_groups
     return torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
 
@@ -77,7 +77,7 @@ def generation(m, new: int, rounds: int):
     from transformers import MixtralForCausalLM
 
     from gptkit.inference.generator import Generator
-    from gptkit.interop import to_hf
+    from gptkit.interop.hf import to_hf
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import gpt2
     tok = gpt2()
@@ -111,14 +111,14 @@ def main():
     ap.add_argument('--skip-generation', action='store_true')
     ap.add_argument('--threads', type=int, help="torch's CPU threads (default: torch's own, one per core)")
     a = ap.parse_args()
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     if a.threads:
         torch.set_num_threads(a.threads)      # one thread: steadier ratios on a machine other jobs share
 
-    from gptkit.engine import build_engine, init_distributed
+    from gptkit.train.engine import build_engine, init_distributed
     from gptkit.model.decoder import GPT
-    from gptkit.runconfig import resolve
+    from gptkit.config.run import resolve
 
     vocab = [f'model.vocab={a.vocab}'] if a.vocab else []
     cfg = resolve('moe-tiny', sets=[*vocab, 'model.dropout=0', f'train.micro_batch={a.batch}',

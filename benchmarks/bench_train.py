@@ -30,7 +30,7 @@ def hf_model(cfg, device, dtype):
 
 
 def adamw(model, cuda: bool):
-    from gptkit.engine import param_groups
+    from gptkit.train.engine import param_groups
     return torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                              **({'fused': True} if cuda else {'foreach': True}))
 
@@ -54,20 +54,20 @@ def main():
     a = ap.parse_args()
     if a.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: this torch sees no CUDA GPU')
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
 
-    from gptkit.engine import build_engine, init_distributed
-    from gptkit.estimate import flops_per_iteration
-    from gptkit.machine import keep_freed_memory
+    from gptkit.train.engine import build_engine, init_distributed
+    from gptkit.estimate.sizing import flops_per_iteration
+    from gptkit.machine.choices import keep_freed_memory
     from gptkit.model.decoder import GPT, set_attention_precision
-    from gptkit.runconfig import resolve
-    from gptkit.train import peak_flops
+    from gptkit.config.run import resolve
+    from gptkit.train.loop import peak_flops
 
     cfg = resolve(a.preset, sets=[f'model.vocab={a.vocab}', 'model.dropout=0', f'train.micro_batch={a.batch}',
                                   f'train.global_batch={a.batch}', f'train.precision={a.dtype}', 'optim.lr=1e-4', 'optim.warmup=0',
                                   f'train.attention_precision={a.attention}', f'parallel.zero={a.zero}'])
-    from gptkit.machine import settle_precision
+    from gptkit.machine.choices import settle_precision
     cfg, why = settle_precision(cfg)
     if why:
         print(why)

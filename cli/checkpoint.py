@@ -13,7 +13,7 @@ from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.format import text
 
 # the Hugging Face families gptkit reads and writes, by model_type, as their model cards name them, in the order of
-# gptkit.hf_config (GPT-2, LLAMA_LIKE, MOE_TYPES: tests/test_newcomer_words.py checks; it is off the start-up path)
+# gptkit.interop.hf_config (GPT-2, LLAMA_LIKE, MOE_TYPES: tests/test_newcomer_words.py checks; off the start-up path)
 FAMILY_NAMES = {'gpt2': 'GPT-2', 'llama': 'Llama', 'mistral': 'Mistral', 'qwen2': 'Qwen2', 'qwen3': 'Qwen3',
                 'mixtral': 'Mixtral', 'qwen3_moe': 'Qwen3-MoE', 'olmoe': 'OLMoE'}
 FAMILIES = ', '.join(FAMILY_NAMES.values())   # a new family: name it above
@@ -47,7 +47,7 @@ def _size(n: int) -> str:
 def inspect(path: CheckpointPath,
             as_json: Annotated[bool, Opt('--json', help='Print everything as one JSON object.')] = False):
     """Config, iteration, tokens seen, parameters, dtypes, parallel layout and files of a checkpoint."""
-    from gptkit.checkpoint import inspect as read
+    from gptkit.checkpoint.checkpointing import inspect as read
     info = read(path)
     if as_json:
         typer.echo(json.dumps(info, indent=2))
@@ -104,9 +104,9 @@ def export(path: CheckpointPath,
     fmt = _format(to, 'to', EXPORTS)
     if max_shard_size is not None and fmt != 'hf':
         raise ConfigError([('max_shard_size', '{key} is only used with --to hf')])
-    from gptkit.hf_files import MAX_SHARD_SIZE
-    from gptkit.interop import export_hf, export_peft
-    from gptkit.megatron import export_megatron
+    from gptkit.interop.hf import export_hf, export_peft
+    from gptkit.interop.hf_files import MAX_SHARD_SIZE
+    from gptkit.interop.megatron import export_megatron
     most = MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
     write = {'hf': lambda: export_hf(path, out_dir, most), 'megatron': lambda: export_megatron(path, out_dir),
              'peft': lambda: export_peft(path, out_dir)}[fmt]
@@ -131,15 +131,15 @@ def import_(src: Annotated[Path, Arg(metavar='SRC',
     fmt = _format(from_, 'from')
     if tokenizer is not None and fmt != 'megatron':
         raise ConfigError([('tokenizer', '{key} is only used with --from megatron')])
-    from gptkit.interop import import_hf
-    from gptkit.megatron import import_megatron
+    from gptkit.interop.hf import import_hf
+    from gptkit.interop.megatron import import_megatron
     with err.status(f'importing {text(src)} from {FORMATS[fmt]} ...'):
         done = import_hf(src, out_dir) if fmt == 'hf' else import_megatron(src, out_dir, tokenizer)
     shown = text(done)
     out.print(f'[bold green]imported[/] {text(src)} into {shown}; continue pre-training from it with '
               f'[bold]gptkit train --init {shown} --data PREFIX --out NEW --iters N[/]', soft_wrap=True)
-    from gptkit.checkpoint import read_config
-    from gptkit.plan import INIT_SEQ_LEN
+    from gptkit.checkpoint.checkpointing import read_config
+    from gptkit.train.plan import INIT_SEQ_LEN
     m = read_config(done).model
     if m.positions > INIT_SEQ_LEN:     # the capacity is kept; a training length is chosen by the run
         out.print(f'it holds {m.positions:,} positions (model.context, kept by export); train --init trains '
@@ -155,7 +155,7 @@ def reshard(path: CheckpointPath,
             pp: Annotated[int, Opt(help='Pipeline-parallel degree of the new layout.')] = 1,
             balance: Annotated[str, Opt(help="Pipeline stages balanced by 'layers' or 'parameters'.")] = 'layers'):
     """Convert a checkpoint of any tensor/pipeline layout into another one (weights, step and data position)."""
-    from gptkit.interop import reshard as run
+    from gptkit.interop.hf import reshard as run
     with err.status(f'resharding {text(path)} to tp {tp} x pp {pp} ...'):
         done = run(path, out_dir, tp, pp, balance)
     shown = text(done)

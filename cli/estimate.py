@@ -9,13 +9,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, MOE_PRESETS, ParallelConfig, TrainConfig, parse_size
+from gptkit.config.sections import GPT3_PRESETS, LLAMA_PRESETS, MOE_PRESETS, ParallelConfig, TrainConfig, parse_size
 from gptkit.errors import ConfigError
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
 
 if TYPE_CHECKING:       # the estimator itself is imported where it runs, off the start-up path
-    from gptkit.estimate import Estimate
+    from gptkit.estimate.sizing import Estimate
 
 Opt = typer.Option
 MODEL, LAYOUT, HW = 'Model', 'Layout', 'Hardware and budget'
@@ -98,16 +98,16 @@ def estimate(
 
 def hardware_profile(gpu: str, hardware: Optional[Path], memory_gib: Optional[float], tflops: Optional[float]):
     "The profile called `gpu`, among the known ones and those of the file `hardware`, memory or peak overridden"
-    from gptkit.calibrate import load_hardware
-    from gptkit.estimate import GiB
-    from gptkit.perf import GPUS, get_gpu
+    from gptkit.estimate.calibrate import load_hardware
+    from gptkit.estimate.perf import GPUS, get_gpu
+    from gptkit.estimate.sizing import GiB
     table = {**GPUS, **(load_hardware(hardware) if hardware is not None else {})}
     return get_gpu(gpu, None if memory_gib is None else round(memory_gib * GiB), tflops, table=table)
 
 
 def _estimate_on(device, a: dict):
     "The estimate (or --search) of the model and layout the flags in `a` describe, on `device`"
-    from gptkit.estimate import data_parallel, estimate as run_estimate, resolve_model, search as run_search
+    from gptkit.estimate.sizing import data_parallel, estimate as run_estimate, resolve_model, search as run_search
     if a['save_hardware'] is not None or a['name'] is not None:
         raise ConfigError([('save_hardware' if a['save_hardware'] else 'name', '{key} goes with --calibrate RUN')])
     if a['precision'] == 'auto':            # a CPU run's setting: a GPU estimate names its precision
@@ -137,7 +137,7 @@ def model_flags(a: dict) -> str:
 
 def _calibrate(folder: Path, base, save: Optional[Path], name: Optional[str], as_json: bool):
     "Fit `base` to the run in `folder`, show measured against predicted before and after, save it if asked"
-    from gptkit.calibrate import calibrate, predicted_step, profile_dict, read_run, save_hardware
+    from gptkit.estimate.calibrate import calibrate, predicted_step, profile_dict, read_run, save_hardware
     run = read_run(folder)
     fitted = calibrate(run, base, name)
     before, after = predicted_step(run.cfg, run.world, base), predicted_step(run.cfg, run.world, fitted)
@@ -225,12 +225,12 @@ def _params_table(e: Estimate, d: dict) -> Table:
 
 def not_yet(e: Estimate) -> str:
     "Why `gptkit train` does not run this expert-parallel layout yet, its own words; '' when it does"
-    from gptkit.runconfig import ep_engine_problems
+    from gptkit.config.run import ep_engine_problems
     return '; '.join(m.replace('{key}', k) for k, m in ep_engine_problems(e.parallel, e.train))
 
 
 def _print_estimate(e: Estimate, note: str, hint: str = '...'):
-    from gptkit.estimate import kv_cache_bytes
+    from gptkit.estimate.sizing import kv_cache_bytes
     d, m, gpus = e.to_dict(), e.memory, e.parallel.world_size
     par, tr = e.parallel, e.train
     mo = e.model
@@ -307,8 +307,8 @@ STEP_PARTS = {'gemm': 'matrix products', 'attention': "attention's core", 'memor
 
 
 def _step_table(e: Estimate) -> Table:
-    "The predicted step time by part (gptkit.perf): seconds and share"
-    t = _table(f'Step time on {e.gpu.name} (performance model, nbs/01b_perf.ipynb)')
+    "The predicted step time by part (gptkit.estimate.perf): seconds and share"
+    t = _table(f'Step time on {e.gpu.name} (performance model, nbs/01b_estimate.perf.ipynb)')
     for k, label in STEP_PARTS.items():
         v = getattr(e.step, k)
         if v:
@@ -317,7 +317,7 @@ def _step_table(e: Estimate) -> Table:
 
 
 def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
-    from gptkit.estimate import GiB, train_flags
+    from gptkit.estimate.sizing import GiB, train_flags
     if not results:
         out.print(f'[red]No layout of {fmt.text(note)} fits in {gpus} x {gpu}[/]: add GPUs, choose a bigger GPU or a '
                   f'smaller model.')
@@ -335,8 +335,8 @@ def _print_search(results: list[Estimate], note: str, gpus: int, gpu: str):
                   f'{e.step.bubble_fraction:.1%}',
                   f'{e.layout_seconds / 86400:,.1f}')
     out.print(t)
-    out.print('[dim]Sequence parallelism on when tp > 1. Time: the performance model of nbs/01b_perf.ipynb (matrix '
-              'products by shape, attention, memory-bound work, recomputation, TP, DP' + (', EP' if moe else '')
+    out.print('[dim]Sequence parallelism on when tp > 1. Time: the performance model of nbs/01b_estimate.perf.ipynb '
+              '(matrix products by shape, attention, memory-bound work, recomputation, TP, DP' + (', EP' if moe else '')
               + ' and PP traffic, the 1F1B bubble).[/]')
     out.print(f'\n[bold]As gptkit train options[/] (on {gpus} processes; dp = processes / (tp x pp)):')
     for i, e in enumerate(results, 1):

@@ -95,7 +95,7 @@ def eval_(
     from gptkit.data.corpus import HELD_OUT  # ftfy and the readers: not on the CLI's start-up path
     from gptkit.eval.perplexity import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
-    from gptkit.engine import device_type
+    from gptkit.train.engine import device_type
     device = device or device_type()
     with _Bar() as bar:
         res = evaluate(checkpoint, source, jsonl=True if jsonl else False if text else None, text_key=text_key,

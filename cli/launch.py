@@ -193,8 +193,8 @@ def emit(kind: str, launch: Launch, argv: list[str], out: str | None, image: str
 
 
 def _free_port() -> int:
-    "A free TCP port (gptkit.engine imported only now: off the CLI's start-up path)"
-    from gptkit.engine import free_port
+    "A free TCP port (gptkit.train.engine imported only now: off the CLI's start-up path)"
+    from gptkit.train.engine import free_port
     return free_port()
 
 
@@ -331,7 +331,7 @@ def join_tp(device: str | None) -> tuple[int, str]:
     "Join the torchrun job; only rank 0 prints. (this rank, its device: its local GPU, or the CPU)"
     import torch
 
-    from gptkit.engine import init_distributed
+    from gptkit.train.engine import init_distributed
     from gptkit_cli.app import err, out
     rank, _, local = init_distributed()
     leave_group_at_exit()

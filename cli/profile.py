@@ -51,7 +51,7 @@ def profile(
     if data is None:
         with err.status('tokenizing the built-in KJV text'):
             data, tokenizer = prepare_builtin(out_dir / 'data', tokenizer=tokenizer)
-    from gptkit.machine import settle_precision  # off the start-up path
+    from gptkit.machine.choices import settle_precision  # off the start-up path
     cfg, why = settle_precision(resolve_run(preset, config, set_ or [], data, tokenizer, None, None, None))
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:

@@ -15,9 +15,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gptkit.callbacks import Callback
-from gptkit.config import GPT3_PRESETS, LLAMA_PRESETS, PRECISIONS, PRESETS, ParallelConfig, TrainConfig
+from gptkit.config.sections import GPT3_PRESETS, LLAMA_PRESETS, PRECISIONS, PRESETS, ParallelConfig, TrainConfig
 from gptkit.errors import ConfigError
+from gptkit.train.callbacks import Callback
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
 from gptkit_cli.train import RichProgress
@@ -125,7 +125,7 @@ def _pipeline(out_dir: Path, vocab_size: int, iters: int | None, preset: str, pr
     _estimate_stage()
     run = out_dir / 'run'
     o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
-    from gptkit.machine import this_cpu
+    from gptkit.machine.choices import this_cpu
     cpu = this_cpu()
     out.print(f'\nDone in {time.perf_counter() - start:.1f} s on this {fmt.text(cpu.name)} (machine class '
               f'{cpu.machine_class}, {_torch_threads()} threads). Next: [bold]gptkit train --preset {preset} '
@@ -212,7 +212,7 @@ class StepClock(Callback):
 
 def _quick_config(out_dir: Path, preset: str, precision: str, iters: int):
     "The quickstart's run of `iters` steps: batch 4, validation at a third and two thirds of the way and at the end"
-    from gptkit.plan import run_config
+    from gptkit.train.plan import run_config
     sets = [f'train.iters={iters}', f'train.eval_interval={max(1, iters // 3)}', f'train.eval_iters={EVAL_ITERS}',
             f'train.log_interval={max(1, min(10, iters // 20))}', f'train.micro_batch={QUICK_BATCH}',
             f'train.global_batch={QUICK_BATCH}', 'optim.warmup=0.05', f'train.precision={precision}']
@@ -223,7 +223,7 @@ def _quick_config(out_dir: Path, preset: str, precision: str, iters: int):
 
 def _train(plan, where: Where, stop_after: int | None = None, extra=()):
     "Train `plan` with a progress bar; a stop signal training saved on ends the quickstart (`Interrupted`)"
-    from gptkit.train import train
+    from gptkit.train.loop import train
     progress = RichProgress()
     where.live.append(progress.progress)
     result = train(plan, callbacks=[progress, *extra], resume=plan.resume_from is not None, stop_after=stop_after)
@@ -236,7 +236,7 @@ def _train(plan, where: Where, stop_after: int | None = None, extra=()):
 
 def _budgeted(plan, out_dir: Path, preset: str, precision: str, where: Where, start: float, article_tokens: list):
     "Train the warm-up steps, time them, then go on for as many steps as the budget holds: (result, s a step)"
-    from gptkit.plan import plan_run
+    from gptkit.train.plan import plan_run
     clock = StepClock()
     first = _train(plan, where, stop_after=WARMUP_STEPS, extra=[clock])
     step_s, per_step = clock.step_seconds(), plan.cfg.tokens_per_step
@@ -296,9 +296,9 @@ def _train_stage(out_dir: Path, iters: int | None, preset: str = 'tiny', precisi
                  where: Where | None = None, start: float | None = None):
     "Train the preset (`iters` None: as many steps as the budget holds), then its loss on held-out text"
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
-    from gptkit.engine import device_type
     from gptkit.eval.perplexity import token_counts, unigram_loss
-    from gptkit.plan import plan_run
+    from gptkit.train.engine import device_type
+    from gptkit.train.plan import plan_run
     where = Where() if where is None else where
     start = time.perf_counter() if start is None else start
     shutil.rmtree(out_dir / 'run', ignore_errors=True)    # the quickstart always starts its run afresh
@@ -349,8 +349,8 @@ def _sample_stage(run: Path, prompt: str = 'And the king said unto', tokens: int
 
 
 def _estimate_stage():
-    from gptkit.estimate import count_params, estimate, search
-    from gptkit.perf import GPUS
+    from gptkit.estimate.perf import GPUS
+    from gptkit.estimate.sizing import count_params, estimate, search
     t = Table(title='5. The GPT-3 family (Brown et al. 2020), parameters counted as Megatron counts them',
               title_justify='left')
     for col in ('preset', 'layers', 'hidden', 'heads', 'parameters', 'padded vocabulary'):

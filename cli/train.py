@@ -20,9 +20,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gptkit.config.run import CONFIG_BYTES, RunConfig
 from gptkit.errors import ConfigError, check
 from gptkit.files import read_text
-from gptkit.runconfig import CONFIG_BYTES, RunConfig
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
 from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group_at_exit, run_launcher, train_argv
@@ -44,8 +44,8 @@ def key_name(key: str) -> str:
 def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
                 splits=(None, None, None), save_minutes=None, watchdog_minutes=None, resume=False,
                 vocab=True, init=None) -> RunConfig:
-    "The RunConfig the command line describes, as `gptkit.plan.run_config` completes it (machine defaults, vocabulary)"
-    from gptkit.plan import run_config
+    "The RunConfig the command line describes, as `gptkit.train.plan.run_config` completes it (machine defaults, vocab)"
+    from gptkit.train.plan import run_config
     pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
     over = {'data': {k: v for k, v in pairs if v is not None},
             'train': {k: v for k, v in (('iters', iters), ('tokens', tokens), ('save_interval_minutes', save_minutes),
@@ -69,14 +69,14 @@ def _ds_override(path: Optional[Path], cfg: RunConfig) -> dict | None:
     if not isinstance(d, dict):
         raise ConfigError([('deepspeed_config',
                                                     f'{{key}} file {path} must hold a JSON object')])
-    from gptkit.engine import check_ds_config, ds_config  # the engine's imports off the start-up path
+    from gptkit.train.engine import check_ds_config, ds_config  # the engine's imports off the start-up path
     check_ds_config(ds_config(cfg, override=d), f'--deepspeed-config file {path}')   # before any process starts
     return d
 
 
 def _summary(cfg: RunConfig):
     m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
-    from gptkit.estimate import count_params, flops_per_iteration
+    from gptkit.estimate.sizing import count_params, flops_per_iteration
     params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
     experts = f' (ep {p.ep}: {m.moe_experts // p.ep} of {m.moe_experts} experts per rank)' if p.ep > 1 else ''
     out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: {params:,} parameters ({m.layers} layers, '
@@ -96,7 +96,7 @@ def _data_summary(plan):
     if plan.init_from is not None:
         out.print(f'weights from {fmt.text(plan.init_from)}: step 0, a fresh optimizer and learning-rate schedule')
         m = plan.cfg.model
-        if m.positions > m.seq_len:     # an import's capacity is no training length (gptkit.plan.INIT_SEQ_LEN)
+        if m.positions > m.seq_len:     # an import's capacity is no training length (gptkit.train.plan.INIT_SEQ_LEN)
             out.print(f'trains {m.seq_len:,}-token sequences; the checkpoint holds {m.positions:,} positions '
                       '(model.context), which export keeps; --set model.seq_len=N trains at another length')
     if plan.data_error is not None:
@@ -110,7 +110,7 @@ def _data_summary(plan):
 
 def _task_summary(cfg: RunConfig):
     "What the loss learns and what attends to what, when it is not plain pre-training"
-    from gptkit.plan import task_summary
+    from gptkit.train.plan import task_summary
     if (line := task_summary(cfg)) is not None:
         out.print(fmt.text(line))
 
@@ -231,7 +231,7 @@ def train(
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
     launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
     check(launch.problems(launching=emit is None))
-    from gptkit.engine import world_size
+    from gptkit.train.engine import world_size
     world = world_size(cfg, launch.world)
     cfg, argv = cfg.for_world(world), train_argv(ctx)
     override = _ds_override(deepspeed_config, cfg)
@@ -249,9 +249,9 @@ def train(
 
 def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list[str]) -> int:
     "The run planned once here and saved in its folder, then its processes started by the launcher, told where"
-    from gptkit.engine import free_port
-    from gptkit.machine import nodes_problems
-    from gptkit.plan import PLAN_ENV, hand_over, plan_run
+    from gptkit.machine.choices import nodes_problems
+    from gptkit.train.engine import free_port
+    from gptkit.train.plan import PLAN_ENV, hand_over, plan_run
     check(nodes_problems(cfg.train.precision, launch.nodes))      # nodes that measured apart could disagree
     plan = plan_run(cfg, resume, world)          # checked once here, not in every process the launcher starts
     # RUN/plan.json, refused while a training runs there; the processes of another node (--node-rank 1, 2, ...)
@@ -268,7 +268,7 @@ def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list
 
 def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
     "This process's RunPlan (the one `gptkit train` handed it under a launcher, else made here); rank 0 shows it"
-    from gptkit.plan import handed_plan, plan_run
+    from gptkit.train.plan import handed_plan, plan_run
     leave_group_at_exit()
     restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
     plan = (handed_plan(restarted=restart > 0) if launched else None) or plan_run(cfg, resume or restart > 0, world)
@@ -284,7 +284,7 @@ def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
 
 def _dry_run(cfg, override, world, launch, argv):
     "The plan without its checks (`preview_run`), the DeepSpeed config and the launch command"
-    from gptkit.plan import curriculum_summary, preview_run
+    from gptkit.train.plan import curriculum_summary, preview_run
     plan = preview_run(cfg, world)
     cfg = plan.cfg
     _summary(cfg)
@@ -295,7 +295,7 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print('[bold]Run config[/]')
     out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
-    from gptkit.engine import ds_config
+    from gptkit.train.engine import ds_config
     out.print_json(json.dumps(ds_config(cfg, override=override)))
     cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)
@@ -304,9 +304,9 @@ def _dry_run(cfg, override, world, launch, argv):
 
 
 def predicted_line(info, measured: float) -> str:
-    "The first report's measured step beside the performance model's on this device's profile (gptkit.calibrate)"
-    from gptkit.calibrate import machine_profile, predicted_step
+    "The first report's measured step beside the performance model's on this device's profile (estimate.calibrate)"
     from gptkit.errors import GptkitError
+    from gptkit.estimate.calibrate import machine_profile, predicted_step
     try:
         name = 'cpu'
         if info.device.startswith('cuda'):
@@ -382,7 +382,7 @@ class RichProgress:
 
 def _run(plan, override, force, rank):
     "Train `plan` in this process; rank 0 says how it ended"
-    from gptkit.train import train as run_training
+    from gptkit.train.loop import train as run_training
     result = run_training(plan, callbacks=[RichProgress()], ds_override=override, force=force)
     cfg = plan.cfg
     if rank != 0:

@@ -68,8 +68,8 @@ TINY_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=2', 'model.seq_le
 def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
     "A gptkit run folder: a random 2-layer GPT (context 64), the tiny_data tokenizer, written by interop.write_run"
     import torch
-    from gptkit.interop import write_run
-    from gptkit.config import ModelConfig
+    from gptkit.interop.hf import write_run
+    from gptkit.config.sections import ModelConfig
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])

@@ -29,7 +29,7 @@ finally:
     if _saved is None: os.environ.pop('TRITON_INTERPRET', None)
     else: os.environ['TRITON_INTERPRET'] = _saved
 
-from gptkit.config import ModelConfig
+from gptkit.config.sections import ModelConfig
 from gptkit.errors import ConfigError
 from gptkit.model.decoder import GPT
 
@@ -110,7 +110,7 @@ def test_chunked_cross_entropy_triton_kernels(dtype, monkeypatch):
 
 
 def test_chunk_size_follows_the_estimator():
-    from gptkit.estimate import ce_chunk_tokens
+    from gptkit.estimate.sizing import ce_chunk_tokens
     assert ce_chunk_tokens(8192, 50304) == 256 and ce_chunk_tokens(100, 50304) == 100 and ce_chunk_tokens(10**6, 10**7) == 16
 
 
@@ -300,7 +300,7 @@ def test_switch():
 
 
 def test_auto_on_cpu_imports_no_triton():
-    code = ('import sys, torch; from gptkit.config import ModelConfig; from gptkit.model.decoder import GPT\n'
+    code = ('import sys, torch; from gptkit.config.sections import ModelConfig; from gptkit.model.decoder import GPT\n'
             "m = GPT(ModelConfig(layers=1, hidden=16, heads=2, seq_len=8, vocab=50)); ids = torch.randint(0, 50, (1, 9))\n"
             'm(ids[:, :-1], ids[:, 1:]).backward()\n'
             "print([k for k in ('triton', 'gptkit.kernels.fused') if k in sys.modules])")
@@ -323,7 +323,7 @@ def test_kernels_import_without_triton():
 
 
 def test_estimator_logits_term_follows_the_switch():
-    from gptkit.estimate import logits_bytes
+    from gptkit.estimate.sizing import logits_bytes
     m = ModelConfig(layers=24, hidden=1024, heads=16, seq_len=1024)
     chunked = ModelConfig(layers=24, hidden=1024, heads=16, seq_len=1024, kernels='triton')
     assert logits_bytes(m, 8) == logits_bytes(ModelConfig(layers=24, hidden=1024, heads=16, seq_len=1024, kernels='torch'), 8)

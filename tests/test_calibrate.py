@@ -7,7 +7,7 @@ import pytest
 from conftest import TINY_SETS
 from typer.testing import CliRunner
 
-from gptkit.calibrate import (
+from gptkit.estimate.calibrate import (
     calibrate,
     load_hardware,
     machine_profile,
@@ -16,7 +16,7 @@ from gptkit.calibrate import (
     save_hardware,
 )
 from gptkit.errors import ConfigError
-from gptkit.perf import GPUS
+from gptkit.estimate.perf import GPUS
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -94,8 +94,8 @@ def test_profiles_from_a_base_or_whole_and_saved_merged_atomically(tmp_path):
 
 
 def write_run(folder, rows, config=True):
-    from gptkit.config import ModelConfig, TrainConfig
-    from gptkit.runconfig import RunConfig, save_config
+    from gptkit.config.sections import ModelConfig, TrainConfig
+    from gptkit.config.run import RunConfig, save_config
     folder.mkdir()
     if config:
         save_config(RunConfig(model=ModelConfig(layers=2, hidden=64, heads=2, seq_len=32, vocab=512, dropout=0.0),
@@ -213,7 +213,7 @@ def test_train_profile_from_the_environment(tiny_run, tmp_path):
     assert machine_profile('Tesla T4', {}) is None
     with pytest.raises(ConfigError, match="GPTKIT_GPU='nope' is not a known profile"):
         machine_profile('cpu', {'GPTKIT_HARDWARE': str(f), 'GPTKIT_GPU': 'nope'})
-    from gptkit.callbacks import RunInfo
+    from gptkit.train.callbacks import RunInfo
     from gptkit_cli.train import predicted_line
     cfg = read_run(tiny_run[0]).cfg
     info = RunInfo(cfg, 4, 0, 1, 1, 1, 'cpu', 1.0, None, tiny_run[0])
@@ -232,7 +232,7 @@ def test_train_profile_from_the_environment(tiny_run, tmp_path):
 
 def test_every_known_profile_survives_a_save_and_load(tmp_path):
     "GPU profiles have no host overhead (0 s) and a CPU's is shared: both are written and read back as they were"
-    from gptkit.calibrate import load_hardware, save_hardware
-    from gptkit.perf import GPUS
+    from gptkit.estimate.calibrate import load_hardware, save_hardware
+    from gptkit.estimate.perf import GPUS
     save_hardware(tmp_path / 'all.json', dict(GPUS))
     assert load_hardware(tmp_path / 'all.json') == dict(GPUS)

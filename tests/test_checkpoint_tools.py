@@ -16,10 +16,16 @@ from typer.testing import CliRunner
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
-from gptkit import checkpoint as ck, interop, megatron, store
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.interop import hf as interop
+
+from gptkit.interop import megatron
+
+from gptkit.store import folders as store
 from gptkit.model.decoder import GPT
 from gptkit.tokenizer.bpe import EOD, PROBE, load as load_tokenizer
-from gptkit.torch_files import read_torch_file
+from gptkit.store.torch_files import read_torch_file
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -104,9 +110,9 @@ def test_exported_tokenizer_loads_offline_and_encodes_like_gptkit(imported, tiny
 
 def test_imported_checkpoint_trains_from_the_imported_weights(imported, tiny_data):
     "`gptkit train --config OUT/config.json --out OUT --resume`: step 1's loss is the HF model's loss on that batch"
-    from gptkit.runconfig import resolve
-    from gptkit.microbatches import micro_batch
-    from gptkit.train import _split
+    from gptkit.config.run import resolve
+    from gptkit.train.microbatches import micro_batch
+    from gptkit.train.loop import _split
     hf, _, run = imported
     prefix, _ = tiny_data
     r = runner.invoke(app, ['train', '--config', str(run / 'config.json'), '--out', str(run), '--resume', '--data', prefix,
@@ -140,7 +146,7 @@ def test_megatron_round_trip_gives_identical_tensors(imported, tmp_path):
 @pytest.fixture
 def mcore():
     "megatron-core's parallel state for one CPU process, with the two CUDA-only spots of its local attention bypassed"
-    from gptkit.engine import init_distributed
+    from gptkit.train.engine import init_distributed
     init_distributed()
     from megatron.core import parallel_state, tensor_parallel
     parallel_state.initialize_model_parallel(1, 1)
@@ -256,7 +262,7 @@ EVERY = dict(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, tie_embedding
 
 def test_qwen_and_mistral_choices_export_to_megatron_core_with_the_same_logits(tiny_data, tmp_path, mcore, monkeypatch):
     "megatron-core's GPTModel (qk_layernorm, kv_channels, add_qkv_bias, window_size, YaRN) computes gptkit's logits from the export"
-    from gptkit.config import ModelConfig
+    from gptkit.config.sections import ModelConfig
     monkeypatch.setattr(torch.cuda, 'current_device', lambda: 'cpu')     # its rotary tables go to the current device
     tok = load_tokenizer(tiny_data[1])
     cfg = ModelConfig(vocab=tok.vocab_size, **EVERY)
@@ -285,7 +291,7 @@ def test_qwen_and_mistral_choices_export_to_megatron_core_with_the_same_logits(t
     (dict(rope_scaling='linear'), "model.rope_scaling 'linear' has no Megatron export yet"),
 ])
 def test_what_megatron_args_cannot_say_is_refused_on_export(change, said):
-    from gptkit.config import ModelConfig
+    from gptkit.config.sections import ModelConfig
     refusal = megatron.megatron_refusal(ModelConfig(vocab=64, **{**EVERY, **change}))
     assert refusal.startswith(said) and '\n' not in refusal, refusal
 
@@ -301,7 +307,7 @@ def test_what_megatron_args_cannot_say_is_refused_on_export(change, said):
     (dict(rotary_scaling_factor='x'), 'describes no valid gptkit model'),
 ])
 def test_megatron_args_of_the_new_choices_gptkit_cannot_read_are_refused(args, said):
-    from gptkit.config import ModelConfig
+    from gptkit.config.sections import ModelConfig
     good = vars(megatron.megatron_args(ModelConfig(vocab=64, **EVERY)))
     assert megatron.config_from_megatron(good, 64, 16) == ModelConfig(vocab=64, **EVERY)
     with pytest.raises(store.CheckpointError, match='^args') as e:

@@ -59,7 +59,7 @@ def test_the_configured_layout_decides_the_processes_and_the_world_is_checked():
 @pytest.mark.parametrize('bf16_seconds, precision', [(0.19, 'fp32'), (0.0012, 'bf16')])
 def test_a_cpu_trains_in_the_precision_it_measured_faster_unless_asked(tmp_path, monkeypatch, bf16_seconds, precision):
     "The decision on both sides: bf16 emulated (19x slower than fp32) and on AMX tiles (8x faster), as measured there"
-    import gptkit.machine as machine
+    import gptkit.machine.choices as machine
     monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(machine, 'this_cpu', lambda: machine.CPU('Test Xeon', frozenset({'avx512_bf16', 'amx_bf16'})))
     for var in machine.ISA_ENV:                    # a CPU with bf16 instructions, whatever this one is

@@ -12,7 +12,7 @@ import torch
 from conftest import run_here
 
 from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
-from gptkit.torch_files import read_torch_file
+from gptkit.store.torch_files import read_torch_file
 
 SIZES = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, initializer_range=0.1)
@@ -123,7 +123,7 @@ def test_the_held_out_loss_goes_down(workflow):
 def test_the_export_is_the_same_family_with_gptkit_logits(workflow):
     from transformers import AutoModelForCausalLM
 
-    from gptkit.checkpoint import load_model
+    from gptkit.checkpoint.checkpointing import load_model
     hf, d = workflow['hf'], workflow['dir']
     back = AutoModelForCausalLM.from_pretrained(d / 'export').eval()
     assert type(back) is type(hf) and back.config.model_type == hf.config.model_type
@@ -205,7 +205,7 @@ def readme_commands() -> list[list[str]]:
 
 def test_the_readme_commands_are_the_workflow_tested_here_and_parse():
     "The steps the fixture above runs, in its order, each command's options known and every --set a real setting"
-    from gptkit.runconfig import resolve
+    from gptkit.config.run import resolve
     commands = readme_commands()
     assert [c[1:3] for c in commands] == [['checkpoint', 'import'], ['data', 'prepare'], ['eval', '--checkpoint'],
                                          ['train', '--init'], ['eval', '--checkpoint'], ['checkpoint', 'export']]
@@ -229,7 +229,7 @@ def test_the_weights_reach_a_tensor_parallel_run(small, tiny_data, tiny_checkpoi
 
 def test_the_run_records_its_start_checkpoint_whole(tiny_checkpoint, tiny_data, tmp_path, monkeypatch):
     "--init given relative to here: the run's config names it absolutely (a LoRA run reads its base from there later)"
-    from gptkit.plan import run_config
+    from gptkit.train.plan import run_config
     monkeypatch.chdir(tiny_checkpoint.parent)
     cfg = run_config(sets=[f'data.prefix={tiny_data[0]}'], init=tiny_checkpoint.name, out=str(tmp_path / 'run'))
     assert Path(cfg.init).is_absolute() and Path(cfg.init).is_relative_to(tiny_checkpoint.resolve())

@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import TINY_SETS, run_here
 
-from gptkit.curriculum import Curriculum
-from gptkit.engine import Schedule
+from gptkit.config.curriculum import Curriculum
+from gptkit.train.engine import Schedule
 from gptkit.errors import ConfigError
-from gptkit.runconfig import resolve
-from gptkit.train import train
+from gptkit.config.run import resolve
+from gptkit.train.loop import train
 
 # context 32, 4 sequences a step: lengths 8, 16, 24 then 32 (steps 4 to 6)
 CURRICULUM = ['train.curriculum_start=8', 'train.curriculum_steps=4', 'train.curriculum_step_size=8']
@@ -53,7 +53,7 @@ def record_lengths(monkeypatch):
 
 
 def test_first_steps_are_short_with_the_losses_of_batches_cut_by_hand(tiny_data, tmp_path, monkeypatch):
-    import gptkit.microbatches as loop
+    import gptkit.train.microbatches as loop
     flat = ['optim.min_lr=3e-3', 'optim.warmup=0', 'train.eval_iters=0']     # one learning rate for both runs
     cfg = config(tiny_data, tmp_path / 'cur', *CURRICULUM, *flat)
     lengths = deepspeed_lengths(Curriculum.of(cfg.train, 32), 6)

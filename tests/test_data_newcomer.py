@@ -21,7 +21,7 @@ from gptkit.data.mediawiki import not_article, read_mediawiki, read_mediawiki_pa
 from gptkit.data.plan import data_plan, split_sizes
 from gptkit.data.samples import BlendedSamples, split_samples
 from gptkit.errors import DataError
-from gptkit.runconfig import resolve
+from gptkit.config.run import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
 from peers import old_python  # noqa: E402
@@ -58,7 +58,7 @@ def test_a_blend_plans_a_split_without_the_dataset_too_small_for_it(tiny_data, s
 
 
 def test_a_blend_builds_every_split_the_loop_reads(tiny_data, small, tmp_path):
-    from gptkit.train import _split
+    from gptkit.train.loop import _split
     cfg = blend(tiny_data, tmp_path / 'run', f'0.7 {tiny_data[0]} 0.3 {small}')
     sets = {name: _split(cfg, name, 0) for name in ('train', 'valid', 'test')}
     assert [len(s.datasets) for s in sets.values()] == [2, 2, 1]

@@ -13,9 +13,11 @@ import torch.multiprocessing as mp
 
 from conftest import run_here
 
-from gptkit import checkpoint as ckpt, store
-from gptkit.engine import free_port
-from gptkit.runconfig import resolve
+from gptkit.checkpoint import checkpointing as ckpt
+
+from gptkit.store import folders as store
+from gptkit.train.engine import free_port
+from gptkit.config.run import resolve
 
 # a two-layer MoE shrunk from moe-tiny (four experts, top 2): one MoE layer per stage; 4 sequences of 16 tokens a step
 SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=16',
@@ -56,8 +58,8 @@ def _worker(rank, world, root, prefix, tok, port):
     EP 1 x PP 2, and (resharded to one stage by rank 0) on EP 2 x PP 1"""
     import torch.distributed as dist
 
-    from gptkit.interop import reshard
-    from gptkit.train import train
+    from gptkit.interop.hf import reshard
+    from gptkit.train.loop import train
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR='127.0.0.1',
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -170,7 +172,7 @@ def test_generation_and_evaluation_read_the_ep_pipeline_checkpoint_as_its_one_pr
 
 def test_ep_pp_trains_like_one_process(runs, tiny_data, tmp_path):
     "The same run on one process (every expert, no stages, 4 accumulation steps): losses, norms, trained weights (1e-5)"
-    from gptkit.train import train
+    from gptkit.train.loop import train
     cfg = resolve('moe-tiny', sets=SETS, overrides={'data': {'prefix': tiny_data[0], 'tokenizer': tiny_data[1]}},
                   out=str(tmp_path / 'one'))
     env = {k: os.environ.pop(k) for k in DIST_ENV if k in os.environ}

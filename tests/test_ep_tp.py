@@ -11,15 +11,15 @@ import torch
 import torch.distributed as dist
 from test_parallel_model import grads_then_sgd, spawn
 
-from gptkit import checkpoint as ckpt
+from gptkit.checkpoint import checkpointing as ckpt
 from gptkit.parallel import groups as parallel
-from gptkit.checkpoint import load_model
-from gptkit.config import LLAMA, ModelConfig
-from gptkit.engine import build_engine, free_port, init_distributed
+from gptkit.checkpoint.checkpointing import load_model
+from gptkit.config.sections import LLAMA, ModelConfig
+from gptkit.train.engine import build_engine, free_port, init_distributed
 from gptkit.eval.perplexity import evaluate
 from gptkit.parallel.expert import AllToAll, ep_layers
 from gptkit.inference.generator import Generator
-from gptkit.interop import write_run
+from gptkit.interop.hf import write_run
 from gptkit.model.decoder import GPT
 from gptkit.model.moe import moe_stats
 from gptkit.parallel.groups import (
@@ -33,11 +33,11 @@ from gptkit.parallel.groups import (
     pipeline_stage,
     stage_input_shape,
 )
-from gptkit.runconfig import resolve
+from gptkit.config.run import resolve
 from gptkit.inference.sampling import Sampling
 from gptkit.parallel.tensor import WholeSequenceMLPBlock
 from gptkit.tokenizer.bpe import load
-from gptkit.train import _step
+from gptkit.train.loop import _step
 
 LOSSES = dict(moe_aux_loss_coef=0.1, moe_z_loss_coef=0.01)
 BASE = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=64, tie_embeddings=False,

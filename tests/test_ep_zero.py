@@ -9,13 +9,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gptkit import checkpoint as ckpt
-from gptkit.engine import build_engine, free_port, init_distributed
+from gptkit.checkpoint import checkpointing as ckpt
+from gptkit.train.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.model.decoder import GPT
 from gptkit.parallel.groups import DeepSpeedMPU, ParallelState, parallelize
-from gptkit.runconfig import resolve
-from gptkit.train import _step
+from gptkit.config.run import resolve
+from gptkit.train.loop import _step
 
 SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_heads=2', 'model.seq_len=16',
         'model.vocab=64', 'model.moe_experts=4', 'model.moe_ffn_hidden=24', 'model.moe_z_loss_coef=0.001',

@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from gptkit.config import GPT3_PRESETS, LLAMA, PRESETS, ModelConfig, ParallelConfig, TrainConfig
-from gptkit.params import param_table
-from gptkit.estimate import (
+from gptkit.config.sections import GPT3_PRESETS, LLAMA, PRESETS, ModelConfig, ParallelConfig, TrainConfig
+from gptkit.config.params import param_table
+from gptkit.estimate.sizing import (
     GPUS,
     closed_form_params,
     count_params,
@@ -141,7 +141,7 @@ def test_search_prints_layouts_as_gptkit_train_options():
 
     from typer.testing import CliRunner
 
-    from gptkit.runconfig import resolve
+    from gptkit.config.run import resolve
     from gptkit_cli.main import app
     r = CliRunner().invoke(app, ['estimate', '--params', '13B', '--search', '--gpus', '64', '--top', '4', '--json'])
     rows = json.loads(r.output)
@@ -173,7 +173,7 @@ def counted_flops(cfg, batch, recompute='none'):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from gptkit.layout import Layout
+    from gptkit.config.layout import Layout
     from gptkit.model.decoder import GPT
     from gptkit.parallel.groups import ParallelState, parallelize
     torch.manual_seed(0)
@@ -286,7 +286,7 @@ def test_moe_activation_bytes_equal_what_autograd_keeps(dtype):
     import torch
 
     from gptkit.model.decoder import make_mlp
-    from gptkit.moe_estimate import moe_activation_bytes
+    from gptkit.estimate.moe import moe_activation_bytes
     cfg = dataclasses.replace(PRESETS['moe-tiny'].model, moe_shared_ffn=64, kernels='torch')
     dt = getattr(torch, dtype)
 
@@ -309,7 +309,7 @@ def test_moe_activation_bytes_equal_what_autograd_keeps(dtype):
 
 
 def test_ep_divides_the_expert_states_and_adds_the_all_to_all():
-    from gptkit.moe_estimate import all_to_all_bytes, routed_numel
+    from gptkit.estimate.moe import all_to_all_bytes, routed_numel
     model = PRESETS['mixtral-8x7b'].model
     train = TrainConfig(micro_batch=1, global_batch=64, recompute='full')
     experts = routed_numel(model) * 32
@@ -329,8 +329,8 @@ def test_ep_divides_the_expert_states_and_adds_the_all_to_all():
 
 
 def test_search_tries_every_ep_and_finds_the_ones_that_fit():
-    from gptkit.perf import get_gpu
-    from gptkit.moe_estimate import candidate_layouts
+    from gptkit.estimate.perf import get_gpu
+    from gptkit.estimate.moe import candidate_layouts
     model = ModelConfig(layers=2, hidden=512, heads=8, seq_len=128, vocab=1024, moe_experts=8, moe_ffn_hidden=2048,
                         **LLAMA)
     train = TrainConfig(micro_batch=1, global_batch=8)
@@ -377,8 +377,8 @@ def test_moe_activations_of_a_whole_step_near_the_measured_ones(recompute, preci
 def test_an_ep_layout_reads_back_through_gptkit_trains_options():
     import shlex
 
-    from gptkit.estimate import train_flags
-    from gptkit.runconfig import resolve
+    from gptkit.estimate.sizing import train_flags
+    from gptkit.config.run import resolve
     e = estimate(PRESETS['moe-tiny'].model, ParallelConfig(dp=4, ep=2, zero=1), TrainConfig(micro_batch=2))
     args = shlex.split(train_flags(e.parallel, e.train))
     sets = [v for a, v in zip(args, args[1:]) if a == '--set']
@@ -404,10 +404,10 @@ def test_cli_makes_any_model_a_mixture_of_experts():
 
 
 def test_cli_says_when_gptkit_train_does_not_run_an_ep_layout_yet():
-    "the estimate prices what DeepSpeed's MoE can run; gptkit's engine's own limits (gptkit.runconfig) are printed"
+    "the estimate prices what DeepSpeed's MoE can run; gptkit's engine's own limits (gptkit.config.run) are printed"
     from typer.testing import CliRunner
 
-    from gptkit.runconfig import ep_engine_problems
+    from gptkit.config.run import ep_engine_problems
     from gptkit_cli.main import app
     par, train = ParallelConfig(dp=32, zero=1, ep=2), TrainConfig(micro_batch=1, global_batch=512, precision='fp16')
     problems = ep_engine_problems(par, train)

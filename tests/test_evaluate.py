@@ -13,9 +13,9 @@ from conftest import TINY_SETS, torch_threads
 from typer.testing import CliRunner
 
 import gptkit.eval.perplexity as ev
-from gptkit.checkpoint import load_model
+from gptkit.checkpoint.checkpointing import load_model
 from gptkit.data.corpus import HELD_OUT, read_documents
-from gptkit.runconfig import resolve
+from gptkit.config.run import resolve
 from gptkit_cli.main import app
 
 CLOZE = Path(__file__).parent / 'data' / 'cloze_kjv.jsonl'
@@ -30,7 +30,7 @@ def one_thread():
 @pytest.fixture(scope='module')
 def run(tiny_data, tmp_path_factory):
     "A run folder trained for a few steps on the KJV (context 32, vocabulary 512)"
-    from gptkit.train import train
+    from gptkit.train.loop import train
     prefix, tok = tiny_data
     out = tmp_path_factory.mktemp('eval_run')
     train(resolve(sets=TINY_SETS + ['train.iters=8'], overrides={'data': {'prefix': prefix, 'tokenizer': tok}}, out=str(out)))

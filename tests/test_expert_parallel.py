@@ -12,17 +12,17 @@ import torch.multiprocessing as mp
 from torch import nn
 from typer.testing import CliRunner
 
-from gptkit import checkpoint as ckpt
-from gptkit.config import ModelConfig, ParallelConfig, TrainConfig
-from gptkit.engine import build_engine, free_port, init_distributed
+from gptkit.checkpoint import checkpointing as ckpt
+from gptkit.config.sections import ModelConfig, ParallelConfig, TrainConfig
+from gptkit.train.engine import build_engine, free_port, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.parallel.expert import AllToAll, ExpertParallelMoE, whole_experts
-from gptkit.interop import reshard
+from gptkit.interop.hf import reshard
 from gptkit.model.decoder import GPT
 from gptkit.model.moe import MoE
 from gptkit.parallel.groups import DeepSpeedMPU, ParallelState, parallelize
-from gptkit.runconfig import ep_engine_problems, from_dict, resolve
-from gptkit.train import _step
+from gptkit.config.run import ep_engine_problems, from_dict, resolve
+from gptkit.train.loop import _step
 from gptkit_cli.main import app
 
 MOE = {'layers': 2, 'hidden': 32, 'heads': 4, 'seq_len': 16, 'vocab': 64, 'moe_experts': 4, 'moe_top_k': 2}

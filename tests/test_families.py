@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptkit import checkpoint as ck, interop
-from gptkit.config import ModelConfig
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.interop import hf as interop
+from gptkit.config.sections import ModelConfig
 from gptkit.model.decoder import GPT, KVCache, reference_attention, window_mask
 from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
 
@@ -157,15 +159,15 @@ YARN = {'rope_type': 'yarn', 'rope_theta': 1e6, 'factor': 2.0, 'original_max_pos
     ('qwen2', dict(model_type='qwen2_moe'), "model_type 'qwen2_moe' is not supported"),
 ])
 def test_a_hostile_family_config_is_refused_naming_the_key(kind, changes, said):
-    from gptkit.hf_config import config_from_hf
-    from gptkit.store import CheckpointError
+    from gptkit.interop.hf_config import config_from_hf
+    from gptkit.store.folders import CheckpointError
     with pytest.raises(CheckpointError) as e:
         config_from_hf(_family_config(kind, **changes))
     assert said in str(e.value) and str(e.value).startswith('config.json') and '\n' not in str(e.value)
 
 
 def test_yarn_without_its_original_context_takes_max_position_embeddings_as_transformers_does():
-    from gptkit.hf_config import config_from_hf
+    from gptkit.interop.hf_config import config_from_hf
     m = config_from_hf(_family_config('qwen2', max_position_embeddings=64,
                                       rope_parameters={'rope_type': 'yarn', 'rope_theta': 1e6, 'factor': 2.0}))
     assert (m.rope_scaling, m.rope_original_context) == ('yarn', 64)

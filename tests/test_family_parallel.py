@@ -8,10 +8,12 @@ import torch.distributed as dist
 from conftest import run_here
 from test_parallel_model import grads_then_sgd, spawn
 
-from gptkit import checkpoint as ck, store
-from gptkit.config import LLAMA, ModelConfig
-from gptkit.estimate import count_params
-from gptkit.interop import write_run
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.store import folders as store
+from gptkit.config.sections import LLAMA, ModelConfig
+from gptkit.estimate.sizing import count_params
+from gptkit.interop.hf import write_run
 from gptkit.model.decoder import GPT
 from gptkit.parallel.groups import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, stage_input_shape)
 from gptkit.tokenizer.bpe import load

@@ -9,7 +9,7 @@ import torch
 from conftest import run_here, torch_threads
 
 from gptkit.inference.batching import Limits, RunningBatch
-from gptkit.config import LLAMA, ModelConfig
+from gptkit.config.sections import LLAMA, ModelConfig
 from gptkit.inference.generator import Generator, reference_greedy
 from gptkit.inference.sampling import Sampling
 
@@ -29,7 +29,7 @@ def one_thread():
 @pytest.fixture(scope='module')
 def runs(tiny_data, tmp_path_factory):
     "A gptkit run folder of a random tiny model with each choice (norm weights not ones, so a misplaced norm shows)"
-    from gptkit.interop import write_run
+    from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
@@ -82,7 +82,7 @@ def test_the_window_changes_the_tokens(gens, runs):
     "The control: the same weights without the window decode other tokens, so the tests above see the window at work"
     import dataclasses
 
-    from gptkit.checkpoint import load_model
+    from gptkit.checkpoint.checkpointing import load_model
     from gptkit.model.decoder import GPT
     loaded = load_model(runs['mistral'])
     plain = GPT(dataclasses.replace(loaded.config.model, sliding_window=None))
@@ -134,7 +134,7 @@ def test_cli_eval_gives_transformers_loss(tiny_data, tmp_path):
     from test_families import make_family
 
     import gptkit.eval.perplexity as ev
-    from gptkit.interop import import_hf
+    from gptkit.interop.hf import import_hf
     hf = make_family('mistral', tiny_data[1], tmp_path / 'hf')
     run = import_hf(tmp_path / 'hf', tmp_path / 'run')
     text = ' '.join(['And God said, Let there be light: and there was light.'] * 12)

@@ -247,7 +247,7 @@ def _llama3_model(folders, tmp_path):
 
 def test_prepare_with_the_tokenizer_of_a_run_imported_from_hugging_face(folders, corpus, tmp_path):
     "gptkit checkpoint import --from hf, then data prepare --tokenizer RUN/tokenizer: AutoTokenizer's ids, then eos"
-    from gptkit.interop import import_hf
+    from gptkit.interop.hf import import_hf
     hf, config = _llama3_model(folders, tmp_path)
     run = import_hf(hf, tmp_path / 'run')
     want = [_auto(hf)(t)['input_ids'] + [config['eos_token_id']] for t in DOCS]
@@ -328,7 +328,7 @@ def test_the_cli_refuses_a_folder_without_an_eos_id_in_one_red_line(folders, cor
 
 def test_an_imported_family_tokenizer_exports_as_autotokenizer_reads_it(folders, corpus, tmp_path):
     "Import, then export: AutoTokenizer on the export gives the original folder's ids, vocabulary and end of text"
-    from gptkit.interop import export_hf, import_hf
+    from gptkit.interop.hf import export_hf, import_hf
     hf, config = _llama3_model(folders, tmp_path)
     out = export_hf(import_hf(hf, tmp_path / 'run'), tmp_path / 'export')
     original, exported = _auto(hf), _auto(out)

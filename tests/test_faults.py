@@ -12,11 +12,11 @@ import torch
 from conftest import TINY_SETS
 from typer.testing import CliRunner
 
-from gptkit import store
+from gptkit.store import folders as store
 from gptkit.errors import ConfigError, DiskFullError
-from gptkit.runconfig import resolve
-from gptkit.store import CheckpointError
-from gptkit.train import TrainingError, train
+from gptkit.config.run import resolve
+from gptkit.store.folders import CheckpointError
+from gptkit.train.loop import TrainingError, train
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -70,8 +70,8 @@ def test_nan_steps_skip_a_due_save_and_a_run_ending_on_one_saves_nothing(tiny_da
 @pytest.fixture(scope='module')
 def nan_checkpoint(tiny_data, tmp_path_factory):
     "A run folder whose weights hold NaN, as a diverged run saved by an older gptkit would be"
-    from gptkit.config import ModelConfig
-    from gptkit.interop import write_run
+    from gptkit.config.sections import ModelConfig
+    from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])
@@ -82,7 +82,7 @@ def nan_checkpoint(tiny_data, tmp_path_factory):
 
 
 def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
-    from gptkit.checkpoint import load_model
+    from gptkit.checkpoint.checkpointing import load_model
     with pytest.raises(CheckpointError, match=r'iter_0000000: 4,096 of its [\d,]+ weights are NaN or infinite '
                                               r'\(first in blocks\.1\.mlp\.fc1\.weight\).*Use an earlier checkpoint'):
         load_model(nan_checkpoint)
@@ -99,7 +99,7 @@ def test_tools_refuse_a_checkpoint_with_nan_weights(nan_checkpoint, tmp_path):
 @pytest.mark.parametrize('signum', [signal.SIGUSR1, signal.SIGINT])
 def test_a_stop_signal_finishes_the_step_saves_and_sets_the_exit_code(tiny_data, tmp_path, signum):
     "SLURM's warning before the time limit (SIGUSR1) or Ctrl-C: the run saves after the step and exits 128 + signal"
-    from gptkit.callbacks import Callback
+    from gptkit.train.callbacks import Callback
     class SignalAt(Callback):
         def on_train_step(self, iteration):
             if iteration == 2: os.kill(os.getpid(), signum)
@@ -130,7 +130,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_sentence_and_keeps_the_previous_one(
     import dataclasses
     from collections import namedtuple
 
-    import gptkit.checkpoint as ck
+    import gptkit.checkpoint.checkpointing as ck
     cfg = config(tiny_data, tmp_path / 'run', 'train.iters=2', 'train.eval_iters=0')
     train(cfg)
     more = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=3))
@@ -198,7 +198,7 @@ def test_a_hand_edited_state_json_is_noticed(tiny_checkpoint, tmp_path):
     "state.json carries a checksum of its contents: an edit is refused, an older one without a checksum still loads"
     import shutil
 
-    from gptkit.checkpoint import load_model
+    from gptkit.checkpoint.checkpointing import load_model
     copy = tmp_path / 'run'
     shutil.copytree(tiny_checkpoint, copy)
     folder = store.find(copy)
@@ -243,7 +243,7 @@ FAULT_SITE = '''
 import os
 if os.environ.get('GPTKIT_TEST_FAULT') and ('RANK' in os.environ or os.environ.get('GPTKIT_TEST_ALONE')):
     import signal, time
-    import gptkit.train as t
+    import gptkit.train.loop as t
     what, rank, step = os.environ['GPTKIT_TEST_FAULT'].split(':')
     real = t.train_step
     def train_step(loop, *args, **kw):
@@ -362,7 +362,7 @@ def test_a_full_disk_on_every_write_path_is_one_sentence_and_keeps_what_was_ther
                   'no earlier checkpoint exists')
     assert not [p for p in (disk / 'run2' / 'checkpoints').iterdir()]
     # metrics.jsonl: the disk fills up during a run
-    from gptkit.callbacks import Callback
+    from gptkit.train.callbacks import Callback
     (disk / 'filler').unlink(); shutil.rmtree(disk / 'run2')
     class Fill(Callback):          # after the run folder is made (TensorBoard starts after it), or after step 1
         def __init__(self, at_start): self.at_start = at_start

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gptkit import store
+from gptkit.store import folders as store
 from gptkit_cli.main import app
 
 STEP = 'iter_0000000'
@@ -105,7 +105,7 @@ def test_a_fifo_in_an_older_checkpoint_without_a_manifest_blocks_no_command(copy
 
 
 def test_a_torch_file_that_is_a_fifo_is_refused_unopened(tmp_path):
-    from gptkit.torch_files import read_torch_file
+    from gptkit.store.torch_files import read_torch_file
     os.mkfifo(tmp_path / 'model.pt')
     with within(10):
         with pytest.raises(store.CheckpointError, match='model.pt was not loaded: it is not a regular file'):
@@ -217,8 +217,8 @@ def killed_at(root: Path, k: int):
 @pytest.fixture(scope='module')
 def engine_run(tiny_checkpoint, tmp_path_factory):
     "(a DeepSpeed engine of the tiny model, its RunConfig and DeepSpeed config, a run folder holding iter 0 and 1)"
-    from gptkit.checkpoint import read_config, save
-    from gptkit.engine import build_engine, init_distributed
+    from gptkit.checkpoint.checkpointing import read_config, save
+    from gptkit.train.engine import build_engine, init_distributed
     from gptkit.model.decoder import GPT
     run_folder = tmp_path_factory.mktemp('resave') / 'run'
     shutil.copytree(tiny_checkpoint, run_folder)
@@ -241,7 +241,7 @@ def _intact(run_folder: Path) -> Path:
 
 
 def test_a_resave_of_the_newest_iteration_killed_at_any_step_leaves_it_intact(engine_run, tmp_path):
-    from gptkit.checkpoint import load, save
+    from gptkit.checkpoint.checkpointing import load, save
     engine, cfg, ds, base = engine_run
     for k in range(40):
         run_folder = tmp_path / f'k{k}'

@@ -58,7 +58,7 @@ def other_tokenizers(tmp_path_factory):
 @contextmanager
 def training(tiny_data, run: Path):
     "A `gptkit train` process into `run` that holds the run's lock while the block runs; SIGKILLed after it"
-    from gptkit.store import lock_holder
+    from gptkit.store.folders import lock_holder
     first = _gptkit(*_train_args(tiny_data, run, '--iters', '100000'))
     try:
         deadline = time.time() + 120
@@ -72,7 +72,7 @@ def training(tiny_data, run: Path):
 
 
 def test_second_training_on_a_run_folder_is_refused_naming_the_holder(tiny_data, tmp_path):
-    from gptkit.store import lock_holder
+    from gptkit.store.folders import lock_holder
     run = tmp_path / 'run'
     with training(tiny_data, run) as first:
         r = run_here(*_train_args(tiny_data, run, '--iters', '4', '--resume'))
@@ -113,7 +113,7 @@ def test_a_killed_saves_staging_folder_is_removed_by_the_next_training(tiny_data
     shutil.copytree(ckpts / 'iter_0000002', staged)
     (staged / 'state.json').unlink()
     (run / '.config.json.tmp').write_text('{"half": ')
-    from gptkit.store import stale_temporaries
+    from gptkit.store.folders import stale_temporaries
     assert [p.name for p in stale_temporaries(run)] == ['.config.json.tmp', '.tmp-iter_0000003']
     r = run_here('checkpoint', 'inspect', run)                     # shown before anything removes them
     shown = ''.join(r.stdout.split())                               # the table wraps at 80 columns

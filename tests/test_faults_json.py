@@ -259,7 +259,7 @@ def test_a_huge_jsonl_file_is_refused_by_eval_before_it_is_read(run_copy, tmp_pa
 def test_a_deeply_nested_ds_config_json_does_not_stop_a_resume(tiny_data, tmp_path, caplog):
     "The batch check is a warning: the checkpoint resumes, and the warning names the file it could not read"
     from conftest import TINY_SETS, run_here
-    from gptkit import store
+    from gptkit.store import folders as store
     prefix, tok = tiny_data
     sets = [a for s in TINY_SETS + ['train.iters=2', 'train.save_interval=2', 'train.eval_iters=0'] for a in ('--set', s)]
     run_dir = tmp_path / 'run'

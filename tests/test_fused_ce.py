@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptkit.config import ModelConfig
+from gptkit.config.sections import ModelConfig
 from gptkit.model.decoder import GPT, FusedCrossEntropy, fused_cross_entropy
 
 

@@ -31,7 +31,7 @@ def test_cache_and_batches_match_the_plain_loop(gen):
 
 
 def test_sampling_never_yields_padded_ids_and_is_seeded():
-    from gptkit.config import ModelConfig
+    from gptkit.config.sections import ModelConfig
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import gpt2
     torch.manual_seed(0)
@@ -106,8 +106,8 @@ def test_cli_bad_checkpoints_and_prompts(tiny_checkpoint, tmp_path):
 
 def test_checkpoints_with_dropped_settings_still_load(tiny_checkpoint, tmp_path):
     "A checkpoint written by an older gptkit, with a setting that has since been removed, loads with a warning"
-    from gptkit.checkpoint import load_model
-    from gptkit.store import find, manifest
+    from gptkit.checkpoint.checkpointing import load_model
+    from gptkit.store.folders import find, manifest
     copy = tmp_path / 'old'
     shutil.copytree(tiny_checkpoint, copy)
     folder = find(copy)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gptkit.config import LLAMA, ModelConfig
+from gptkit.config.sections import LLAMA, ModelConfig
 from gptkit.errors import ConfigError
 from gptkit.eval.perplexity import evaluate
 from gptkit.inference.generator import Generator
@@ -45,7 +45,7 @@ def _worker(rank, world, ckpt, init_file, out):
 
 @pytest.fixture(scope='module')
 def llama_checkpoint(tiny_data, tmp_path_factory):
-    from gptkit.interop import write_run
+    from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])

@@ -69,7 +69,7 @@ def check_equal(want: dict, got: dict):
 
 
 def test_metrics_equal_lm_evals_own_hflm_on_the_hugging_face_export(tiny_checkpoint, gptkit_results, tmp_path):
-    from gptkit.interop import export_hf
+    from gptkit.interop.hf import export_hf
     got = gptkit_results
     check_equal(hflm_results(export_hf(tiny_checkpoint, tmp_path / 'hf')), got)
     rows = {r[:2]: r[2] for r in metric_rows(got)}
@@ -83,8 +83,8 @@ def test_a_llama_3_checkpoint_scores_with_its_begin_of_text_as_hflm_does(tmp_pat
     # found by trying: without the token Llama 3's post-processor adds, word perplexity differed by 9.9%
     from test_family_tokenizers import llama3
 
-    from gptkit.config import LLAMA, ModelConfig
-    from gptkit.interop import export_hf, write_run
+    from gptkit.config.sections import LLAMA, ModelConfig
+    from gptkit.interop.hf import export_hf, write_run
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import load
     llama3(tmp_path / 'tok')

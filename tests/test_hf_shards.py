@@ -13,9 +13,13 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 from conftest import run_here, train_tokenizer
 from test_llama_interop import make_llama
 
-from gptkit import checkpoint as ck, hf_files, interop
-from gptkit.hf_files import INDEX, SINGLE
-from gptkit.store import CheckpointError
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.interop import hf_files
+
+from gptkit.interop import hf as interop
+from gptkit.interop.hf_files import INDEX, SINGLE
+from gptkit.store.folders import CheckpointError
 from gptkit.tokenizer.bpe import EOD
 
 SHARD = '40KB'                              # the tiny models below are ~200 kB: 4 to 6 shards
@@ -129,7 +133,7 @@ def test_both_files_read_the_single_one_as_transformers_does(llama, tmp_path, ca
     hf, folder, run = llama
     d = interop.export_hf(run, tmp_path / 'hf')
     shutil.copy(folder / INDEX, d / INDEX)                     # an index whose shards are not there
-    with caplog.at_level(logging.WARNING, logger='gptkit.hf_files'):
+    with caplog.at_level(logging.WARNING, logger='gptkit.interop.hf_files'):
         back = interop.import_hf(d, tmp_path / 'run')
     assert f'holds both {SINGLE} and {INDEX}; reading {SINGLE}' in caplog.text
     assert logits_diff(back, hf) <= 1e-4

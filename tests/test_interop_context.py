@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptkit import interop
-from gptkit.checkpoint import read_config
+from gptkit.interop import hf as interop
+from gptkit.checkpoint.checkpointing import read_config
 from gptkit.errors import ConfigError
-from gptkit.plan import INIT_SEQ_LEN, run_config
+from gptkit.train.plan import INIT_SEQ_LEN, run_config
 from gptkit.tokenizer.bpe import EOD
 
 SIZES = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -106,7 +106,7 @@ def test_export_after_training_shorter_keeps_the_capacity(imported, tiny_data, t
     "A run from the import at seq_len 32 (its config as `train --init` saves it) exports the 128 positions it holds"
     import dataclasses
 
-    from gptkit.checkpoint import checkpoint_parts
+    from gptkit.checkpoint.checkpointing import checkpoint_parts
     run = imported['gpt2'][2]
     cfg = run_config(init=run, sets=['model.seq_len=32'], out=str(tmp_path / 'a'))
     _, _, _, weights, tok = checkpoint_parts(run)

@@ -191,7 +191,7 @@ def test_triton_moe_layer_matches_its_torch_path(activation, bias):
     "gptkit.model.moe's dropless layer with model.kernels='triton' gives the torch path's output and every gradient"
     import dataclasses
 
-    from gptkit.config import ModelConfig
+    from gptkit.config.sections import ModelConfig
     from gptkit.model.moe import MoE, moe_kernels
     cfg = ModelConfig(layers=1, hidden=16, heads=2, activation=activation, bias=bias, moe_experts=4, moe_top_k=2,
                       moe_ffn_hidden=8, kernels='triton')

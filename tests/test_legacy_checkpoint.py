@@ -17,7 +17,7 @@ def legacy_run(tmp_path) -> Path:
 
 
 def test_an_old_checkpoint_loads_with_the_same_logits(legacy_run):
-    from gptkit.checkpoint import load_model
+    from gptkit.checkpoint.checkpointing import load_model
     expected = torch.load(legacy_run / 'expected_logits.pt')
     loaded = load_model(legacy_run)
     with torch.no_grad(): logits = loaded.model.eval()(expected['ids'])
@@ -25,8 +25,8 @@ def test_an_old_checkpoint_loads_with_the_same_logits(legacy_run):
 
 
 def test_an_old_checkpoint_resumes_to_the_losses_of_the_uninterrupted_run(legacy_run):
-    from gptkit.runconfig import resolve
-    from gptkit.train import train
+    from gptkit.config.run import resolve
+    from gptkit.train.loop import train
     expected = json.loads((legacy_run / 'expected.json').read_text())
     data = {'prefix': str(FIXTURE / 'data' / 'kjv_text_document'), 'tokenizer': str(legacy_run / 'tokenizer')}
     cfg = resolve(file=legacy_run / 'config.json', overrides={'data': data}, out=str(legacy_run))
@@ -37,7 +37,7 @@ def test_an_old_checkpoint_resumes_to_the_losses_of_the_uninterrupted_run(legacy
 
 
 def test_an_old_checkpoint_is_inspected_and_exported(legacy_run, tmp_path):
-    from gptkit.checkpoint import inspect
+    from gptkit.checkpoint.checkpointing import inspect
     info = inspect(legacy_run)
     assert info['iteration'] == 3
     from typer.testing import CliRunner

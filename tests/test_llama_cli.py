@@ -20,8 +20,8 @@ LLAMA_SETS = ['model.layers=2', 'model.hidden=32', 'model.heads=4', 'model.kv_he
 @pytest.fixture(scope='module')
 def llama_checkpoint(tiny_data, tmp_path_factory):
     "A random Llama-style run (rotary, RMSNorm, SwiGLU, 2 KV heads for 4 query heads, untied), context 64"
-    from gptkit.config import LLAMA, ModelConfig
-    from gptkit.interop import write_run
+    from gptkit.config.sections import LLAMA, ModelConfig
+    from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
     from gptkit.tokenizer.bpe import load
     tok = load(tiny_data[1])

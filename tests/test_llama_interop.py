@@ -13,12 +13,20 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from test_checkpoint_tools import mcore, megatron_file  # noqa: F401  (the megatron-core fixture)
 
-from gptkit import checkpoint as ck, hf_config, interop, megatron, store
-from gptkit.config import LLAMA_PRESETS, ModelConfig
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.interop import hf_config
+
+from gptkit.interop import hf as interop
+
+from gptkit.interop import megatron
+
+from gptkit.store import folders as store
+from gptkit.config.sections import LLAMA_PRESETS, ModelConfig
 from gptkit.model.decoder import GPT
-from gptkit.store import CheckpointError
+from gptkit.store.folders import CheckpointError
 from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
-from gptkit.torch_files import read_torch_file
+from gptkit.store.torch_files import read_torch_file
 
 
 def make_llama(tok_dir: str, folder: Path, tie: bool, seed: int = 0, rope: dict | None = None):
@@ -229,8 +237,8 @@ def test_a_hostile_rope_config_is_refused_in_one_sentence(rope, said):
 def test_llama_presets_count_what_transformers_builds_for_them(name):
     "Each Llama-family preset's parameter count is the numel of transformers' model in its exported configuration"
     from transformers import AutoConfig, AutoModelForCausalLM
-    from gptkit.config import PRESETS
-    from gptkit.estimate import count_params
+    from gptkit.config.sections import PRESETS
+    from gptkit.estimate.sizing import count_params
     m = PRESETS[name].model
     exported = hf_config.config_to_hf(m, 0)
     with torch.device('meta'):

@@ -13,16 +13,18 @@ os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
 from conftest import TINY_SETS, run_here
 
-from gptkit import checkpoint as ck, interop
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.interop import hf as interop
 from gptkit.model import lora
-from gptkit.config import LLAMA, ModelConfig, TrainConfig
-from gptkit.engine import build_engine, init_distributed
+from gptkit.config.sections import LLAMA, ModelConfig, TrainConfig
+from gptkit.train.engine import build_engine, init_distributed
 from gptkit.errors import ConfigError
-from gptkit.estimate import adapter_params
+from gptkit.estimate.sizing import adapter_params
 from gptkit.model.decoder import GPT
-from gptkit.runconfig import resolve
-from gptkit.store import CheckpointError
-from gptkit.torch_files import read_torch_file
+from gptkit.config.run import resolve
+from gptkit.store.folders import CheckpointError
+from gptkit.store.torch_files import read_torch_file
 
 VOCAB = 96
 GPT2_TINY = ModelConfig(layers=2, hidden=32, heads=2, seq_len=32, vocab=VOCAB, dropout=0.0)
@@ -41,7 +43,7 @@ def config(model: ModelConfig, out, zero: int = 0, rank: int = 0, init=None):
 
 
 def save_run(cfg, model, steps: int = 0):
-    "(engine, checkpoint folder, losses) of `steps` DeepSpeed steps on random tokens, saved by gptkit.checkpoint.save"
+    "(engine, checkpoint folder, losses) of `steps` DeepSpeed steps on random tokens, saved by gptkit.checkpoint.checkpointing.save"
     engine, ds = build_engine(cfg, model, iters=max(steps, 1))
     data = torch.randint(0, VOCAB, (steps, 2, cfg.model.seq_len + 1), generator=torch.Generator().manual_seed(1))
     losses = []
@@ -191,8 +193,8 @@ def test_estimate_counts_lora_and_names_its_flags():
 
 def test_a_lora_run_through_gptkit_train_resumes_on_its_base(tiny_data, tmp_path):
     "train.train with train.lora_rank: the checkpoints hold the adapters; a resume puts them back on the base (init)"
-    from gptkit import train
-    from gptkit.plan import run_config
+    from gptkit.train import loop as train
+    from gptkit.train.plan import run_config
     prefix, tok = tiny_data
     sets = [*TINY_SETS, f'data.prefix={prefix}', f'data.tokenizer={tok}']
     train.train(run_config(sets=[*sets, 'train.iters=1'], out=str(tmp_path / 'base')))

@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_SETS, run_here
-import gptkit.machine as machine
-from gptkit.config import ModelConfig
+import gptkit.machine.choices as machine
+from gptkit.config.sections import ModelConfig
 from gptkit.inference.decode import (DECODE_FORMS, HUGE_CREDIT, MKL_ROWS, DecodeChoice, decode_choice, decode_layout,
                                      measure_decode, mkl_packed, packed_weight)
 from gptkit.inference.generator import Generator
-from gptkit.machine import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
+from gptkit.machine.choices import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
                             measured, parse_cpuinfo, precision_reason, settle_precision)
 from gptkit.model.decoder import GPT
-from gptkit.plan import RunPlan, plan_run, run_config
-from gptkit.runconfig import resolve
+from gptkit.train.plan import RunPlan, plan_run, run_config
+from gptkit.config.run import resolve
 
 # seconds of the same products, as the two machine classes measured them (bf16 emulated; AMX tiles)
 NO_BF16 = {'fp32': 0.010, 'bf16': 0.190}
@@ -124,7 +124,7 @@ def test_the_attention_measurement_is_real_and_decides_consistently(cache):
 @pytest.mark.parametrize('saved, kept', [({'precision': 'bf16', 'attention_precision': 'fp32'}, 'fp32'),
                                          ({'precision': 'bf16'}, 'same')])      # saved before the key existed
 def test_a_resume_keeps_the_attention_precision_the_run_saved(tmp_path, cache, monkeypatch, saved, kept):
-    from gptkit.plan import resumed_precision
+    from gptkit.train.plan import resumed_precision
     as_measured(monkeypatch, NO_BF16, ATTENTION_FAST_BF16 if kept == 'fp32' else ATTENTION_SLOW_BF16)
     run = tmp_path / 'run'
     run.mkdir()
@@ -172,7 +172,7 @@ def test_an_unwritable_cache_folder_only_loses_the_cache(tmp_path, monkeypatch, 
 def test_processes_that_start_together_measure_once_and_agree(cache, tmp_path):
     "Two processes (the ranks of one launch) ask at once: the lock makes one measure and the other read its figures"
     log = tmp_path / 'calls'
-    code = ('import sys, time, gptkit.machine as m\n'
+    code = ('import sys, time, gptkit.machine.choices as m\n'
             'def slow(shapes, rounds=5):\n'
             f'    open({str(log)!r}, "a").write("x")\n'
             '    time.sleep(1.0)\n'
@@ -578,8 +578,8 @@ def test_an_arm_cpuinfo_gives_its_features():
 
 
 def test_a_big_models_products_are_scaled_to_a_budget_and_the_rounds_to_a_time():
-    from gptkit.config import PRESETS
-    from gptkit.machine import MAX_FLOPS, capped, product_flops, product_seconds, training_products
+    from gptkit.config.sections import PRESETS
+    from gptkit.machine.choices import MAX_FLOPS, capped, product_flops, product_seconds, training_products
     big = capped(training_products(PRESETS['llama-3.1-8b'].model, 1))
     assert product_flops(big) <= MAX_FLOPS * 1.01 and all(n <= 4096 and k <= 4096 for _, n, k in big)
     import time
@@ -618,7 +618,7 @@ def test_a_run_of_several_processes_is_measured_on_the_threads_each_has(cache, m
 
 
 def test_a_resume_trains_on_in_the_precision_the_run_saved(tmp_path, cache, monkeypatch):
-    from gptkit.plan import resumed_precision
+    from gptkit.train.plan import resumed_precision
     as_measured(monkeypatch, NO_BF16)                     # today's measurement would say fp32
     run = tmp_path / 'run'
     run.mkdir()
@@ -652,7 +652,7 @@ def test_a_hostfile_counts_its_hosts_as_nodes(tmp_path):
 
 @pytest.mark.parametrize('bad', [['fp32'], 'fp64', None, 7])
 def test_a_resume_whose_saved_attention_precision_is_not_one_measures_it_anew(tmp_path, cache, monkeypatch, bad):
-    from gptkit.plan import resumed_precision
+    from gptkit.train.plan import resumed_precision
     as_measured(monkeypatch, NO_BF16)
     run = tmp_path / 'run'
     run.mkdir()

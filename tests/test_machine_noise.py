@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import gptkit.inference.decode as decoding
-import gptkit.machine as machine
+import gptkit.machine.choices as machine
 from gptkit.errors import ConfigError
 from gptkit.inference.generator import Generator
-from gptkit.machine import CPU, MEASURE_TRIES, SPREAD_MOST, Timings, bf16_kind, fastest_rounds, settle_precision
-from gptkit.runconfig import resolve
+from gptkit.machine.choices import CPU, MEASURE_TRIES, SPREAD_MOST, Timings, bf16_kind, fastest_rounds, settle_precision
+from gptkit.config.run import resolve
 from test_machine import decode_seconds
 
 AVX2 = CPU('Test EPYC', frozenset({'avx2'}))                         # the AVX2-only EPYC: bf16 emulated

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import torch_threads
 
-from gptkit.config import LLAMA, ModelConfig, ParallelConfig, TrainConfig
+from gptkit.config.sections import LLAMA, ModelConfig, ParallelConfig, TrainConfig
 from gptkit.diagnose.memory import PARALLEL_CASES, Saved, measure, measure_parallel, parallel_rows, predict, saved_activation_bytes, single_rows
 
 # not the notebook's shapes: more layers, 6 heads, a vocabulary that TP pads (100 -> 256 rows)

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from gptkit.config import PRESETS, ModelConfig
+from gptkit.config.sections import PRESETS, ModelConfig
 from gptkit.errors import ConfigError
-from gptkit.estimate import count_params
+from gptkit.estimate.sizing import count_params
 from gptkit.model.decoder import GPT, KVCache, core_attention, num_params, reference_attention
 
 
@@ -128,7 +128,7 @@ def test_cache_refusals():
 def _tp_cache_worker(rank, world, init_file):
     import torch.distributed as dist
 
-    from gptkit.layout import Layout
+    from gptkit.config.layout import Layout
     from gptkit.parallel.groups import ParallelState, apply_tp
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=world)

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 import transformers as T
 
-from gptkit.config import LLAMA, MOE_PRESETS, PRESETS, ModelConfig
+from gptkit.config.sections import LLAMA, MOE_PRESETS, PRESETS, ModelConfig
 from gptkit.errors import ConfigError
 from gptkit.model.decoder import GPT, KVCache, num_params
 from gptkit.model.moe import MoE, moe_layers, moe_stats, set_moe_grad_scale
-from gptkit.params import param_table, stage_extras, stage_layers
+from gptkit.config.params import param_table, stage_extras, stage_layers
 
 SMALL = dict(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=96, tie_embeddings=False, **LLAMA)
 
@@ -206,8 +206,8 @@ def test_bad_choices_are_refused_naming_the_key():
 def test_a_tiny_moe_trains_through_gptkit_train(tiny_data, tmp_path):
     from conftest import TINY_SETS
 
-    from gptkit.runconfig import resolve
-    from gptkit.train import train
+    from gptkit.config.run import resolve
+    from gptkit.train.loop import train
     prefix, tok = tiny_data
     sets = TINY_SETS + ['model.moe_experts=4', 'model.moe_top_k=2', 'model.moe_ffn_hidden=48', 'train.iters=8']
     cfg = resolve(sets=sets, overrides={'data': {'prefix': prefix, 'tokenizer': tok}}, out=str(tmp_path / 'run'))
@@ -261,7 +261,7 @@ def test_losses_equal_megatron_cores():
 
 
 def test_resuming_with_another_expert_count_names_the_key():
-    from gptkit.plan import model_changes
+    from gptkit.train.plan import model_changes
     tiny = PRESETS['moe-tiny'].model
     assert model_changes(tiny, dataclasses.replace(tiny, moe_experts=4)) == ['moe_experts']
     assert model_changes(tiny, dataclasses.replace(tiny, moe_top_k=1, moe_every=2)) == ['moe_top_k', 'moe_every']

@@ -12,11 +12,13 @@ import torch.nn.functional as F
 
 os.environ['HF_HUB_OFFLINE'] = '1'          # nothing here may reach the network
 
-from gptkit import checkpoint as ck, interop
+from gptkit.checkpoint import checkpointing as ck
+
+from gptkit.interop import hf as interop
 from gptkit.inference.generator import Generator
 from gptkit.model.decoder import GPT, KVCache
 from gptkit.inference.sampling import Sampling
-from gptkit.store import CheckpointError
+from gptkit.store.folders import CheckpointError
 from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -237,7 +239,7 @@ def _moe_config(kind: str, **changes) -> dict:
     ('mixtral', dict(router_aux_loss_coef=-1), 'moe_aux_loss_coef'),
 ])
 def test_a_hostile_moe_config_is_refused_naming_the_key(kind, changes, said):
-    from gptkit.hf_config import config_from_hf
+    from gptkit.interop.hf_config import config_from_hf
     with pytest.raises(CheckpointError) as e:
         config_from_hf(_moe_config(kind, **changes))
     assert said in str(e.value) and str(e.value).startswith('config.json') and '\n' not in str(e.value)
@@ -245,7 +247,7 @@ def test_a_hostile_moe_config_is_refused_naming_the_key(kind, changes, said):
 
 def test_regular_dense_layers_are_read_as_the_step_they_make():
     "Qwen3-MoE's mlp_only_layers [0, 2] of 4 at step 1 leaves layers 1 and 3 sparse: gptkit's moe_every 2"
-    from gptkit.hf_config import config_from_hf, config_to_hf
+    from gptkit.interop.hf_config import config_from_hf, config_to_hf
     m = config_from_hf(_moe_config('qwen3_moe', mlp_only_layers=[0, 2], moe_intermediate_size=32))
     assert (m.moe_every, [m.moe_layer(i) for i in range(4)]) == (2, [False, True, False, True])
     hf = config_to_hf(m, None)
@@ -257,9 +259,9 @@ def test_each_moe_preset_is_written_as_a_config_transformers_builds_at_the_publi
     "The exported config.json read back gives the preset; transformers' model of it (on meta) has gptkit's numel"
     import transformers
 
-    from gptkit.config import PRESETS
-    from gptkit.hf_config import config_from_hf, config_to_hf
-    from gptkit.params import param_table
+    from gptkit.config.sections import PRESETS
+    from gptkit.interop.hf_config import config_from_hf, config_to_hf
+    from gptkit.config.params import param_table
     m = PRESETS[preset].model
     hf = config_to_hf(m, None)
     back = config_from_hf(json.loads(json.dumps(hf)))
@@ -276,7 +278,7 @@ def test_the_cli_refuses_to_export_a_shared_expert_in_one_sentence(tiny_data, tm
     "A gptkit model with a shared expert has no Hugging Face family: refused naming the field, nothing written"
     from conftest import run_here
 
-    from gptkit.config import LLAMA, ModelConfig
+    from gptkit.config.sections import LLAMA, ModelConfig
     tok = load_tokenizer(tiny_data[1])
     cfg = ModelConfig(layers=1, hidden=32, heads=4, seq_len=16, vocab=tok.vocab_size, moe_experts=4, moe_top_k=2,
                       moe_shared_ffn=16, **LLAMA)

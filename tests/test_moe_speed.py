@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers as T
 
-from gptkit.config import LLAMA, ModelConfig
+from gptkit.config.sections import LLAMA, ModelConfig
 from gptkit.inference.decode import decode_layout
 from gptkit.model.decoder import GPT
 from gptkit.model.moe import MoE

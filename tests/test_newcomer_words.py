@@ -36,8 +36,8 @@ def test_a_layout_that_does_not_fit_has_no_time_or_mfu_and_says_what_would_fit()
 
 
 def test_the_quickstart_and_the_readme_say_the_mfu_the_estimate_uses(capsys):
-    from gptkit.config import PRESETS, ParallelConfig, TrainConfig
-    from gptkit.estimate import GPUS, estimate
+    from gptkit.config.sections import PRESETS, ParallelConfig, TrainConfig
+    from gptkit.estimate.sizing import GPUS, estimate
     from gptkit_cli import quickstart
     e = estimate(PRESETS['13b'].model, ParallelConfig(tp=8, pp=2, dp=4, zero=1, sequence_parallel=True),
                  TrainConfig(micro_batch=1, global_batch=1024, recompute='selective'), GPUS['a100-80gb'])
@@ -54,7 +54,7 @@ def test_the_quickstart_and_the_readme_say_the_mfu_the_estimate_uses(capsys):
 
 
 def test_checkpoint_help_names_every_family_that_imports():
-    from gptkit.hf_config import LLAMA_LIKE, MOE_TYPES
+    from gptkit.interop.hf_config import LLAMA_LIKE, MOE_TYPES
     from gptkit_cli.checkpoint import FAMILY_NAMES
     for args in (['checkpoint', 'import', '--help'], ['checkpoint', '--help'], ['checkpoint', 'export', '--help']):
         words = flat(runner.invoke(app, args).output)
@@ -105,14 +105,14 @@ def test_docs_pages_find_every_image_they_show(tmp_path, monkeypatch):
 
 
 def test_chapter_11_keeps_one_frame_of_its_live_plot():
-    nb = json.loads((ROOT / 'nbs' / '11_train.ipynb').read_text())
+    nb = json.loads((ROOT / 'nbs' / '11_train.loop.ipynb').read_text())
     cell = next(c for c in nb['cells'] if c['cell_type'] == 'code' and 'LivePlot()' in ''.join(c['source']))
     frames = [o for o in cell['outputs'] if 'image/png' in o.get('data', {})]
     assert len(frames) == 1, f'{len(frames)} frames of the live plot'
 
 
 def test_the_cli_starts_without_pydantic_torch_or_numpy():
-    heavy = ('pydantic', 'pydantic_core', 'torch', 'numpy', 'gptkit.hf_config', 'gptkit.engine', 'gptkit.store')
+    heavy = ('pydantic', 'pydantic_core', 'torch', 'numpy', 'gptkit.interop.hf_config', 'gptkit.train.engine', 'gptkit.store.folders')
     for argv in (['--help'], ['estimate', '--params', '13B'], ['estimate', '--help']):
         code = ('import sys\n'
                 f'sys.argv = ["gptkit", *{argv!r}]\n'

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gptkit.config import LLAMA, ModelConfig
-from gptkit.estimate import count_params
+from gptkit.config.sections import LLAMA, ModelConfig
+from gptkit.estimate.sizing import count_params
 from gptkit.model.decoder import GPT
 from gptkit.parallel.groups import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, shard_weights,
                              stage_input_shape, sync_tied_grads)

@@ -3,12 +3,12 @@ rank against the tensors each rank of every TP x PP layout and balance holds (bi
 import pytest
 import torch
 
-from gptkit.config import PRESETS, ModelConfig
-from gptkit.estimate import count_params
-from gptkit.layout import Layout
+from gptkit.config.sections import PRESETS, ModelConfig
+from gptkit.estimate.sizing import count_params
+from gptkit.config.layout import Layout
 from gptkit.model.decoder import GPT
 from gptkit.parallel.groups import shard_weights
-from gptkit.params import INIT_GROUPS, TP_ROLES, param_table, stage_layers
+from gptkit.config.params import INIT_GROUPS, TP_ROLES, param_table, stage_layers
 
 
 def _meta_state(cfg: ModelConfig) -> dict:

@@ -1,11 +1,11 @@
-"""The performance model (gptkit.perf, chapter 01b): published throughput, recomputation, the parts of a step."""
+"""The performance model (gptkit.estimate.perf, chapter 01b): published throughput, recomputation, the parts of a step."""
 import dataclasses
 
 import pytest
 
-from gptkit.config import PRESETS, ParallelConfig, TrainConfig
-from gptkit.estimate import count_params, estimate, search
-from gptkit.perf import (
+from gptkit.config.sections import PRESETS, ParallelConfig, TrainConfig
+from gptkit.estimate.sizing import count_params, estimate, search
+from gptkit.estimate.perf import (
     GPUS,
     MPT_A100,
     NARAYANAN_2021,

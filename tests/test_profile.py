@@ -30,8 +30,8 @@ def test_bad_steps_is_one_line_naming_the_flag(steps, why, tmp_path):
 
 def test_profile_tiny_on_cpu_end_to_end(tmp_path, one_thread):
     "No --data: the built-in text is tokenized into OUT/data; steps 1-2 recorded, plus one step for DeepSpeed's flops profiler"
-    from gptkit.estimate import flops_per_iteration
-    from gptkit.runconfig import resolve
+    from gptkit.estimate.sizing import flops_per_iteration
+    from gptkit.config.run import resolve
     out = tmp_path / 'prof'
     r = runner.invoke(app, ['profile', '--preset', 'tiny', '--steps', '1-2', '--out', str(out), '--deepspeed-flops', '--no-stack',
                             '--set', 'train.global_batch=4', '--set', 'train.micro_batch=2'])

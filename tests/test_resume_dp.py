@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import TINY_SETS
 
-from gptkit import checkpoint as ckpt, store
-from gptkit.runconfig import resolve
-from gptkit.train import train
+from gptkit.checkpoint import checkpointing as ckpt
+
+from gptkit.store import folders as store
+from gptkit.config.run import resolve
+from gptkit.train.loop import train
 
 # 4 samples per step: 2 processes x micro-batch 2, or 1 process x micro-batch 2 x 2 accumulation steps
 SETS = TINY_SETS + ['train.save_interval=3', 'train.eval_iters=0']
@@ -80,7 +82,7 @@ def two_ranks(tiny_data, tmp_path_factory):
 def test_a_checkpoint_of_two_processes_resumes_on_one(tiny_data, two_ranks, tmp_path, caplog, zero):
     full = two_ranks(zero)
     resumed = _from_step_3(full, tmp_path / 'resumed')
-    with caplog.at_level(logging.INFO, logger='gptkit.checkpoint'):
+    with caplog.at_level(logging.INFO, logger='gptkit.checkpoint.checkpointing'):
         r = _one_process(tiny_data, resumed, zero, resume=True)
     assert r.iteration == 6
     _same_losses(resumed, full)
@@ -144,7 +146,7 @@ def test_resuming_with_another_global_batch_says_so(tiny_data, two_ranks, tmp_pa
     prefix, tok = tiny_data
     cfg = resolve(sets=SETS + ['parallel.zero=1', 'train.global_batch=2', 'train.iters=4'],
                   overrides={'data': {'prefix': prefix, 'tokenizer': tok}}, out=str(resumed))
-    with caplog.at_level(logging.INFO, logger='gptkit.checkpoint'):
+    with caplog.at_level(logging.INFO, logger='gptkit.checkpoint.checkpointing'):
         assert train(cfg, resume=True).iteration == 4
     assert REPARTITIONED.format(2, 1) in caplog.messages
     assert any('iter_0000003 was trained with a global batch of 4 samples per step and resumes with 2 (1 data-parallel ranks x 2 x 1 '

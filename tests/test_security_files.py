@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import TINY_SETS, run_here
-from gptkit import store
+from gptkit.store import folders as store
 
 ROOT = Path(__file__).resolve().parents[1]
 GPTKIT = str(ROOT / '.venv' / 'bin' / 'gptkit')
@@ -31,7 +31,7 @@ class Payload:
 
 def plant(path: Path, marker: Path):
     "Add a payload to the dict torch.save wrote to `path`"
-    from gptkit.torch_files import read_torch_file
+    from gptkit.store.torch_files import read_torch_file
     d = read_torch_file(path)
     d['extra'] = Payload(marker)
     torch.save(d, path)
@@ -132,7 +132,7 @@ def test_a_payload_in_model_states_runs_not_on_resume(tiny_data, runs, tmp_path)
 
 def test_inspect_reads_a_zero3_checkpoint(runs):
     "ZeRO-3 writes zero_pp_rank_N_mp_rank_00_model_states.pt and no mp_rank_00 file: inspect read only the latter"
-    from gptkit.checkpoint import inspect
+    from gptkit.checkpoint.checkpointing import inspect
     info = inspect(runs(3) / 'checkpoints' / STEP)
     assert info['dtypes'] == ['float32'] and info['iteration'] == 3, info
 
@@ -170,7 +170,7 @@ def test_a_payload_runs_not_in_the_conversion_for_another_data_parallel_size(tin
 
 def test_a_payload_in_a_universal_checkpoint_runs_not(tiny_data, runs, tmp_path, monkeypatch):
     "DeepSpeed's universal loaders read the converted files with weights_only=False: one tampered with is refused"
-    import gptkit.checkpoint as ck
+    import gptkit.checkpoint.checkpointing as ck
     run, folder = copy_run(runs(1), tmp_path)
     state = json.loads((folder / 'state.json').read_text())
     reseal(folder, layout={**state['layout'], 'dp': 2}, world_size=2)
@@ -255,7 +255,7 @@ torch.save(ckpt, sys.argv[1])
 
 def test_a_checkpoint_as_megatron_writes_it_imports_without_megatron(tiny_checkpoint, tmp_path):
     "Every type Megatron-LM declares its checkpoints hold (megatron/core/safe_globals.py) is read, Megatron's own as stand-ins"
-    from gptkit.checkpoint import load_weights
+    from gptkit.checkpoint.checkpointing import load_weights
     assert run_here('checkpoint', 'export', tiny_checkpoint, tmp_path / 'meg', '--to', 'megatron').returncode == 0
     f = tmp_path / 'meg' / 'iter_0000000' / 'mp_rank_00' / 'model_optim_rng.pt'
     w = subprocess.run([sys.executable, '-c', MEGATRON_WRITER, str(f)], capture_output=True, text=True, timeout=300)
@@ -306,7 +306,7 @@ def test_an_export_removes_what_a_killed_export_left(tiny_checkpoint, tmp_path):
 
 def test_a_payload_in_torchs_old_file_format_runs_not(runs, tmp_path):
     "A file in torch's pre-1.6 format cannot be listed before it is read; torch's safe reader refuses the payload itself"
-    from gptkit.torch_files import read_torch_file
+    from gptkit.store.torch_files import read_torch_file
     run, folder = copy_run(runs(1), tmp_path)
     f, marker = folder / 'mp_rank_00_model_states.pt', tmp_path / 'ran'
     torch.save({**read_torch_file(f), 'extra': Payload(marker)}, f, _use_new_zipfile_serialization=False)

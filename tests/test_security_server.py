@@ -397,7 +397,7 @@ def with_template(tiny_checkpoint, folder, template: str):
     "A copy of the tiny checkpoint whose tokenizer folders hold `template` in tokenizer_config.json, and that file"
     run = folder / 'run'
     shutil.copytree(tiny_checkpoint, run, symlinks=True)
-    from gptkit.store import manifest, state_text
+    from gptkit.store.folders import manifest, state_text
     for tok in [p for p in run.rglob('tokenizer') if p.is_dir()]:
         config = tok / 'tokenizer_config.json'
         saved = json.loads(config.read_text()) if config.is_file() else {}

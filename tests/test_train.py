@@ -16,11 +16,11 @@ import pytest
 import torch
 from conftest import TINY_SETS, run_here
 
-from gptkit import store
+from gptkit.store import folders as store
 from gptkit.data.plan import data_plan
 from gptkit.errors import ConfigError, DataError
-from gptkit.runconfig import resolve
-from gptkit.train import TrainingError, train
+from gptkit.config.run import resolve
+from gptkit.train.loop import TrainingError, train
 
 
 def config(tiny_data, out, *sets, tokenizer=None):
@@ -48,8 +48,8 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tiny_data, tmp_path, zer
 
 def test_resume_with_a_new_learning_rate_follows_it(tiny_data, tmp_path):
     "Fine-tuning a checkpoint (an import, or a run continued) at another lr: the schedule follows the new optim settings"
-    from gptkit.engine import Schedule
-    from gptkit.callbacks import Callback
+    from gptkit.train.engine import Schedule
+    from gptkit.train.callbacks import Callback
     first = train(config(tiny_data, tmp_path, 'train.iters=3'))
     lrs = []
     class Lr(Callback):
@@ -196,7 +196,7 @@ def _sets(*extra):
 
 def _two_nodes(common: list[str], out: Path, nproc: int = 1) -> list[subprocess.CompletedProcess]:
     "`gptkit train` as two nodes on 127.0.0.1 (node ranks 0 and 1, started at once), each with `nproc` processes"
-    from gptkit.engine import free_port
+    from gptkit.train.engine import free_port
     node = [*common, '--out', str(out), '--nnodes', '2', '--master-addr', '127.0.0.1', '--master-port',
             str(free_port()), '--nproc', str(nproc)]
     procs = [subprocess.Popen([sys.executable, '-m', 'gptkit_cli.main', *node, '--node-rank', str(r)], env=_env(),
@@ -312,7 +312,7 @@ def test_fp16_scales_its_loss_dynamically_where_deepspeed_takes_fp16(tiny_data, 
 
 def test_every_optimizer_step_reaches_on_train_step(tiny_data, tmp_path):
     "The per-step hook (gptkit profile's profiler.step()) runs once per step, before that step's report"
-    from gptkit.callbacks import Callback
+    from gptkit.train.callbacks import Callback
     seen = []
     class Steps(Callback):
         def on_train_step(self, iteration): seen.append(('step', iteration))
@@ -339,7 +339,7 @@ def two_datasets(tiny_data, tmp_path):
 
 def test_a_blend_trains_in_megatrons_order_and_resuming_on_another_blend_is_refused(tiny_data, two_datasets, tmp_path):
     from gptkit.data.samples import BlendedSamples, split_samples
-    from gptkit.train import _split
+    from gptkit.train.loop import _split
     a, b = two_datasets
     cfg = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.3 {a} 0.7 {b}', 'split': '90,8,2'}, 'train.iters=3')
     train_set = _split(cfg, 'train', 0)
@@ -369,9 +369,9 @@ def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
 
 def test_the_blend_check_on_resume(tmp_path):
     "Resuming compares blends by prefixes and normalized weights; a checkpoint that names no data (an import) takes any"
-    from gptkit.config import DataConfig
-    from gptkit.plan import check_same_data
-    from gptkit.runconfig import RunConfig, save_config
+    from gptkit.config.sections import DataConfig
+    from gptkit.train.plan import check_same_data
+    from gptkit.config.run import RunConfig, save_config
     def saved(**data):
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         folder.mkdir(); save_config(RunConfig(data=DataConfig(tokenizer='t', **data)), folder / 'config.json')

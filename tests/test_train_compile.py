@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from gptkit.engine import build_engine, init_distributed
+from gptkit.train.engine import build_engine, init_distributed
 from gptkit.errors import ConfigError
 from gptkit.model.decoder import GPT
-from gptkit.runconfig import resolve
+from gptkit.config.run import resolve
 
 
 def losses(zero: int, recompute: str, compiled: bool, steps: int = 3) -> list[float]:
@@ -39,7 +39,7 @@ def test_compiled_blocks_train_like_eager(zero, recompute, request):
 
 
 def test_compile_is_refused_where_it_is_not_tested():
-    from gptkit.engine import compile_model
+    from gptkit.train.engine import compile_model
     cfg = resolve('tiny', sets=['parallel.tp=2', 'train.compile=true'])
     with pytest.raises(ConfigError) as e: compile_model(cfg, None)
     assert 'train.compile' in e.value.render(lambda k: k) and 'tp 2' in str(e.value.render(lambda k: k))
@@ -47,7 +47,7 @@ def test_compile_is_refused_where_it_is_not_tested():
 
 
 def test_compile_without_a_cpp_compiler_is_one_sentence(monkeypatch, tmp_path):
-    from gptkit.engine import compile_model
+    from gptkit.train.engine import compile_model
     monkeypatch.setenv('PATH', str(tmp_path)); monkeypatch.delenv('CXX', raising=False)
     with pytest.raises(ConfigError) as e: compile_model(resolve('tiny', sets=['train.compile=true']), None)
     assert 'needs a C++ compiler' in e.value.render(lambda k: k)

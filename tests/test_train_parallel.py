@@ -89,8 +89,8 @@ def test_a_parallel_run_resumes_where_it_stopped(runs, sft_data, tmp_path):
 def _logits_worker(rank, world, folder, ids_file, out):
     import torch
     import torch.distributed as dist
-    from gptkit.checkpoint import read_config
-    from gptkit.store import read_state
+    from gptkit.checkpoint.checkpointing import read_config
+    from gptkit.store.folders import read_state
     from gptkit.model.decoder import GPT
     from gptkit.parallel.groups import Layout, ParallelState, apply_tp, one_f_one_b, pipeline_stage, stage_input_shape
     from gptkit.parallel.tensor import _gather
@@ -127,8 +127,8 @@ def _parallel_logits(folder, world, ids, tmp):
 def test_reshard_round_trip_gives_identical_logits(runs, tmp_path):
     "TP 2 x PP 2 (as trained) -> TP 1 x PP 1 -> TP 2 x PP 1: the same logits from each layout, computed in that layout"
     import torch
-    from gptkit.checkpoint import load_model, load_weights
-    from gptkit.store import find
+    from gptkit.checkpoint.checkpointing import load_model, load_weights
+    from gptkit.store.folders import find
     trained = find(runs / 'tp2pp2')
     r = run_here('checkpoint', 'reshard', str(trained), str(tmp_path / 'one'))
     assert r.returncode == 0 and 'resharded' in r.stdout, r.stdout + r.stderr

@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from conftest import TINY_SETS
-from gptkit.plan import PLAN_ENV, RunPlan, hand_over, handed_plan, plan_run, run_config
+from gptkit.train.plan import PLAN_ENV, RunPlan, hand_over, handed_plan, plan_run, run_config
 from gptkit_cli.main import app
 
 runner = CliRunner()
@@ -26,7 +26,7 @@ def test_a_plan_settles_the_run_and_survives_json(tiny_data, tmp_path):
 
 
 def test_a_restarted_process_resumes_from_the_newest_checkpoint(tiny_data, tmp_path, monkeypatch):
-    from gptkit.train import train
+    from gptkit.train.loop import train
     cfg = config(tiny_data, tmp_path / 'run', 'train.save_interval=2')
     train(cfg, stop_after=2)
     plan = plan_run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, iters=6)), resume=True)
@@ -39,13 +39,13 @@ def test_a_restarted_process_resumes_from_the_newest_checkpoint(tiny_data, tmp_p
 
 def test_the_tokenizer_is_read_once_per_process(tiny_data, tmp_path, monkeypatch):
     "`gptkit train` used to read it twice in the process that trains (its config, then setup)"
-    import gptkit.plan
-    import gptkit.train
+    import gptkit.train.plan
+    import gptkit.train.loop
     reads = []
     def counted(real):
         return lambda *a, **kw: reads.append(a) or real(*a, **kw)
-    monkeypatch.setattr(gptkit.plan, 'load_tokenizer', counted(gptkit.plan.load_tokenizer))
-    monkeypatch.setattr(gptkit.train, 'load_tokenizer', counted(gptkit.train.load_tokenizer))
+    monkeypatch.setattr(gptkit.train.plan, 'load_tokenizer', counted(gptkit.train.plan.load_tokenizer))
+    monkeypatch.setattr(gptkit.train.loop, 'load_tokenizer', counted(gptkit.train.loop.load_tokenizer))
     prefix, tok = tiny_data
     args = ['train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run')]
     r = runner.invoke(app, [*args, *[a for s in [*TINY_SETS, 'train.iters=2'] for a in ('--set', s)]])
@@ -55,10 +55,10 @@ def test_the_tokenizer_is_read_once_per_process(tiny_data, tmp_path, monkeypatch
 
 def test_a_launched_process_trains_the_plan_it_was_handed(tiny_data, tmp_path, monkeypatch):
     "Under a launcher the process takes the plan from its environment, not from its command line"
-    import gptkit.plan
-    from gptkit.engine import free_port
+    import gptkit.train.plan
+    from gptkit.train.engine import free_port
     handed = plan_run(config(tiny_data, tmp_path / 'run', 'train.iters=2'))
-    monkeypatch.setattr(gptkit.plan, 'plan_run', lambda *a, **kw: (_ for _ in ()).throw(AssertionError('re-planned')))
+    monkeypatch.setattr(gptkit.train.plan, 'plan_run', lambda *a, **kw: (_ for _ in ()).throw(AssertionError('re-planned')))
     for k, v in {'RANK': '0', 'WORLD_SIZE': '1', 'LOCAL_RANK': '0', 'MASTER_ADDR': '127.0.0.1',
                  'MASTER_PORT': str(free_port()), PLAN_ENV: hand_over(handed)}.items():
         monkeypatch.setenv(k, v)
@@ -72,7 +72,7 @@ def test_a_launched_process_trains_the_plan_it_was_handed(tiny_data, tmp_path, m
 
 def test_a_plan_for_other_processes_is_refused(tiny_data, tmp_path):
     from gptkit.errors import ConfigError
-    from gptkit.train import train
+    from gptkit.train.loop import train
     plan = plan_run(config(tiny_data, tmp_path / 'run'), world=2)
     try:
         train(plan)
@@ -85,7 +85,7 @@ def test_a_plan_for_other_processes_is_refused(tiny_data, tmp_path):
 
 def test_a_plan_changed_after_its_launch_is_refused_not_trained(tiny_data, tmp_path, monkeypatch):
     "A launched process checks the saved plan against the digest it was handed: another launch may have rewritten it"
-    from gptkit.engine import free_port
+    from gptkit.train.engine import free_port
     handle = hand_over(plan_run(config(tiny_data, tmp_path / 'run', 'train.iters=2')))
     saved = tmp_path / 'run' / 'plan.json'
     assert handle.rpartition('#')[0] == str(saved)
@@ -106,7 +106,7 @@ def test_a_launch_into_a_run_in_use_is_refused_before_its_processes_start(tiny_d
     import subprocess
     import sys
     run = tmp_path / 'run'
-    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from gptkit.store import lock_run; '
+    holder = subprocess.Popen([sys.executable, '-c', 'import sys, time; from gptkit.store.folders import lock_run; '
                                f'lock_run({str(run)!r}); print("held", flush=True); time.sleep(120)'],
                               stdout=subprocess.PIPE, text=True)
     try:

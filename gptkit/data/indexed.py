@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..files import read_json, write_atomic, written
-from ..store import RunLock, check_output_outside_runs, file_holder, lock_file
+from ..store.folders import RunLock, check_output_outside_runs, file_holder, lock_file
 
 # %% auto #0
 __all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'TEMP_RE', 'token_dtype', 'data_paths', 'metadata_path',

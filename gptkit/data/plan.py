@@ -10,9 +10,9 @@ import logging
 import os
 from pathlib import Path
 
+from ..config.run import RunConfig
 from ..errors import ConfigError, DataError
 from ..files import check_folder
-from ..runconfig import RunConfig
 from .indexed import IndexedDataset, data_paths
 from .samples import SPLITS, EmptySplit, plan_split, split_ranges
 

@@ -19,13 +19,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..engine import build_engine, free_port, init_distributed
-from ..estimate import flops_per_iteration
+from ..config.run import resolve
+from ..estimate.sizing import flops_per_iteration
 from ..kernels import reference as M
-from ..machine import huge_pages_allowed, huge_pages_setting, settle_precision, this_cpu
+from ..machine.choices import huge_pages_allowed, huge_pages_setting, settle_precision, this_cpu
 from ..model.decoder import GPT
-from ..runconfig import resolve
-from ..train import peak_flops
+from ..train.engine import build_engine, free_port, init_distributed
+from ..train.loop import peak_flops
 
 # %% auto #0
 __all__ = ['PACKAGES', 'Check', 'versions', 'huge_pages_check', 'device_checks', 'kernel_checks', 'train_check',

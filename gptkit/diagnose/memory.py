@@ -24,13 +24,13 @@ from torch.profiler import ProfilerActivity, profile
 import gptkit.model.decoder
 import gptkit.parallel.groups
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
-from ..estimate import activation_element_bytes, lora_activation_change, memory_per_gpu, stage_activation_bytes
-from ..layout import Layout
+from ..config.layout import Layout
+from ..config.sections import ModelConfig, ParallelConfig, TrainConfig
+from ..estimate.sizing import activation_element_bytes, lora_activation_change, memory_per_gpu, stage_activation_bytes
 from ..model.decoder import GPT, core_attention, set_attention_precision
 from ..model.lora import add_adapters
 from ..parallel.groups import ParallelState, parallelize, stage_input_shape
-from ..torch_files import read_torch_file
+from ..store.torch_files import read_torch_file
 
 # %% auto #0
 __all__ = ['DTYPES', 'PARALLEL_CASES', 'Saved', 'SavedTensors', 'watch_rebuilds', 'saved_activation_bytes', 'fused_attention',

@@ -23,14 +23,14 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
-from ..callbacks import Callback
+from ..config.run import RunConfig
 from ..data.corpus import clean_text, read_documents
 from ..data.prepare import PrepareConfig, prepare
 from ..errors import ConfigError
 from ..files import check_folder, json_text, write_atomic
-from ..runconfig import RunConfig
 from ..tokenizer.bpe import save as save_tokenizer, train_bpe
-from ..train import train
+from ..train.callbacks import Callback
+from ..train.loop import train
 
 # %% auto #0
 __all__ = ['MAX_PROFILE_STEP', 'CATEGORIES', 'RULES', 'REGIONS', 'parse_steps', 'step_actions', 'profiler_schedule', 'categorize',

@@ -21,7 +21,7 @@ from ..files import check_folder, finite_or_none, write_atomic
 from ..inference.generator import Generator
 from ..inference.sampling import Sampling
 from ..parallel.tensor import gather_from_tp
-from ..store import TAG_RE, find
+from ..store.folders import TAG_RE, find
 from ..tokenizer.bpe import compile_chat, render_chat
 from ..tokenizer.encoders import around
 from .task_files import check_task_folder, sandboxed_templates

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_model
+from ..checkpoint.checkpointing import load_model
 from ..data.corpus import HELD_OUT, builtin_path, clean_text
 from ..data.document import Document
 from ..data.indexed import IndexedDataset
@@ -28,7 +28,7 @@ from ..errors import ConfigError, DataError, shorten
 from ..files import size_text
 from ..inference.generator import GatheredLogits, tensor_parallel_part
 from ..model.decoder import num_params
-from ..store import CheckpointError
+from ..store.folders import CheckpointError
 from ..tokenizer.bpe import gpt2
 
 Progress = Callable[[str, int, int], None]   # (stage, done, total): stage is 'perplexity' or 'cloze'

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import machine
 from ..kernels.reference import apply_rotary, rms_norm, swiglu
+from ..machine import choices as machine
 from ..model.decoder import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 
 # %% auto #0

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checkpoint import check_device, load_model
+from ..checkpoint.checkpointing import check_device, load_model
+from ..config.layout import Layout
 from ..errors import ConfigError
-from ..layout import Layout
 from ..parallel.groups import ParallelState, apply_tp
 from ..parallel.tensor import gather_from_tp
-from ..store import CheckpointError
+from ..store.folders import CheckpointError
 from .batching import RunningBatch, agree
 from .decode import DecodeChoice, DecodeStep, choose_decode, decode_layout
 from .sampling import Chunk, Sampling

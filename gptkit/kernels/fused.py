@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..errors import GptkitError
-from ..estimate import ce_chunk_tokens
+from ..estimate.sizing import ce_chunk_tokens
 from . import reference as ops
 
 try:

@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import RECOMPUTE, ModelConfig
+from ..config.params import param_table
+from ..config.sections import RECOMPUTE, ModelConfig
 from ..errors import ConfigError
 from ..kernels.reference import apply_rotary, model_rotary, rms_norm, rotary_tables, swiglu
-from ..params import param_table
 from .moe import MoE, track_loss_scale
 
 # %% auto #0

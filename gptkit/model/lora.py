@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig, ParallelConfig, TrainConfig
+from ..config.params import hf_family, param_table
+from ..config.run import RunConfig
+from ..config.sections import ModelConfig, ParallelConfig, TrainConfig
 from ..errors import ConfigError, check
-from ..estimate import lora_layout_problems
-from ..params import hf_family, param_table
-from ..runconfig import RunConfig
-from ..store import CheckpointError
+from ..estimate.sizing import lora_layout_problems
+from ..store.folders import CheckpointError
 
 # %% auto #0
 __all__ = ['LoRALinear', 'lora_targets', 'lora_problems', 'has_adapters', 'add_adapters', 'adapter_state', 'is_adapter',

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
+from ..config.sections import ModelConfig
 from ..kernels.reference import swiglu
 
 # %% auto #0

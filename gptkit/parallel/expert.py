@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..layout import Layout
+from ..config.layout import Layout
 from ..model.moe import AuxLoss, Experts, MoE, capacity, dispatch, load_balancing_loss, z_loss
 from .groups import DeepSpeedMPU, ParallelState, grad_norm
 

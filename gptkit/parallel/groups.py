@@ -31,9 +31,9 @@ from gptkit.parallel.tensor import (
     whole_sequence_mlp,
 )
 
+from ..config.layout import Layout
+from ..config.params import Param, layer_table, param_table, stage_extras, stage_layers
 from ..errors import ConfigError, check
-from ..layout import Layout
-from ..params import Param, layer_table, param_table, stage_extras, stage_layers
 
 # %% auto #0
 __all__ = ['ParallelState', 'RNGTracker', 'seed_parallel', 'TrackedDropout', 'apply_tp', 'shard_weights', 'merge_weights',

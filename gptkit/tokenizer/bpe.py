@@ -43,7 +43,7 @@ from gptkit.tokenizer.encoders import (
 
 from ..errors import ConfigError, DataError
 from ..files import check_folder, read_json, read_text, written
-from ..store import check_output_outside_runs
+from ..store.folders import check_output_outside_runs
 
 # %% auto #0
 __all__ = ['TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'Tokenizer', 'gpt2', 'save',

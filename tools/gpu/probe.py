@@ -78,9 +78,9 @@ def host_costs(device: str, n: int = 2000):
 
 
 def train_steps(preset: str, batch: int, device: str):
-    from gptkit.engine import build_engine, init_distributed
+    from gptkit.train.engine import build_engine, init_distributed
     from gptkit.model.decoder import GPT
-    from gptkit.runconfig import resolve
+    from gptkit.config.run import resolve
     init_distributed()
     precision = 'bf16' if device == 'cuda' else 'fp32'
     for zero in (0, 1):

@@ -5,12 +5,12 @@ sys.path.insert(0, '/tmp/oldmain'); sys.path.insert(0, '/tmp/oldmain/tests')
 import gptkit; assert gptkit.__file__.startswith('/tmp/oldmain'), gptkit.__file__
 import torch
 from conftest import TINY_SETS
-from gptkit.config import resolve
+from gptkit.config.sections import resolve
 from gptkit.data.corpus import clean_text, read_documents
 from gptkit.data.prepare import PrepareConfig, prepare
 from gptkit.tokenizer.bpe import save, train_bpe
-from gptkit.train import train
-from gptkit.checkpoint import load_model
+from gptkit.train.loop import train
+from gptkit.checkpoint.checkpointing import load_model
 
 w = Path('/tmp/fx/work'); shutil.rmtree(w, ignore_errors=True); w.mkdir()
 docs = [x.text for x in read_documents(['builtin:kjv'])][:60]
