@@ -68,7 +68,7 @@ def main():
     ap.add_argument('--only', default='', help='comma-separated run names (the first is calibrated on)')
     ap.add_argument('--keep', default=None, help='keep the run folders here (default: a temporary folder)')
     args = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     names = [n for n in args.only.split(',') if n] or list(RUNS)
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,7 +38,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--repeat', type=int, default=5)
     n = ap.parse_args().repeat
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     floor = wall([sys.executable, '-c', 'pass'], n)
     ours = wall([GPTKIT, 'estimate', '--params', '13B'], n)

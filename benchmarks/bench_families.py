@@ -138,7 +138,7 @@ def main():
     ap.add_argument('--from-json', type=Path, help='Only draw the plot of the results in this families.json.')
     ap.add_argument('--moe', action='store_true', help='moe-tiny against the dense model of equal active parameters')
     a = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     draw = plot_moe if a.moe else plot
     if a.from_json:

@@ -211,7 +211,7 @@ def main():
     ap.add_argument('--only-mediawiki', action='store_true', help='run part 4 alone')
     ap.add_argument('--megatron-lm', help='a Megatron-LM source tree, for tools/preprocess_data.py (part 4)')
     args = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     cores = os.cpu_count()
     with tempfile.TemporaryDirectory() as d:

@@ -166,7 +166,7 @@ def main():
         raise SystemExit('--device cuda: this torch sees no CUDA GPU')
     from gptkit.inference.decode import choose_decode
     from gptkit.inference.generator import Generator
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     ours, hf, tok, cfg, err = models(a.preset, a.vocab)
     import transformers
     print(this_cpu().summary())

@@ -105,7 +105,7 @@ def main():
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, default=None, help='torch threads on a CPU (default: as torch chooses)')
     a = p.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     if a.threads:
         torch.set_num_threads(a.threads)

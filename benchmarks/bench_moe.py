@@ -111,7 +111,7 @@ def main():
     ap.add_argument('--skip-generation', action='store_true')
     ap.add_argument('--threads', type=int, help="torch's CPU threads (default: torch's own, one per core)")
     a = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     if a.threads:
         torch.set_num_threads(a.threads)      # one thread: steadier ratios on a machine other jobs share

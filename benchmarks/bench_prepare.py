@@ -67,7 +67,7 @@ def main():
     ap.add_argument('--megatron-python', type=Path)
     ap.add_argument('--tokenizer', default='gpt2', help="'gpt2' or a directory saved by gptkit (vocab.json, merges.txt)")
     args = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)

@@ -157,7 +157,7 @@ def main():
                                                       'mistral-style'])
     ap.add_argument('--no-check', action='store_true', help='skip the comparison with HF tokenizers')
     args = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)

@@ -54,12 +54,12 @@ def main():
     a = ap.parse_args()
     if a.device == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('--device cuda: this torch sees no CUDA GPU')
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
 
     from gptkit.train.engine import build_engine, init_distributed
     from gptkit.estimate.sizing import flops_per_iteration
-    from gptkit.machine.choices import keep_freed_memory
+    from gptkit.machine.pages import keep_freed_memory
     from gptkit.model.decoder import GPT, set_attention_precision
     from gptkit.config.run import resolve
     from gptkit.train.loop import peak_flops

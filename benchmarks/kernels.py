@@ -63,7 +63,7 @@ def main():
     ap.add_argument('--dtype', default='bf16', choices=['bf16', 'fp16', 'fp32'])
     ap.add_argument('--rounds', type=int, default=7)
     a = ap.parse_args()
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     print(this_cpu().summary())   # ratios hold for this machine class only
     if not torch.cuda.is_available():
         print('benchmarks/kernels.py times the Triton kernels on a GPU; there is no CUDA GPU here, so nothing was timed.')

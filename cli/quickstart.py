@@ -125,7 +125,7 @@ def _pipeline(out_dir: Path, vocab_size: int, iters: int | None, preset: str, pr
     _estimate_stage()
     run = out_dir / 'run'
     o, r = fmt.text(out_dir), fmt.text(run)    # user text inside markup
-    from gptkit.machine.choices import this_cpu
+    from gptkit.machine.cpu import this_cpu
     cpu = this_cpu()
     out.print(f'\nDone in {time.perf_counter() - start:.1f} s on this {fmt.text(cpu.name)} (machine class '
               f'{cpu.machine_class}, {_torch_threads()} threads). Next: [bold]gptkit train --preset {preset} '

@@ -36,6 +36,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason='slow: runs with --nb-flags slow'))
 
 
+@pytest.fixture
+def pin_cpu(monkeypatch, tmp_path):
+    "pin_cpu(cpu): gptkit sees `cpu` as this machine's, whatever this one is, through the /proc/cpuinfo it reads"
+    from gptkit.machine import cpu as machine_cpu
+
+    def pin(cpu):
+        path = tmp_path / f'cpuinfo-{len(list(tmp_path.glob("cpuinfo-*")))}'
+        path.write_text(f'model name\t: {cpu.name}\nflags\t\t: {" ".join(sorted(cpu.flags))}\n')
+        monkeypatch.setattr(machine_cpu, 'CPUINFO', path)
+    return pin
+
+
 @pytest.fixture(scope='session')
 def root() -> Path:
     return ROOT

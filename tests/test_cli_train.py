@@ -57,14 +57,17 @@ def test_the_configured_layout_decides_the_processes_and_the_world_is_checked():
 
 
 @pytest.mark.parametrize('bf16_seconds, precision', [(0.19, 'fp32'), (0.0012, 'bf16')])
-def test_a_cpu_trains_in_the_precision_it_measured_faster_unless_asked(tmp_path, monkeypatch, bf16_seconds, precision):
+def test_a_cpu_trains_in_the_precision_it_measured_faster_unless_asked(tmp_path, monkeypatch, pin_cpu, bf16_seconds,
+                                                                       precision):
     "The decision on both sides: bf16 emulated (19x slower than fp32) and on AMX tiles (8x faster), as measured there"
-    import gptkit.machine.choices as machine
-    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(machine, 'this_cpu', lambda: machine.CPU('Test Xeon', frozenset({'avx512_bf16', 'amx_bf16'})))
-    for var in machine.ISA_ENV:                    # a CPU with bf16 instructions, whatever this one is
+    from gptkit.machine import choices
+    from gptkit.machine.cpu import CPU, ISA_ENV
+    from gptkit.machine.timings import CACHE_ENV
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    pin_cpu(CPU('Test Xeon', frozenset({'avx512_bf16', 'amx_bf16'})))
+    for var in ISA_ENV:                            # a CPU with bf16 instructions, whatever this one is
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: {'fp32': 0.01, 'bf16': bf16_seconds})
+    monkeypatch.setattr(choices, 'product_seconds', lambda shapes, rounds=5: {'fp32': 0.01, 'bf16': bf16_seconds})
     r = run('train', '--preset', 'tiny', '--dry-run')
     assert f'"precision": "{precision}"' in r.output and f'train.precision auto -> {precision}' in ' '.join(r.output.split())
     asked = run('train', '--preset', 'tiny', '--dry-run', '--set', 'train.precision=fp32').output

@@ -107,7 +107,7 @@ def _nb(path: Path, cells) -> Path:
 def test_directives_are_honoured(tmp_path):
     def out(text): return [new_output('stream', name='stdout', text=text)]
     nb = _nb(tmp_path / '03_x.ipynb', [
-        new_markdown_cell('# X\n\n> a chapter; see [samples](nbs/06_samples.ipynb) and [nowhere](zz.ipynb)'),
+        new_markdown_cell('# X\n\n> a chapter; see [samples](nbs/06_data.samples.ipynb) and [nowhere](zz.ipynb)'),
         new_code_cell('#| default_exp data.x'),
         new_code_cell('#| export\ndef shown(): return 1', outputs=[]),
         new_code_cell('#| hide\nsecret_hidden_source = 1', outputs=out('secret hidden output\n')),
@@ -120,14 +120,14 @@ def test_directives_are_honoured(tmp_path):
         new_code_cell('a = 1\nb = 2  #| hide_line\nc = 3', outputs=[new_output(
             'execute_result', data={'text/plain': '3'}, execution_count=7)], execution_count=7),
     ])
-    body = docs.render_body(nb, names={'06_samples', 'index'}, flags={'gpu', 'slow'})
+    body = docs.render_body(nb, names={'06_data.samples', 'index'}, flags={'gpu', 'slow'})
     assert 'secret' not in body and '#|' not in body and 'default_exp' not in body
     assert 'shown' in body and 'exported to gptkit.data.x' in body
     assert 'echoed output' in body and 'visible_no_output' in body and 'not_evaluated' in body
     assert '<details class="fold"><summary>How it is drawn</summary>' in body and 'fold out' in body
     assert 'flagged gpu' in body and 'needs_a_gpu' in body
     assert 'b = 2' not in body and 'c' in body and 'Out[' not in body and 'In&nbsp;[' not in body
-    assert 'href="06_samples.html"' in body and 'href="zz.ipynb"' in body
+    assert 'href="06_data.samples.html"' in body and 'href="zz.ipynb"' in body
 
 
 def test_run_notebooks_keeps_outputs_and_plots_and_skips_flagged_cells(tmp_path):

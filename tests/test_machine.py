@@ -1,5 +1,6 @@
 "Issue 35: the CPU's precision and decode layout chosen by measuring, on both sides of each decision"
 import json
+import mmap
 import subprocess
 import sys
 from pathlib import Path
@@ -8,13 +9,16 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY_SETS, run_here
-import gptkit.machine.choices as machine
 from gptkit.config.sections import ModelConfig
 from gptkit.inference.decode import (DECODE_FORMS, HUGE_CREDIT, MKL_ROWS, DecodeChoice, decode_choice, decode_layout,
                                      measure_decode, mkl_packed, packed_weight)
 from gptkit.inference.generator import Generator
-from gptkit.machine.choices import (BF16_GAIN, CPU, HUGE_PAGE, Measured, choose_precision, huge_copies, huge_pages_allowed,
-                            measured, parse_cpuinfo, precision_reason, settle_precision)
+from gptkit.machine import choices, pages
+from gptkit.machine.choices import (ATTENTION_GAIN, BF16_GAIN, choose_attention, choose_precision, precision_reason,
+                                    settle_precision)
+from gptkit.machine.cpu import CPU, ISA_ENV, parse_cpuinfo, this_cpu
+from gptkit.machine.pages import HUGE_PAGE, huge_copies, huge_pages_allowed, keep_freed_memory
+from gptkit.machine.timings import CACHE_ENV, Measured
 from gptkit.model.decoder import GPT
 from gptkit.train.plan import RunPlan, plan_run, run_config
 from gptkit.config.run import resolve
@@ -27,7 +31,7 @@ AMX = {'fp32': 0.010, 'bf16': 0.0012}
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     "gptkit's measurement cache in a folder of this test's own"
-    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path / 'cache'))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / 'cache'))
     return tmp_path / 'cache' / 'machine.json'
 
 
@@ -35,18 +39,18 @@ AMX_CPU = CPU('Test Xeon', frozenset({'avx2', 'avx512f', 'avx512_bf16', 'amx_bf1
 
 
 @pytest.fixture(autouse=True)
-def bf16_cpu(monkeypatch):
+def bf16_cpu(monkeypatch, pin_cpu):
     """These tests decide on a CPU with bf16 instructions (an AMX Xeon), whatever this machine's: without them bf16 is
     never chosen and nothing is measured (tests/test_machine_noise.py)"""
-    monkeypatch.setattr(machine, 'this_cpu', lambda: AMX_CPU)
-    for var in machine.ISA_ENV:
+    pin_cpu(AMX_CPU)
+    for var in ISA_ENV:
         monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture
 def unlimited(monkeypatch):
     "No setting that limits the kernels (a suite run with ONEDNN_MAX_CPU_ISA set, to stand for another class, has one)"
-    for var in machine.ISA_ENV:
+    for var in ISA_ENV:
         monkeypatch.delenv(var, raising=False)
 
 
@@ -58,8 +62,8 @@ ATTENTION_FAST_BF16 = {'bf16': 0.0030, 'fp32': 0.0032}
 
 def as_measured(monkeypatch, seconds, attention=ATTENTION_SLOW_BF16):
     "Make every training measurement report `seconds` (products) and `attention`, as a machine of that class would"
-    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: dict(seconds))
-    monkeypatch.setattr(machine, 'attention_seconds', lambda shapes, rounds=5: dict(attention))
+    monkeypatch.setattr(choices, 'product_seconds', lambda shapes, rounds=5: dict(seconds))
+    monkeypatch.setattr(choices, 'attention_seconds', lambda shapes, rounds=5: dict(attention))
 
 
 def test_the_cpu_features_and_class_come_from_cpuinfo(unlimited):
@@ -69,7 +73,7 @@ def test_the_cpu_features_and_class_come_from_cpuinfo(unlimited):
     assert xeon.summary() == ('CPU Intel Xeon: AVX2 yes, AVX-512 yes, AVX-512-bf16 yes, AMX yes '
                               '(machine class AMX)')
     assert 'AVX-512-bf16 no' in old.summary()
-    assert machine.this_cpu().name and machine.this_cpu().summary().startswith('CPU ')
+    assert this_cpu().name and this_cpu().summary().startswith('CPU ')
 
 
 @pytest.mark.parametrize('seconds, precision', [(NO_BF16, 'fp32'), (AMX, 'bf16')])
@@ -77,7 +81,7 @@ def test_auto_takes_bf16_only_where_it_measured_clearly_faster(cache, monkeypatc
     as_measured(monkeypatch, seconds)
     cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
     assert cfg.train.precision == precision
-    assert f'-> {precision}' in why and 'measured now' in why and machine.this_cpu().name in why
+    assert f'-> {precision}' in why and 'measured now' in why and this_cpu().name in why
     assert choose_precision(BF16_GAIN) == 'bf16' and choose_precision(BF16_GAIN - 0.01) == 'fp32'
 
 
@@ -98,8 +102,8 @@ def test_a_bf16_runs_attention_is_computed_in_fp32_only_where_measured_faster(ca
         assert (cfg.train.precision, cfg.train.attention_precision) == ('bf16', chosen)
         assert f'attention_precision auto -> {chosen}' in why
         assert f"{seconds['bf16'] / seconds['fp32']:.2f}x as fast in fp32" in why
-    assert machine.choose_attention(machine.ATTENTION_GAIN) == 'fp32'
-    assert machine.choose_attention(machine.ATTENTION_GAIN - 0.01) == 'same'
+    assert choose_attention(ATTENTION_GAIN) == 'fp32'
+    assert choose_attention(ATTENTION_GAIN - 0.01) == 'same'
 
 
 def test_an_fp32_run_measures_no_attention(cache, monkeypatch):
@@ -117,7 +121,7 @@ def test_the_attention_measurement_is_real_and_decides_consistently(cache):
         return
     (m,) = [e['seconds'] for e in json.loads(cache.read_text()).values() if e['kind'] == 'attention']
     assert set(m) == {'bf16', 'fp32'} and all(v > 0 for v in m.values())
-    assert cfg.train.attention_precision == machine.choose_attention(m['bf16'] / m['fp32'])
+    assert cfg.train.attention_precision == choose_attention(m['bf16'] / m['fp32'])
     assert f"{m['bf16'] / m['fp32']:.2f}x" in why
 
 
@@ -137,15 +141,15 @@ def test_a_resume_keeps_the_attention_precision_the_run_saved(tmp_path, cache, m
 
 def test_a_measurement_is_made_once_and_read_from_the_cache(cache, monkeypatch):
     calls = []
-    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: calls.append(shapes) or dict(AMX))
-    monkeypatch.setattr(machine, 'attention_seconds', lambda shapes, rounds=5: calls.append(shapes)
+    monkeypatch.setattr(choices, 'product_seconds', lambda shapes, rounds=5: calls.append(shapes) or dict(AMX))
+    monkeypatch.setattr(choices, 'attention_seconds', lambda shapes, rounds=5: calls.append(shapes)
                         or dict(ATTENTION_SLOW_BF16))
     cfg = resolve('tiny', sets=['train.precision=auto'])
     _, first = settle_precision(cfg)
     _, again = settle_precision(cfg)
     assert len(calls) == 2 and 'measured now' in first and 'cached' in again and 'measured now' not in again
     train, attention = json.loads(cache.read_text()).values()
-    assert train['kind'] == 'train' and train['seconds'] == AMX and train['cpu'] == machine.this_cpu().name
+    assert train['kind'] == 'train' and train['seconds'] == AMX and train['cpu'] == this_cpu().name
     assert attention['kind'] == 'attention' and attention['seconds'] == ATTENTION_SLOW_BF16
 
 
@@ -163,7 +167,7 @@ def test_a_damaged_cache_is_measured_over_and_replaced(cache, monkeypatch, caplo
 def test_an_unwritable_cache_folder_only_loses_the_cache(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / 'file'
     blocker.write_text('not a folder')
-    monkeypatch.setenv(machine.CACHE_ENV, str(blocker / 'cache'))
+    monkeypatch.setenv(CACHE_ENV, str(blocker / 'cache'))
     as_measured(monkeypatch, AMX)
     cfg, why = settle_precision(resolve('tiny', sets=['train.precision=auto']))
     assert cfg.train.precision == 'bf16' and 'cannot keep measurements' in caplog.text
@@ -172,7 +176,7 @@ def test_an_unwritable_cache_folder_only_loses_the_cache(tmp_path, monkeypatch, 
 def test_processes_that_start_together_measure_once_and_agree(cache, tmp_path):
     "Two processes (the ranks of one launch) ask at once: the lock makes one measure and the other read its figures"
     log = tmp_path / 'calls'
-    code = ('import sys, time, gptkit.machine.choices as m\n'
+    code = ('import sys, time, gptkit.machine.timings as m\n'
             'def slow(shapes, rounds=5):\n'
             f'    open({str(log)!r}, "a").write("x")\n'
             '    time.sleep(1.0)\n'
@@ -417,7 +421,7 @@ def thp_never(tmp_path, monkeypatch):
     "This process on an OS whose transparent huge pages are off"
     setting = tmp_path / 'enabled'
     setting.write_text('always madvise [never]\n')
-    monkeypatch.setattr(machine, 'THP_SETTING', setting)
+    monkeypatch.setattr(pages, 'THP_SETTING', setting)
 
 
 def huge_model():
@@ -444,7 +448,7 @@ def test_without_huge_pages_nothing_is_copied_measured_or_chosen(thp_never, tmp_
     assert seconds and not any(k.endswith(' huge 1') for k in seconds)
     assert 'fp32 head transposed 1' in seconds
     assert 'huge' not in decode_choice(seconds).linear + ' '.join(decode_choice(seconds).head)
-    monkeypatch.setattr(machine, 'THP_SETTING', tmp_path / 'missing')      # a kernel without THP: no such file
+    monkeypatch.setattr(pages, 'THP_SETTING', tmp_path / 'missing')      # a kernel without THP: no such file
     assert not huge_pages_allowed()
     m = huge_model()                                      # a cached huge choice here: the layout in ordinary memory
     net = decode_layout(m, DecodeChoice('fp32', 'transposed huge', ('transposed huge', 'rows huge')))
@@ -458,7 +462,7 @@ def test_a_refused_mapping_keeps_the_matrices_in_ordinary_memory(monkeypatch):
     import errno
     def refuse(*args, **kw):
         raise OSError(errno.ENOMEM, 'Cannot allocate memory')
-    monkeypatch.setattr(machine.mmap, 'mmap', refuse)
+    monkeypatch.setattr(mmap, 'mmap', refuse)
     assert huge_copies([torch.randn(1024, 1024)]) is None
     m = huge_model()
     net = decode_layout(m, DecodeChoice('fp32', 'plain huge', ('transposed huge', 'rows huge')))
@@ -579,7 +583,8 @@ def test_an_arm_cpuinfo_gives_its_features():
 
 def test_a_big_models_products_are_scaled_to_a_budget_and_the_rounds_to_a_time():
     from gptkit.config.sections import PRESETS
-    from gptkit.machine.choices import MAX_FLOPS, capped, product_flops, product_seconds, training_products
+    from gptkit.machine.choices import training_products
+    from gptkit.machine.timings import MAX_FLOPS, capped, product_flops, product_seconds
     big = capped(training_products(PRESETS['llama-3.1-8b'].model, 1))
     assert product_flops(big) <= MAX_FLOPS * 1.01 and all(n <= 4096 and k <= 4096 for _, n, k in big)
     import time
@@ -600,7 +605,7 @@ def test_a_lock_that_is_not_a_file_is_refused_not_waited_on(cache, monkeypatch, 
 def test_processes_of_one_run_refuse_auto_when_the_cache_cannot_be_kept(tmp_path, monkeypatch):
     blocker = tmp_path / 'file'
     blocker.write_text('')
-    monkeypatch.setenv(machine.CACHE_ENV, str(blocker / 'cache'))
+    monkeypatch.setenv(CACHE_ENV, str(blocker / 'cache'))
     as_measured(monkeypatch, AMX)
     with pytest.raises(Exception, match='could not be kept'):
         settle_precision(resolve('tiny', sets=['train.precision=auto']), world=2)
@@ -608,7 +613,7 @@ def test_processes_of_one_run_refuse_auto_when_the_cache_cannot_be_kept(tmp_path
 
 def test_a_run_of_several_processes_is_measured_on_the_threads_each_has(cache, monkeypatch):
     seen = []
-    monkeypatch.setattr(machine, 'product_seconds', lambda shapes, rounds=5: seen.append(torch.get_num_threads())
+    monkeypatch.setattr(choices, 'product_seconds', lambda shapes, rounds=5: seen.append(torch.get_num_threads())
                         or dict(AMX))
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     before = torch.get_num_threads()
@@ -670,6 +675,6 @@ def test_keeping_freed_memory_changes_nothing_where_the_c_library_has_no_mallopt
         def __init__(self, name):
             pass
     monkeypatch.setattr(ctypes, 'CDLL', NoMallopt)
-    assert machine.keep_freed_memory() is False
+    assert keep_freed_memory() is False
     monkeypatch.setattr(ctypes, 'CDLL', lambda name: (_ for _ in ()).throw(OSError('no C library')))
-    assert machine.keep_freed_memory() is False
+    assert keep_freed_memory() is False

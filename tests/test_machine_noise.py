@@ -6,10 +6,13 @@ import pytest
 import torch
 
 import gptkit.inference.decode as decoding
-import gptkit.machine.choices as machine
 from gptkit.errors import ConfigError
 from gptkit.inference.generator import Generator
-from gptkit.machine.choices import CPU, MEASURE_TRIES, SPREAD_MOST, Timings, bf16_kind, fastest_rounds, settle_precision
+from gptkit.machine.choices import settle_precision
+from gptkit.machine import choices
+from gptkit.machine.choices import ragged_seconds
+from gptkit.machine.cpu import CPU, ISA_ENV, bf16_kind
+from gptkit.machine.timings import CACHE_ENV, MEASURE_TRIES, SPREAD_MOST, Timings, fastest_rounds, product_seconds
 from gptkit.config.run import resolve
 from test_machine import decode_seconds
 
@@ -21,14 +24,12 @@ FAST_BF16 = {'fp32': 0.010, 'bf16': 0.004}                         # 2.5x: withi
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path / 'cache'))
-    for var in machine.ISA_ENV:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / 'cache'))
+    for var in ISA_ENV:
         monkeypatch.delenv(var, raising=False)
     return tmp_path / 'cache' / 'machine.json'
 
 
-def on_cpu(monkeypatch, cpu):
-    monkeypatch.setattr(machine, 'this_cpu', lambda: cpu)
 
 
 def timings(seconds: dict, spread: float = 1.0) -> Timings:
@@ -43,7 +44,7 @@ def measuring(monkeypatch, *figures):
     def measure(shapes, rounds=5):
         calls.append(shapes)
         return figures[min(len(calls), len(figures)) - 1]
-    monkeypatch.setattr(machine, 'product_seconds', measure)
+    monkeypatch.setattr(choices, 'product_seconds', measure)
     return calls
 
 
@@ -60,24 +61,24 @@ def test_which_cpus_have_bf16_instructions(cache, monkeypatch):
     assert bf16_kind(AMX) == 'AVX-512-bf16'
 
 
-def test_without_bf16_instructions_auto_stays_fp32_and_measures_nothing(cache, monkeypatch):
-    on_cpu(monkeypatch, AVX2)
+def test_without_bf16_instructions_auto_stays_fp32_and_measures_nothing(pin_cpu, cache, monkeypatch):
+    pin_cpu(AVX2)
     calls = measuring(monkeypatch, {'fp32': 0.7, 'bf16': 0.01})     # 70x: what a noisy run once said here
     cfg, why = auto()
     assert cfg.train.precision == 'fp32' and calls == [] and not cache.exists()
     assert 'Test EPYC (AVX2) has no bf16 instructions' in why and 'nothing measured' in why
 
 
-def test_spread_figures_are_measured_again_and_a_steady_try_is_cached(cache, monkeypatch):
-    on_cpu(monkeypatch, AMX)
+def test_spread_figures_are_measured_again_and_a_steady_try_is_cached(pin_cpu, cache, monkeypatch):
+    pin_cpu(AMX)
     calls = measuring(monkeypatch, timings(FAST_BF16, 2.0), timings(FAST_BF16, 1.05))
     cfg, why = auto()
     assert len(calls) == 2 and cfg.train.precision == 'bf16' and 'measured now' in why
     assert 'train' in [e['kind'] for e in json.loads(cache.read_text()).values()]
 
 
-def test_figures_that_never_steady_decide_fp32_and_are_not_cached(cache, monkeypatch):
-    on_cpu(monkeypatch, AMX)
+def test_figures_that_never_steady_decide_fp32_and_are_not_cached(pin_cpu, cache, monkeypatch):
+    pin_cpu(AMX)
     calls = measuring(monkeypatch, timings(FAST_BF16, 1.9))
     cfg, why = auto()
     assert len(calls) == MEASURE_TRIES and cfg.train.precision == 'fp32'
@@ -90,8 +91,8 @@ def test_figures_that_never_steady_decide_fp32_and_are_not_cached(cache, monkeyp
 @pytest.mark.parametrize('cpu, seconds, precision', [(AVX512_BF16, {'fp32': 0.70, 'bf16': 0.01}, 'fp32'),   # 70x
                                                      (AMX, {'fp32': 0.70, 'bf16': 0.01}, 'fp32'),           # 70x
                                                      (AMX, {'fp32': 0.010, 'bf16': 0.0012}, 'bf16')])       # 8.3x
-def test_bf16_faster_than_the_cpus_instructions_allow_is_not_believed(cache, monkeypatch, cpu, seconds, precision):
-    on_cpu(monkeypatch, cpu)
+def test_bf16_faster_than_the_cpus_instructions_allow_is_not_believed(pin_cpu, cache, monkeypatch, cpu, seconds, precision):
+    pin_cpu(cpu)
     calls = measuring(monkeypatch, seconds)
     cfg, why = auto()
     assert cfg.train.precision == precision
@@ -101,9 +102,9 @@ def test_bf16_faster_than_the_cpus_instructions_allow_is_not_believed(cache, mon
         assert len(calls) == 1 and cache.exists()
 
 
-def test_an_implausible_cached_entry_is_measured_anew(cache, monkeypatch):
+def test_an_implausible_cached_entry_is_measured_anew(pin_cpu, cache, monkeypatch):
     "A cache written before the bound (its key this one's) holding 70x is not read back"
-    on_cpu(monkeypatch, AVX512_BF16)
+    pin_cpu(AVX512_BF16)
     calls = measuring(monkeypatch, FAST_BF16)
     auto()
     entries = json.loads(cache.read_text())
@@ -114,16 +115,16 @@ def test_an_implausible_cached_entry_is_measured_anew(cache, monkeypatch):
     assert len(calls) == 2 and cfg.train.precision == 'bf16' and 'measured now' in why
 
 
-def test_a_noisy_attention_measurement_keeps_the_runs_precision(cache, monkeypatch):
-    on_cpu(monkeypatch, AMX)
-    monkeypatch.setattr(machine, 'attention_seconds', lambda shapes, rounds=5: timings({'bf16': 0.005, 'fp32': 0.001},
+def test_a_noisy_attention_measurement_keeps_the_runs_precision(pin_cpu, cache, monkeypatch):
+    pin_cpu(AMX)
+    monkeypatch.setattr(choices, 'attention_seconds', lambda shapes, rounds=5: timings({'bf16': 0.005, 'fp32': 0.001},
                                                                                         3.0))
     cfg, why = settle_precision(resolve('tiny', sets=['train.precision=bf16']))
     assert cfg.train.attention_precision == 'same' and 'untrusted' in why and not cache.exists()
 
 
-def test_processes_of_one_run_refuse_figures_that_never_steadied(cache, monkeypatch):
-    on_cpu(monkeypatch, AMX)
+def test_processes_of_one_run_refuse_figures_that_never_steadied(pin_cpu, cache, monkeypatch):
+    pin_cpu(AMX)
     measuring(monkeypatch, timings(FAST_BF16, 1.9))
     with pytest.raises(ConfigError, match=r'train\.precision auto is measured once for all 2 processes.*never steady'):
         settle_precision(resolve('tiny', sets=['train.precision=auto']), world=2)
@@ -143,15 +144,15 @@ def test_rounds_go_on_while_the_fastest_two_disagree():
 
 def test_a_real_measurement_says_its_spread():
     shapes = [(64, 64, 64)]
-    out = machine.product_seconds(shapes)
+    out = product_seconds(shapes)
     assert set(out) == {'fp32', 'bf16'} and out.spread >= 1.0
 
 
 # Generation's decode dtype
 
 
-def test_decoding_without_bf16_instructions_measures_fp32_alone(tiny_checkpoint, cache, monkeypatch):
-    on_cpu(monkeypatch, AVX2)
+def test_decoding_without_bf16_instructions_measures_fp32_alone(pin_cpu, tiny_checkpoint, cache, monkeypatch):
+    pin_cpu(AVX2)
     asked = []
     monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: asked.append(dtypes)
                         or decode_seconds(bf16=0.01))
@@ -161,9 +162,9 @@ def test_decoding_without_bf16_instructions_measures_fp32_alone(tiny_checkpoint,
 
 
 @pytest.mark.parametrize('spread, bf16, cpu', [(3.0, 0.5, AMX), (1.0, 1 / 70, AVX512_BF16)])
-def test_noisy_or_implausible_decode_figures_decode_in_fp32_uncached(tiny_checkpoint, cache, monkeypatch, spread,
+def test_noisy_or_implausible_decode_figures_decode_in_fp32_uncached(pin_cpu, tiny_checkpoint, cache, monkeypatch, spread,
                                                                      bf16, cpu):
-    on_cpu(monkeypatch, cpu)
+    pin_cpu(cpu)
     calls = []
     monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: calls.append(1)
                         or timings(decode_seconds(bf16=bf16), spread))
@@ -172,8 +173,8 @@ def test_noisy_or_implausible_decode_figures_decode_in_fp32_uncached(tiny_checkp
     assert not cache.exists()
 
 
-def test_steady_decode_figures_still_choose_bf16_where_it_is_faster(tiny_checkpoint, cache, monkeypatch):
-    on_cpu(monkeypatch, AMX)
+def test_steady_decode_figures_still_choose_bf16_where_it_is_faster(pin_cpu, tiny_checkpoint, cache, monkeypatch):
+    pin_cpu(AMX)
     monkeypatch.setattr(decoding, 'measure_decode', lambda linears, head, dtypes: timings(decode_seconds(bf16=0.5),
                                                                                            SPREAD_MOST))
     gen = Generator.from_checkpoint(tiny_checkpoint, device='cpu', dtype='auto')
@@ -183,12 +184,12 @@ def test_steady_decode_figures_still_choose_bf16_where_it_is_faster(tiny_checkpo
 # An MoE model's experts: a new shape at every step
 
 
-def test_an_moe_run_weighs_its_experts_at_new_token_counts(cache, monkeypatch):
+def test_an_moe_run_weighs_its_experts_at_new_token_counts(pin_cpu, cache, monkeypatch):
     "bf16's products alone 8x as fast (AMX), its experts' at new shapes 20x slower: the MoE run stays in fp32"
-    on_cpu(monkeypatch, AMX)
+    pin_cpu(AMX)
     dense = measuring(monkeypatch, {'fp32': 0.010, 'bf16': 0.0012})
     ragged = []
-    monkeypatch.setattr(machine, 'ragged_seconds', lambda products: ragged.append(products)
+    monkeypatch.setattr(choices, 'ragged_seconds', lambda products: ragged.append(products)
                         or {'fp32': 0.020, 'bf16': 0.400})
     cfg, why = settle_precision(resolve('moe-tiny', sets=['train.precision=auto', 'train.micro_batch=4']))
     assert cfg.train.precision == 'fp32' and "the experts' at new token counts" in why
@@ -205,7 +206,7 @@ def test_expert_products_are_timed_at_new_token_counts(monkeypatch):
             rows[a.dtype].append(a.shape[0])
         return matmul(a, b)
     monkeypatch.setattr(torch.Tensor, '__matmul__', spy)
-    out = machine.ragged_seconds([(64, 32, 16, 4)], rounds=2)
+    out = ragged_seconds([(64, 32, 16, 4)], rounds=2)
     assert set(out) == {'fp32', 'bf16'} and all(v > 0 for v in out.values())
     for seen in rows.values():
         assert len(seen) >= 4 * 3 and len(set(seen)) == len(seen) and 33 <= min(seen) and max(seen) <= 128

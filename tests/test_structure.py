@@ -19,6 +19,27 @@ def test_no_import_cycle_and_no_private_name_across_modules():
     assert private == [], 'make the name public in the module that owns it'
 
 
+def test_every_module_sits_in_a_room_and_no_room_imports_a_higher_one():
+    "Subpackages by concern in one order (tools/structure.py ROOMS): no upward arrow, so no circle between rooms"
+    assert structure.room_problems() == []
+
+
+def test_the_room_rule_finds_a_flat_module_an_upward_arrow_and_a_room_out_of_order(tmp_path):
+    pkg = tmp_path / 'gptkit'
+    for room, doc in (('low', '"""Low things"""'), ('high', '"""High things"""'), ('odd', '')):
+        (pkg / room).mkdir(parents=True)
+        (pkg / room / '__init__.py').write_text(doc + '\n')
+    (pkg / '__init__.py').write_text('')
+    (pkg / 'errors.py').write_text('x = 1\n')
+    (pkg / 'flat.py').write_text('from .errors import x\n')
+    (pkg / 'low' / 'a.py').write_text('def f():\n    from ..high.b import y\n')
+    (pkg / 'high' / 'b.py').write_text('from ..low.a import f\nfrom ..errors import x\ny = 2\n')
+    assert structure.room_problems(tmp_path, rooms=('low', 'high'), base=('gptkit.errors',)) == [
+        'gptkit.flat is in no room: move it into one of low, high',
+        'gptkit.odd is no room of ROOMS in tools/structure.py: place it in their order',
+        'gptkit.low.a imports gptkit.high.b, from a higher room']
+
+
 def test_every_import_of_a_gptkit_module_names_one_that_exists():
     "Inside functions too, where an import runs only when its function does (a moved module's old name, relative)"
     assert structure.unresolved_imports() == []

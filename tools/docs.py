@@ -93,7 +93,7 @@ def _static_outputs(cell):
 
 
 def _link_notebooks(md: str, names: set[str]) -> str:
-    "Markdown links to a chapter notebook (`nbs/04_indexed.ipynb`) point at its page instead"
+    "Markdown links to a chapter notebook (`nbs/04_data.indexed.ipynb`) point at its page instead"
     def sub(m):
         stem = m.group(2)
         if stem not in names: return m.group(0)

@@ -91,7 +91,7 @@ def clean(paths: list[Path]):
 
 
 def resolve(names: list[str]) -> list[Path]:
-    "The notebooks named (a path, a file name in nbs/ or a stem such as 04_indexed), or every one in nbs/"
+    "The notebooks named (a path, a file name in nbs/ or a stem such as 04_data.indexed), or every one in nbs/"
     if not names: return sorted(p for p in NBS.glob('*.ipynb') if not p.name.startswith(('_', '.')))
     out = []
     for n in names:

@@ -14,6 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES = 600       # the most lines a module of gptkit/ may have (nbdev's generated _modidx.py aside)
 FUNCTION_LINES = 60      # the most lines a function of gptkit/ or cli/ may have
 OUTPUT_SHARE = 1 / 3     # the least share of a chapter's code cells that keep an output
+BASE = ('gptkit.errors', 'gptkit.files')   # the modules below every room
+# the subpackages by concern, lowest first: a room's modules import only from their own room, lower ones and BASE
+ROOMS = ('config', 'store', 'estimate', 'tokenizer', 'data', 'kernels', 'model', 'parallel', 'machine', 'checkpoint',
+         'train', 'interop', 'inference', 'eval', 'serve', 'diagnose')
 
 
 def library_files(root: Path = ROOT) -> list[Path]:
@@ -112,6 +116,37 @@ def unresolved_imports(root: Path = ROOT) -> list[str]:
     return out
 
 
+def room_of(module: str) -> str | None:
+    "gptkit.data.corpus -> 'data'; a module at the package's top (gptkit.errors) is in no room"
+    parts = module.split('.')
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOMS) else None
+
+
+def room_problems(root: Path = ROOT, rooms: tuple = ROOMS, base: tuple = BASE) -> list[str]:
+    """Each module in no room (`base` aside), each subpackage not in `rooms` or without a one-line docstring, and each
+    import of a higher room: an upward arrow (with the rooms in one order, a circle between rooms is one too)"""
+    out, rank = [], {r: i for i, r in enumerate(rooms)}
+    for p in library_files(root):
+        mod = module_name(p, root)
+        room = mod.split('.')[1] if mod.count('.') >= 1 and p.parent != root / 'gptkit' else None
+        if room is None and mod not in base and mod != 'gptkit':
+            out.append(f'{mod} is in no room: move it into one of {", ".join(rooms)}')
+        elif room is not None and room not in rank:
+            out.append(f'gptkit.{room} is no room of ROOMS in tools/structure.py: place it in their order')
+        elif room is not None and p.name == '__init__.py':
+            doc = ast.get_docstring(ast.parse(p.read_text(encoding='utf-8'))) or ''
+            if not doc or '\n' in doc.strip():
+                out.append(f'gptkit.{room} needs a one-line docstring saying its job')
+    graph, _ = imports(root)
+    for a, targets in sorted(graph.items()):
+        ra = a.split('.')[1] if a.count('.') >= 2 else None
+        for b in sorted(targets):
+            rb = b.split('.')[1] if b.count('.') >= 2 else None
+            if rb in rank and (ra is None or (ra in rank and rank[rb] > rank[ra])):
+                out.append(f'{a} imports {b}, from a higher room')
+    return out
+
+
 def cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     "Each pair of modules that import each other, directly or through others"
     def reach(start):
@@ -141,6 +176,7 @@ def main() -> int:
     print(f'modules over {MODULE_LINES} lines: {long_modules() or "none"}')
     print(f'functions over {FUNCTION_LINES} lines: {long_functions() or "none"}')
     print(f'import cycles: {cycles(graph) or "none"}')
+    print(f'rooms: {" < ".join(ROOMS)}; problems: {room_problems() or "none"}')
     print(f'private names imported across modules: {private or "none"}')
     inner = inner_imports()
     print(f'imports inside functions: {sum(inner.values())} (most: {inner.most_common(5)})')

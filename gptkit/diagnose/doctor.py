@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from ..config.run import resolve
 from ..estimate.sizing import flops_per_iteration
 from ..kernels import reference as M
-from ..machine.choices import huge_pages_allowed, huge_pages_setting, settle_precision, this_cpu
+from ..machine.choices import settle_precision
+from ..machine.cpu import this_cpu
+from ..machine.pages import huge_pages_allowed, huge_pages_setting
 from ..model.decoder import GPT
 from ..train.engine import build_engine, free_port, init_distributed
 from ..train.loop import peak_flops

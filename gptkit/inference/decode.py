@@ -18,7 +18,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.reference import apply_rotary, rms_norm, swiglu
-from ..machine import choices as machine
+from ..machine.choices import choose_precision, untrusted
+from ..machine.cpu import bf16_doubt, bf16_kind, this_cpu
+from ..machine.pages import huge_copies, huge_empty
+from ..machine.timings import Timings, fastest_rounds, measured
 from ..model.decoder import MLP, KVCache, LayerNorm, OutputLayer, RMSNorm
 
 # %% auto #0
@@ -159,7 +162,7 @@ def decode_layout(model, choice: DecodeChoice = DecodeChoice()):
     wanted = lambda *kinds: head and any(h for k, h in heads if k in kinds)
     places = {'rows': tuple(rows.shape)} if wanted('plain', 'rows') else {}
     places.update({'weight_t': tuple(rows.shape[::-1])} if wanted('transposed') else {})
-    region = machine.huge_empty(specs + [(s, rows.dtype) for s in places.values()]) if specs or places else None
+    region = huge_empty(specs + [(s, rows.dtype) for s in places.values()]) if specs or places else None
     region = region or [None] * (len(specs) + len(places))
     for (m, name, child), into in itertools.zip_longest(linears, region[:len(specs)]):
         setattr(m, name, DecodeLinear(child, kind, into))
@@ -194,7 +197,7 @@ def _seconds(fn) -> float:
 def _alternating(runs: dict, spreads: list, rounds: int = DECODE_ROUNDS) -> dict[str, float]:
     """Fastest seconds of each function in `runs` ({name: function}) after a warm-up each, rounds alternating (until
     `MEASURE_SECONDS` have passed, two rounds at least); how far their rounds spread appended to `spreads`"""
-    seconds = machine.fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds)
+    seconds = fastest_rounds({name: functools.partial(_seconds, fn) for name, fn in runs.items()}, rounds)
     spreads.append(seconds.spread)
     return seconds
 
@@ -207,7 +210,7 @@ def _linear_pass(form: str, ws: list, n: int, rand):
             return None
     else:
         mats = ws if kind == 'plain' else [w.t().contiguous() for w in ws]
-        mats = machine.huge_copies(mats) if huge else mats
+        mats = huge_copies(mats) if huge else mats
         if mats is None:
             return None
     pairs = [(rand(n, w.shape[1]).to(w.dtype), p) for w, p in zip(ws, mats)]
@@ -223,12 +226,12 @@ def _head_runs(forms, n: int, rows, rows_t, rand, packed=None, mkl=None) -> dict
     kinds = {form: form_pages(form)[0] for form in forms}
     return {form: functools.partial(head_product, kind, h, rows, rows_t, packed, mkl) for form, kind in kinds.items()}
 
-def measure_decode(linears, head, dtypes=('fp32', 'bf16')) -> machine.Timings:
+def measure_decode(linears, head, dtypes=('fp32', 'bf16')) -> Timings:
     """Seconds of one pass over `linears` and of the `head` product, per 'dtype part form rows' for `dtypes`, weights
     from memory, each form in rounds alternating with its twin in huge pages; `spread` the median form's (products of
     microseconds jitter more on a quiet machine). Forms this PyTorch, CPU or OS cannot run (oneDNN's packed bf16
     without AVX-512, MKL's in bf16, huge pages where THP is off) are left out"""
-    out, spreads, g = machine.Timings(), [], torch.Generator().manual_seed(0)     # sampling's generator left alone
+    out, spreads, g = Timings(), [], torch.Generator().manual_seed(0)     # sampling's generator left alone
     rand = lambda *shape: torch.rand(*shape, generator=g)
     kinds = lambda part: dict.fromkeys(form_pages(f)[0] for f in DECODE_FORMS[part])
     for name, dtype in (pair for pair in (('fp32', torch.float32), ('bf16', torch.bfloat16)) if pair[0] in dtypes):
@@ -248,7 +251,7 @@ def measure_decode(linears, head, dtypes=('fp32', 'bf16')) -> machine.Timings:
             seconds = _alternating(_head_runs(made, n, rows, rows_t, rand, packed, mkl), spreads)
             out.update({f'{name} head {f} {n}': s for f, s in seconds.items()})
         del packed, mkl
-        huge = machine.huge_copies([rows, rows_t]) or (None, None)     # where the OS gives huge pages
+        huge = huge_copies([rows, rows_t]) or (None, None)     # where the OS gives huge pages
         for kind in (k for k in kinds('head') if k not in ('packed', 'mkl8')):
             for n in DECODE_ROWS:
                 runs = _head_runs([kind], n, rows, rows_t, rand)
@@ -283,12 +286,12 @@ def decode_choice(seconds: dict, dtypes=('fp32', 'bf16'), cached: bool = False, 
     total = {d: sum(step.values()) for d, (_, _, step) in best.items()}
     dtype = dtypes[0]
     if 'bf16' in dtypes and 'fp32' in dtypes:
-        dtype = 'fp32' if doubt else machine.choose_precision(total['fp32'] / total['bf16'])
+        dtype = 'fp32' if doubt else choose_precision(total['fp32'] / total['bf16'])
     lin, heads, step = best[dtype]
     said = ', '.join(f'batch {n} {s * 1e3:.2f} ms' for n, s in step.items())
     vs = '' if len(dtypes) == 1 else f' ({total["fp32"] / total["bf16"]:.2f}x as fast in bf16{doubt and ", untrusted"})'
     pages = lambda form: form.replace(' huge', ' in huge pages')
-    how = f'{doubt or ("cached" if cached else "measured now")}, {machine.this_cpu().name}'
+    how = f'{doubt or ("cached" if cached else "measured now")}, {this_cpu().name}'
     why = (f'decoding in {dtype}{vs}: linears {pages(lin)}, output layer {pages(heads[0])} at one row and '
            f'{pages(heads[1])} at more; the matrix products of a step took {said} ({how})')
     return DecodeChoice(dtype, lin, heads, why)
@@ -297,17 +300,17 @@ def choose_decode(model, dtypes: tuple | None = None) -> DecodeChoice:
     """Measure (or read from the cache) and choose how `model` decodes on this CPU; `dtypes` default: its own dtype's;
     bf16 among others only where the CPU has bf16 instructions"""
     dtypes = dtypes or ({torch.float32: 'fp32', torch.bfloat16: 'bf16'}.get(next(model.parameters()).dtype, 'fp32'),)
-    bf16 = machine.bf16_kind(machine.this_cpu())
+    bf16 = bf16_kind(this_cpu())
     dtypes, linears, head = tuple(d for d in dtypes if d != 'bf16' or bf16) or dtypes, *decode_shapes(model)
     keys = [f'{d} {p} {f} {n}' for d in dtypes for p, forms in DECODE_FORMS.items()
             for f in forms if f not in DECODE_OPTIONAL for n in DECODE_ROWS]      # the others: where they run
     forms = ' '.join(f for forms in DECODE_FORMS.values() for f in forms)
     kind = f'decode {DECODE_ROUNDS} rounds, huge pages alternating, {"+".join(dtypes)}: ' + forms  # new: measured anew
     totals = lambda s: [sum(_best(s, d)[2].values()) for d in ('fp32', 'bf16')]
-    implausible = lambda s: machine.bf16_doubt(*totals(s), bf16) if len(dtypes) > 1 else ''
-    m = machine.measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
+    implausible = lambda s: bf16_doubt(*totals(s), bf16) if len(dtypes) > 1 else ''
+    m = measured(kind, [(1, o, i) for o, i in linears] + [(1, *head)],
                          lambda shapes: measure_decode(linears, head, dtypes), keys=keys, implausible=implausible)
-    return decode_choice(m.seconds, dtypes, m.cached, '' if m.trusted else machine.untrusted(m))
+    return decode_choice(m.seconds, dtypes, m.cached, '' if m.trusted else untrusted(m))
 
 # %% ../../nbs/14c_inference.decode.ipynb #aa3e6b8b
 def _norm_function(m):

@@ -39,7 +39,7 @@ from ..data.plan import data_name, machine_memory, split_sizes, split_source, wa
 from ..data.samples import split_samples
 from ..errors import ConfigError, GptkitError
 from ..estimate.sizing import GPUS, flops_per_iteration, memory_per_gpu
-from ..machine.choices import keep_freed_memory
+from ..machine.pages import keep_freed_memory
 from ..model.decoder import GPT, num_params, set_attention_precision
 from ..model.lora import add_adapters
 from ..model.moe import expert_load, moe_stats, set_moe_grad_scale
