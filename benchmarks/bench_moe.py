@@ -40,7 +40,7 @@ def mixtral(m, device, dtype, aux_loss: bool = True):
 
 
 def adamw(model):
-    from gptkit.train.engine import param_groups
+    from gptkit.train.optim import param_groups
     return torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
 

@@ -30,7 +30,7 @@ def hf_model(cfg, device, dtype):
 
 
 def adamw(model, cuda: bool):
-    from gptkit.train.engine import param_groups
+    from gptkit.train.optim import param_groups
     return torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95), eps=1e-8,
                              **({'fused': True} if cuda else {'foreach': True}))
 

@@ -69,7 +69,7 @@ def _ds_override(path: Optional[Path], cfg: RunConfig) -> dict | None:
     if not isinstance(d, dict):
         raise ConfigError([('deepspeed_config',
                                                     f'{{key}} file {path} must hold a JSON object')])
-    from gptkit.train.engine import check_ds_config, ds_config  # the engine's imports off the start-up path
+    from gptkit.train.ds_config import check_ds_config, ds_config  # the engine's imports off the start-up path
     check_ds_config(ds_config(cfg, override=d), f'--deepspeed-config file {path}')   # before any process starts
     return d
 
@@ -295,7 +295,7 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print('[bold]Run config[/]')
     out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
-    from gptkit.train.engine import ds_config
+    from gptkit.train.ds_config import ds_config
     out.print_json(json.dumps(ds_config(cfg, override=override)))
     cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)

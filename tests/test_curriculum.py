@@ -12,7 +12,7 @@ import torch
 from conftest import TINY_SETS, run_here
 
 from gptkit.config.curriculum import Curriculum
-from gptkit.train.engine import Schedule
+from gptkit.train.optim import Schedule
 from gptkit.errors import ConfigError
 from gptkit.config.run import resolve
 from gptkit.train.loop import train

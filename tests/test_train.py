@@ -48,7 +48,7 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(tiny_data, tmp_path, zer
 
 def test_resume_with_a_new_learning_rate_follows_it(tiny_data, tmp_path):
     "Fine-tuning a checkpoint (an import, or a run continued) at another lr: the schedule follows the new optim settings"
-    from gptkit.train.engine import Schedule
+    from gptkit.train.optim import Schedule
     from gptkit.train.callbacks import Callback
     first = train(config(tiny_data, tmp_path, 'train.iters=3'))
     lrs = []

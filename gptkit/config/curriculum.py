@@ -105,7 +105,7 @@ def curriculum_plan(plan: BatchPlan, train: TrainConfig, seq_len: int) -> BatchP
 
 # %% ../../nbs/11d_config.curriculum.ipynb #1c634f46
 def decay_by_tokens(scheduler, schedule, curriculum: Curriculum):
-    "Make the torch `LambdaLR` of `schedule` (a `gptkit.train.engine.Schedule`) decay by the tokens `curriculum` trains"
+    "Make the torch `LambdaLR` of `schedule` (a `gptkit.train.optim.Schedule`) decay by the tokens `curriculum` trains"
     if not hasattr(scheduler, 'lr_lambdas'):       # a scheduler from a DeepSpeed config override: left as it is
         return
     lr, iters, warmup = schedule.optim.lr, schedule.iters, schedule.warmup

@@ -46,8 +46,9 @@ from ..model.moe import expert_load, moe_stats, set_moe_grad_scale
 from ..store import folders as store
 from ..tokenizer.bpe import load as load_tokenizer, save as save_tokenizer
 from .callbacks import MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResult
-from .engine import Schedule, build_engine, check_precision, compile_model, device_type, init_distributed
+from .engine import build_engine, check_precision, compile_model, device_type, init_distributed
 from .microbatches import MicroBatching, mask_opener, micro_batches
+from .optim import Schedule
 from .plan import RunPlan, plan_run, read_tokenizer
 from .stops import StopSignals, Watchdog
 
