@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
+from gptkit.train.launch import leave_group_at_exit
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, handles_errors, out
-from gptkit_cli.launch import leave_group_at_exit
 
 STYLE = {'ok': '[green]ok[/]', 'failed': '[bold red]FAILED[/]', 'skipped': '[dim]skipped[/]'}
 

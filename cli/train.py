@@ -23,9 +23,10 @@ from rich.progress import (
 from gptkit.config.run import CONFIG_BYTES, RunConfig
 from gptkit.errors import ConfigError, check
 from gptkit.files import read_text
+from gptkit.train.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group_at_exit, run_launcher
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
-from gptkit_cli.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group_at_exit, run_launcher, train_argv
+from gptkit_cli.launch import train_argv
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -229,7 +230,8 @@ def train(
                       (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume, vocab=False,
                       init=init)
     per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
-    launch = Launch(launcher, per_node, nnodes, node_rank, master_addr, master_port, hostfile, max_restarts)
+    launch = Launch(launcher=launcher, nproc=per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                    master_port=master_port, hostfile=hostfile, max_restarts=max_restarts)
     check(launch.problems(launching=emit is None))
     from gptkit.train.engine import world_size
     world = world_size(cfg, launch.world)

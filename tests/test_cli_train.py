@@ -270,7 +270,7 @@ def test_a_failed_rank_is_one_line_without_torchruns_report(tmp_path, capfd, wha
     "torchrun's log lines, traceback and table of ranks are replaced by one line, or by nothing when a rank said why"
     import sys
 
-    from gptkit_cli.launch import run_launcher
+    from gptkit.train.launch import run_launcher
     (tmp_path / 'rank.py').write_text(RANK_SCRIPT)
     code = run_launcher([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '0',
                          str(tmp_path / 'rank.py'), what])
@@ -298,7 +298,7 @@ def test_a_scheduler_sigterm_lets_the_processes_save_and_gives_143(tmp_path):
     import sys
     import time
     (tmp_path / 'rank.py').write_text(TERM_SCRIPT)
-    launch = (f'import sys; from gptkit_cli.launch import run_launcher; sys.exit(run_launcher([sys.executable, "-m", '
+    launch = (f'import sys; from gptkit.train.launch import run_launcher; sys.exit(run_launcher([sys.executable, "-m", '
               f'"torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0", {str(tmp_path / "rank.py")!r}]))')
     p = subprocess.Popen([sys.executable, '-c', launch], stderr=subprocess.PIPE, text=True, start_new_session=True)
     started = 0
@@ -315,7 +315,7 @@ def test_a_scheduler_sigterm_lets_the_processes_save_and_gives_143(tmp_path):
 def test_the_process_group_is_left_at_exit_once_however_many_runs():
     import subprocess
     import sys
-    code = ('from gptkit_cli import launch\n'
+    code = ('from gptkit.train import launch\n'
             'launch.leave_group = lambda: print("left")\n'
             'for _ in range(3): launch.leave_group_at_exit()\n')
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120)

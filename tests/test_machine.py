@@ -649,10 +649,10 @@ def test_an_estimate_names_its_precision(tmp_path):
 
 
 def test_a_hostfile_counts_its_hosts_as_nodes(tmp_path):
-    from gptkit_cli.launch import Launch
+    from gptkit.train.launch import Launch
     hosts = tmp_path / 'hosts'
     hosts.write_text('# the cluster\nworker-1 slots=2\n\nworker-2 slots=2\n')
-    assert Launch('deepspeed', 2, 1, hostfile=hosts).nodes == 2 and Launch('torchrun', 2, 1).nodes == 1
+    assert Launch(launcher='deepspeed', nproc=2, hostfile=hosts).nodes == 2 and Launch(nproc=2).nodes == 1
 
 
 @pytest.mark.parametrize('bad', [['fp32'], 'fp64', None, 7])
