@@ -723,7 +723,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'gptkit.estimate.moe.candidate_layouts': ( 'estimate.moe.html#candidate_layouts',
                                                                                 'gptkit/estimate/moe.py'),
                                      'gptkit.estimate.moe.ep_degrees': ('estimate.moe.html#ep_degrees', 'gptkit/estimate/moe.py'),
-                                     'gptkit.estimate.moe.ep_problems': ('estimate.moe.html#ep_problems', 'gptkit/estimate/moe.py'),
                                      'gptkit.estimate.moe.expert_group': ('estimate.moe.html#expert_group', 'gptkit/estimate/moe.py'),
                                      'gptkit.estimate.moe.mean_mlp_factor': ('estimate.moe.html#mean_mlp_factor', 'gptkit/estimate/moe.py'),
                                      'gptkit.estimate.moe.mlp_flops': ('estimate.moe.html#mlp_flops', 'gptkit/estimate/moe.py'),

@@ -347,10 +347,10 @@ def test_search_tries_every_ep_and_finds_the_ones_that_fit():
 
 @pytest.mark.parametrize('args,words', [(['--ep', '3'], '--ep 3 must divide the 8 experts'),
                                         (['--ep', '16', '--gpus', '8'], '--ep 16 must divide the 8 experts'),
-                                        (['--ep', '4', '--gpus', '2'], '--ep 4 must divide the data-parallel degree 2'),
+                                        (['--ep', '4', '--gpus', '2'], '--ep 4 must divide the data-parallel size 2'),
                                         (['--ep', '0'], '--ep must be a positive whole number'),
-                                        (['--ep', '2', '--zero', '3', '--gpus', '2'], '--zero 3 cannot shard'),
-                                        (['--preset', '1.3b', '--ep', '2', '--gpus', '2'], 'needs a mixture-of-experts'),
+                                        (['--ep', '2', '--zero', '3', '--gpus', '2'], '--zero 3 cannot be combined with --ep above 1'),
+                                        (['--preset', '1.3b', '--ep', '2', '--gpus', '2'], 'this model is dense (model.moe_experts 0); set --ep 1'),
                                         (['--moe-top-k', '9'], '--moe-top-k = 9 is more than the 8 experts'),
                                         (['--moe-ffn-hidden', '0'], '--moe-ffn-hidden must be a positive')])
 def test_cli_refuses_a_bad_ep_naming_the_flag(args, words):

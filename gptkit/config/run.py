@@ -107,32 +107,33 @@ def _section(cls, name: str, values, problems: list):
     problems += [(f'{name}.{k}', m) for k, m in found]
     return None if found else cls(**values)
 
-def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None) -> list[tuple[str, str]]:
-    "Expert parallelism against the model (an MoE whose experts it divides) and, when known, the data-parallel size"
-    ep, experts = par.ep, model.moe_experts
+def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None,
+                prefix: str = 'parallel.') -> list[tuple[str, str]]:
+    """Expert parallelism against the model (an MoE whose experts it divides), ZeRO and, when known, the data-parallel
+    size: the one rule for a run and for an estimate (keys under `prefix`: `''` names the estimate's flags)"""
+    ep, experts, key = par.ep, model.moe_experts, f'{prefix}ep'
     if ep == 1:
         return []
     out = []
     if not experts:
-        out.append(('parallel.ep', f'{{key}} {ep} splits the experts of mixture-of-experts layers, and this model is '
-                                   'dense (model.moe_experts 0); set parallel.ep=1 or model.moe_experts'))
+        out.append((key, f'{{key}} {ep} splits the experts of mixture-of-experts layers, and this model is dense '
+                         '(model.moe_experts 0); set {key} 1 or model.moe_experts'))
     elif experts % ep:
-        out.append(('parallel.ep', f'{{key}} {ep} must divide the {experts} experts of each MoE layer '
-                                   '(model.moe_experts)'))
+        out.append((key, f'{{key}} {ep} must divide the {experts} experts of each MoE layer (model.moe_experts)'))
     if dp is not None and dp % ep:
-        out.append(('parallel.ep', f'{{key}} {ep} must divide the data-parallel size {dp} (processes / (tp x pp)): '
-                                   'the experts are split over ranks of a data-parallel group'))
+        out.append((key, f'{{key}} {ep} must divide the data-parallel size {dp} (processes / (tp x pp)): the experts '
+                         'are split over ranks of a data-parallel group'))
+    if par.zero == 3:
+        out.append((f'{prefix}zero', f'{{key}} 3 cannot be combined with {key if prefix else "--ep"} above 1 (ZeRO 3 splits each '
+                                     'parameter over the whole data-parallel group, whose ranks hold different '
+                                     'experts); use 0, 1 or 2'))
     return out
 
 def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
-    "Expert-parallel layouts gptkit's DeepSpeed engine does not run (it runs ZeRO 0-2, fp32 or bf16, TP, SP, PP)"
+    "Expert-parallel runs gptkit's DeepSpeed engine does not train (it trains fp32 or bf16 with them; ZeRO: `ep_problems`)"
     if par.ep == 1:
         return []
     out = []
-    if par.zero == 3:
-        out.append(('parallel.zero', '{key} 3 cannot be combined with parallel.ep above 1 (ZeRO 3 splits each '
-                                     'parameter over the whole data-parallel group, whose ranks hold different '
-                                     'experts); use 0, 1 or 2'))
     if train.precision == 'fp16':
         out.append(('train.precision', '{key} fp16 cannot be combined with parallel.ep above 1 (DeepSpeed trains fp16 '
                                        'on GPUs only, and gptkit\'s expert-parallel tests run on CPU processes); use '

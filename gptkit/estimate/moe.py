@@ -15,7 +15,7 @@ from ..errors import ConfigError
 
 # %% auto #0
 __all__ = ['moe_layer_count', 'routed_numel', 'active_params', 'mlp_params', 'mlp_flops', 'moe_activation_bytes',
-           'mean_mlp_factor', 'ep_problems', 'ep_degrees', 'expert_group', 'all_to_all_bytes', 'all_to_all_seconds',
+           'mean_mlp_factor', 'ep_degrees', 'expert_group', 'all_to_all_bytes', 'all_to_all_seconds',
            'candidate_layouts']
 
 # %% ../../nbs/01a_estimate.moe.ipynb #1b2768ab
@@ -74,22 +74,6 @@ def mean_mlp_factor(model: ModelConfig, width: float, element: int, tp: int = 1)
     return (dense + moe * moe_activation_bytes(model, element, width) * tp / (h * element)) / model.layers
 
 # %% ../../nbs/01a_estimate.moe.ipynb #635d1abc
-def ep_problems(model: ModelConfig, par: ParallelConfig) -> list[tuple[str, str]]:
-    "What makes the expert-parallel degree `par.ep` impossible for `model` on `par.dp` data-parallel ranks"
-    ep, e = par.ep, model.moe_experts
-    if ep == 1:
-        return []
-    if not e:
-        return [('ep', f'{{key}} {ep} needs a mixture-of-experts model; this one has no experts (model.moe_experts 0)')]
-    out = []
-    if e % ep:
-        out.append(('ep', f'{{key}} {ep} must divide the {e} experts (model.moe_experts)'))
-    if par.dp % ep:
-        out.append(('ep', f'{{key}} {ep} must divide the data-parallel degree {par.dp}'))
-    if par.zero == 3:
-        out.append(('zero', '{key} 3 cannot shard expert-parallel layers (DeepSpeed MoE takes ZeRO 0, 1 or 2)'))
-    return out
-
 def ep_degrees(model: ModelConfig, dp: int) -> list[int]:
     "The expert-parallel degrees a layout with `dp` data-parallel ranks can take: divisors of both dp and the experts"
     n = gcd(dp, model.moe_experts) if model.moe_experts else 1

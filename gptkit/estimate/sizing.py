@@ -24,6 +24,7 @@ from gptkit.config.sections import (
 
 from ..config.layout import BatchPlan, Layout, validate_layout
 from ..config.params import layer_numel, param_table, stage_extras, stage_layers
+from ..config.run import ep_problems
 from ..errors import ConfigError, check
 from . import moe as moe_est
 from .perf import GPU, GPUS, GiB, MiB, StepTime, state_bytes, step_time
@@ -509,7 +510,7 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
     if not isinstance(tokens, int) or tokens <= 0:
         check([('tokens', f'{{key}} must be positive, not {tokens!r}')])
     validate_layout(model, par, train, gpus_per_node)
-    check(moe_est.ep_problems(model, par))
+    check(ep_problems(model, par, par.dp, prefix=''))
     check(lora_estimate_problems(model, par, train))
     params = count_params(model, par.tp, par.pp, par.balance)
     batch = _plan(model, par, train).global_batch

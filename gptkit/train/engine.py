@@ -13,7 +13,7 @@ import shutil
 import socket
 
 from ..config.layout import BatchPlan
-from ..config.run import RunConfig, ep_engine_problems
+from ..config.run import RunConfig, ep_engine_problems, ep_problems
 from ..errors import ConfigError, check
 from .ds_config import ds_config, ds_config_error
 from .optim import Schedule, make_optimizer, param_groups
@@ -133,7 +133,7 @@ def compile_model(cfg: RunConfig, model):
 def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override: dict | None = None, mpu=None,
                  iters: int | None = None):
     "(DeepSpeed engine, its config) for `model`, stepping as `plan` says (default `cfg.plan`); `iters`: schedule length"
-    check(ep_engine_problems(cfg.parallel, cfg.train))
+    check(ep_problems(cfg.model, cfg.parallel) + ep_engine_problems(cfg.parallel, cfg.train))
     import deepspeed
     plan = plan or cfg.plan
     config = ds_config(cfg, plan, override)
