@@ -124,13 +124,14 @@ def ep_problems(model: ModelConfig, par: ParallelConfig, dp: int | None = None,
         out.append((key, f'{{key}} {ep} must divide the data-parallel size {dp} (processes / (tp x pp)): the experts '
                          'are split over ranks of a data-parallel group'))
     if par.zero == 3:
-        out.append((f'{prefix}zero', f'{{key}} 3 cannot be combined with {key if prefix else "--ep"} above 1 (ZeRO 3 splits each '
+        named = key if prefix else '--ep'
+        out.append((f'{prefix}zero', f'{{key}} 3 cannot be combined with {named} above 1 (ZeRO 3 splits each '
                                      'parameter over the whole data-parallel group, whose ranks hold different '
                                      'experts); use 0, 1 or 2'))
     return out
 
 def ep_engine_problems(par: ParallelConfig, train: TrainConfig) -> list[tuple[str, str]]:
-    "Expert-parallel runs gptkit's DeepSpeed engine does not train (it trains fp32 or bf16 with them; ZeRO: `ep_problems`)"
+    "Expert-parallel runs gptkit's engine does not train (it trains fp32 or bf16 with them; ZeRO: `ep_problems`)"
     if par.ep == 1:
         return []
     out = []
