@@ -40,8 +40,8 @@ def data(folder: Path) -> tuple[str, str]:
     "(dataset prefix, tokenizer folder): the built-in KJV with a 512-entry BPE trained on it (as tests/conftest.py)"
     from gptkit.data.corpus import clean_text, read_documents
     from gptkit.data.prepare import PrepareConfig, prepare
-    from gptkit.tokenizer.bpe import save, train_bpe
-    save(train_bpe((clean_text(x.text) for x in read_documents(['builtin:kjv'])), 512), folder / 'tok')
+    from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
+    save_tokenizer(train_bpe((clean_text(x.text) for x in read_documents(['builtin:kjv'])), 512), folder / 'tok')
     res = prepare(PrepareConfig(('builtin:kjv',), str(folder / 'kjv'), str(folder / 'tok')))
     return str(res.prefix), str(folder / 'tok')
 

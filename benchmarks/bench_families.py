@@ -35,10 +35,10 @@ def data(out: Path, vocab: int = 4096) -> tuple[str, str]:
     "(dataset prefix, tokenizer folder) of the built-in corpus, built once"
     from gptkit.data.corpus import DEFAULT_CORPUS, clean_text, read_documents
     from gptkit.data.prepare import PrepareConfig, prepare
-    from gptkit.tokenizer.bpe import save, train_bpe
+    from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
     prefix = out / 'data' / 'corpus_text_document'
     if not Path(f'{prefix}.idx').is_file():
-        save(train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS)), vocab), out / 'tokenizer')
+        save_tokenizer(train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS)), vocab), out / 'tokenizer')
         prepare(PrepareConfig(DEFAULT_CORPUS, str(out / 'data' / 'corpus'), str(out / 'tokenizer')))
     return str(prefix), str(out / 'tokenizer')
 
@@ -144,9 +144,9 @@ def main():
     if a.from_json:
         return draw(json.loads(a.from_json.read_text()), a.plot)
     from gptkit.data.corpus import HELD_OUT, clean_text, read_documents
-    from gptkit.tokenizer.bpe import load
+    from gptkit.tokenizer.bpe import load_tokenizer
     prefix, tok_dir = data(a.out)
-    tok = load(tok_dir)
+    tok = load_tokenizer(tok_dir)
     held = []
     for d in list(read_documents([HELD_OUT]))[:HELD_OUT_ARTICLES]:
         held += tok.encode(clean_text(d.text)) + [tok.eod]

@@ -150,11 +150,11 @@ def batches(texts: list[str], batch_bytes: int = 1 << 20):
 def raw_encode(texts: list[str], cores: int) -> tuple[float, int, float, int, float]:
     """HF tokenizers' encode_batch and gptkit's Tokenizer.encode_batch on the texts in memory: seconds and tokens;
     and the seconds it takes to load the tokenizer and build its fast encoder (which prepare's time includes)"""
-    from gptkit.tokenizer.bpe import load
+    from gptkit.tokenizer.bpe import load_tokenizer
     os.environ['RAYON_NUM_THREADS'] = str(cores)   # HF's thread pool reads it when it starts (on first use)
     os.environ['TOKENIZERS_PARALLELISM'] = 'true'
     t = time.perf_counter()
-    tok = load('gpt2'); tok.encode_batch(['warm up'], cores)
+    tok = load_tokenizer('gpt2'); tok.encode_batch(['warm up'], cores)
     loading = time.perf_counter() - t
     tok.hf.encode_batch(['warm up'], add_special_tokens=False)
     t = time.perf_counter()

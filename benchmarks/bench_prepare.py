@@ -45,8 +45,8 @@ def reference(path: Path, prefix: Path, tokenizer: str) -> float:
     "The plain way: one process, HF tokenizers one document at a time, gptkit's writer"
     import json
     from gptkit.data.indexed import IndexedWriter, token_dtype
-    from gptkit.tokenizer.bpe import load
-    tok = load(tokenizer)
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tokenizer)
     t = time.perf_counter()
     with open(path, encoding='utf-8') as f, IndexedWriter(prefix, token_dtype(tok.vocab_size)) as w:
         for line in f:
@@ -81,8 +81,8 @@ def main():
         print(f'single-process reference (HF):    {ref:6.2f} s  {mb / ref:6.1f} MB/s  {docs / ref:8,.0f} docs/s')
         print(f'ratio gptkit / reference: {ref / ours:.2f}x faster; same bytes: {same(d / "gptkit_text_document", d / "ref_text_document")}')
         if args.megatron_lm:
-            from gptkit.tokenizer.bpe import load, save
-            vocab = save(load(args.tokenizer), d / 'tokenizer')   # vocab.json + merges.txt, as Megatron reads them
+            from gptkit.tokenizer.bpe import load_tokenizer, save_tokenizer
+            vocab = save_tokenizer(load_tokenizer(args.tokenizer), d / 'tokenizer')   # vocab.json + merges.txt, as Megatron reads them
             meg = timed([str(args.megatron_python or sys.executable), 'tools/preprocess_data.py', '--input', str(path),
                          '--output-prefix', str(d / 'megatron'), '--tokenizer-type', 'GPT2BPETokenizer',
                          '--vocab-file', str(vocab / 'vocab.json'), '--merge-file', str(vocab / 'merges.txt'),

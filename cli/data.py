@@ -107,8 +107,8 @@ def inspect(
     """Documents, tokens, dtype, length histogram and a few decoded documents of a .bin/.idx pair."""
     import numpy as np
 
-    from gptkit.data.indexed import IndexedDataset, data_paths, dataset_writer, stale_temporaries
-    writer, stale = dataset_writer(prefix), stale_temporaries(prefix)
+    from gptkit.data.indexed import IndexedDataset, data_paths, dataset_writer, stale_dataset_temporaries
+    writer, stale = dataset_writer(prefix), stale_dataset_temporaries(prefix)
     missing = [p for p in data_paths(prefix) if not p.is_file()]
     left = ', '.join(f'{p.name} ({p.stat().st_size / 2**20:,.1f} MB)' for p in stale)
     if missing and writer:
@@ -138,8 +138,8 @@ def inspect(
         out.print(f'[yellow]{fmt.text(left)}: left by a prepare or merge of this prefix that was killed; delete it (a '
                   'prepare or merge into this folder removes it too)[/]', soft_wrap=True)
     if tokenizer and show:
-        from gptkit.tokenizer.bpe import load
-        tok = load(tokenizer)
+        from gptkit.tokenizer.bpe import load_tokenizer
+        tok = load_tokenizer(tokenizer)
         for j in range(min(show, ds.num_documents)):
             text = tok.decode(ds.document(j))
             out.print(f'[bold]document {j}[/] ({len(ds.document(j)):,} tokens): '

@@ -151,13 +151,13 @@ def _data_stage(out_dir: Path, vocab_size: int):
     from gptkit.data.corpus import DEFAULT_CORPUS, HELD_OUT, clean_text, read_documents  # ftfy: off the start-up path
     from gptkit.data.document import Tally
     from gptkit.data.prepare import PrepareConfig, prepare
-    from gptkit.tokenizer.bpe import bytes_per_token, gpt2, save, train_bpe
+    from gptkit.tokenizer.bpe import bytes_per_token, gpt2, save_tokenizer, train_bpe
     out.rule('[bold]gptkit quickstart[/]: a tokenizer and a dataset from the built-in corpus')
     corpus = ', '.join(DEFAULT_CORPUS)
     t0, tally = time.perf_counter(), Tally()
     with out.status(f'1. training a {vocab_size}-entry byte-level BPE on {corpus}'):
         tok = train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS, tally)), vocab_size)
-        save(tok, out_dir / 'tokenizer')
+        save_tokenizer(tok, out_dir / 'tokenizer')
     held = [d.text for d in read_documents([HELD_OUT])]
     out.print(f'1. tokenizer: {tok.vocab_size:,} entries from {tally.documents:,} documents ({tally.bytes / 2**20:.1f} '
               f'MB) in '

@@ -30,7 +30,7 @@ def train(
     """Train a byte-level BPE tokenizer with <|endoftext|> as end of document."""
     from gptkit.data.corpus import clean_text, expand_inputs, read_documents
     from gptkit.data.document import Tally
-    from gptkit.tokenizer.bpe import bytes_per_token, check_new_tokenizer, gpt2, save, train_bpe
+    from gptkit.tokenizer.bpe import bytes_per_token, check_new_tokenizer, gpt2, save_tokenizer, train_bpe
     check_new_tokenizer(output, overwrite)           # refused before the corpus is read
     tally, paths = Tally(), expand_inputs(input, format)
     total = sum(p.stat().st_size for p in paths)
@@ -46,7 +46,7 @@ def train(
                 yield clean_text(d.text)
         tok = train_bpe(docs(), vocab_size, min_frequency)
     seconds = time.perf_counter() - start
-    d = save(tok, check_new_tokenizer(output, overwrite))   # again: a run may have started writing there meanwhile
+    d = save_tokenizer(tok, check_new_tokenizer(output, overwrite))   # again: a run may have started there meanwhile
     held = [d_.text for d_ in read_documents([held_out])]
     out.print(f'trained on {tally.documents:,} documents ({tally.bytes / 2**20:.1f} MB) in {seconds:.1f} s: '
               f'{tok.vocab_size:,} entries, <|endoftext|> = {tok.eod}; '
@@ -67,16 +67,16 @@ def encode(
     tokenizer: TokenizerName = 'gpt2',
 ):
     """Print the token ids of TEXT."""
-    from gptkit.tokenizer.bpe import load
-    out.print(load(tokenizer).encode(text))
+    from gptkit.tokenizer.bpe import load_tokenizer
+    out.print(load_tokenizer(tokenizer).encode(text))
 
 
 @tok_app.command()
 @handles_errors
 def info(tokenizer: TokenizerName = 'gpt2'):
     """Vocabulary size, end-of-document id and an example encoding."""
-    from gptkit.tokenizer.bpe import load
-    tok = load(tokenizer)
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tokenizer)
     ids = tok.encode('Hello world')
     end = fmt.text(tok.hf.id_to_token(tok.eod) or 'end of document')
     out.print(f'{fmt.text(tok.name)}: {tok.vocab_size:,} entries, {end} = {tok.eod}, "Hello world" -> {ids}')

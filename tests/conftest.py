@@ -56,8 +56,8 @@ def root() -> Path:
 def train_tokenizer(corpus: str, size: int, folder: Path) -> Path:
     "A `size`-entry byte-level BPE trained on the built-in `corpus`, saved in `folder`"
     from gptkit.data.corpus import clean_text, read_documents
-    from gptkit.tokenizer.bpe import save, train_bpe
-    save(train_bpe((clean_text(x.text) for x in read_documents([f'builtin:{corpus}'])), size), folder)
+    from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
+    save_tokenizer(train_bpe((clean_text(x.text) for x in read_documents([f'builtin:{corpus}'])), size), folder)
     return folder
 
 
@@ -83,8 +83,8 @@ def tiny_checkpoint(tiny_data, tmp_path_factory) -> Path:
     from gptkit.interop.hf import write_run
     from gptkit.config.sections import ModelConfig
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer.bpe import load
-    tok = load(tiny_data[1])
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tiny_data[1])
     torch.manual_seed(0)
     cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)
     return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('ckpt') / 'run', 'a random tiny GPT')

@@ -22,7 +22,7 @@ from gptkit.data.chat import (
 from gptkit.data.indexed import IndexedDataset, IndexedWriter, data_paths, read_metadata
 from gptkit.data.prepare import PrepareConfig
 from gptkit.errors import DataError
-from gptkit.tokenizer.bpe import asset, gpt2, load, save, train_bpe
+from gptkit.tokenizer.bpe import asset, gpt2, load_tokenizer, save_tokenizer, train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -48,7 +48,7 @@ def chatml_tokenizer(folder, template=CHATML):
     tok = train_bpe(texts, 300, min_frequency=1)
     tok.hf.add_special_tokens(['<|im_start|>', '<|im_end|>'])
     tok.chat_template = template
-    return save(tok, folder)
+    return save_tokenizer(tok, folder)
 
 
 def runs(mask):
@@ -64,7 +64,7 @@ def prepared(tmp_path, tokenizer, name='out', rows=None):
 
 
 def test_a_chat_template_masks_exactly_the_replies_and_their_end_markers(tmp_path):
-    tok = load(chatml_tokenizer(tmp_path / 'tok'))
+    tok = load_tokenizer(chatml_tokenizer(tmp_path / 'tok'))
     cfg, res = prepared(tmp_path, tmp_path / 'tok')
     tokens, mask = IndexedDataset(res.prefix), open_mask(res.prefix)
     assert res.template == str(tmp_path / 'tok' / 'tokenizer_config.json')
@@ -218,10 +218,10 @@ def test_the_server_tokenizes_a_templated_prompt_as_the_chat_data_was_tokenized(
     from types import SimpleNamespace
 
     from gptkit.serve.http_api import Limits, encode_prompts
-    from gptkit.tokenizer.bpe import compile_chat, load, render_chat
+    from gptkit.tokenizer.bpe import compile_chat, load_tokenizer, render_chat
     folder = chatml_tokenizer(tmp_path / 'tok')
     _, res = prepared(tmp_path, folder)
-    tok = load(folder)
+    tok = load_tokenizer(folder)
     trained = IndexedDataset(res.prefix)[0].tolist()
     prompt = render_chat(compile_chat(tok.chat_template), CONVERSATIONS[0][:-1], tok.decode([tok.eod]))
     served, = encode_prompts(SimpleNamespace(tok=tok, context=512), [prompt], Limits(), 'messages', templated=True)

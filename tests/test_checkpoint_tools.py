@@ -24,7 +24,7 @@ from gptkit.interop import megatron
 
 from gptkit.store import folders as store
 from gptkit.model.decoder import GPT
-from gptkit.tokenizer.bpe import EOD, PROBE, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, PROBE, load_tokenizer
 from gptkit.store.torch_files import read_torch_file
 from gptkit_cli.main import app
 

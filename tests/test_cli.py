@@ -128,8 +128,8 @@ def test_quickstart(tmp_path):
     assert ours < 7 and base < 7       # both measured; the full 600-step run's margin is in the issue note
     assert (tmp_path / 'qs' / 'run' / 'checkpoints' / 'iter_0000012' / 'state.json').is_file()
     from gptkit.data.indexed import IndexedDataset
-    from gptkit.tokenizer.bpe import load
-    ds, tok = IndexedDataset(tmp_path / 'qs' / 'data' / 'corpus_text_document'), load(tmp_path / 'qs' / 'tokenizer')
+    from gptkit.tokenizer.bpe import load_tokenizer
+    ds, tok = IndexedDataset(tmp_path / 'qs' / 'data' / 'corpus_text_document'), load_tokenizer(tmp_path / 'qs' / 'tokenizer')
     assert ds.num_documents == 1238 and tok.decode(ds.document(0)[:40]).startswith("ALL'S WELL THAT ENDS WELL")
     from gptkit.inference.generator import Generator  # it ends with a sample from the checkpoint it trained
     from gptkit.inference.sampling import Sampling

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import run_here
 
-from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, load_tokenizer
 from gptkit.store.torch_files import read_torch_file
 
 SIZES = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -36,7 +36,7 @@ from gptkit.parallel.groups import (
 from gptkit.config.run import resolve
 from gptkit.inference.sampling import Sampling
 from gptkit.parallel.tensor import WholeSequenceMLPBlock
-from gptkit.tokenizer.bpe import load
+from gptkit.tokenizer.bpe import load_tokenizer
 from gptkit.train.loop import _step
 
 LOSSES = dict(moe_aux_loss_coef=0.1, moe_z_loss_coef=0.01)
@@ -125,7 +125,7 @@ def _tp_worker(rank, world, init_file, out, ckpts, text):
 @pytest.fixture(scope='module')
 def moe_checkpoint(tiny_data, tmp_path_factory):
     "A random tiny MoE run folder (a dense layer, then an MoE with a shared expert)"
-    tok = load(tiny_data[1])
+    tok = load_tokenizer(tiny_data[1])
     torch.manual_seed(0)
     cfg = dataclasses.replace(MODELS['mixed_shared'], vocab=tok.vocab_size, seq_len=64)
     return write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path_factory.mktemp('moe') / 'run', 'a random tiny MoE')

@@ -12,7 +12,7 @@ from gptkit.checkpoint import checkpointing as ck
 from gptkit.interop import hf as interop
 from gptkit.config.sections import ModelConfig
 from gptkit.model.decoder import GPT, KVCache, reference_attention, window_mask
-from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, load_tokenizer
 
 SIZES = dict(hidden_size=32, intermediate_size=56, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, initializer_range=0.2)

@@ -16,7 +16,7 @@ from gptkit.estimate.sizing import count_params
 from gptkit.interop.hf import write_run
 from gptkit.model.decoder import GPT
 from gptkit.parallel.groups import (Layout, ParallelState, apply_tp, merge_weights, one_f_one_b, pipeline_stage, stage_input_shape)
-from gptkit.tokenizer.bpe import load
+from gptkit.tokenizer.bpe import load_tokenizer
 
 BASE = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=16, vocab=200, tie_embeddings=False, **LLAMA)
 FAMILIES = {   # Qwen3's choices with one KV head (a copy on each of 2 ranks), Qwen2's bias, Mistral's window, YaRN
@@ -80,7 +80,7 @@ EVERY = dataclasses.replace(BASE, qk_norm=True, head_size=12, qkv_bias=True, sli
 
 def test_a_checkpoint_of_the_new_choices_reshards_to_tp2_and_back_unchanged(tiny_data, tmp_path):
     "`gptkit checkpoint reshard` tp 1 -> tp 2 x pp 2 -> tp 1: every tensor and the model config as they were"
-    tok = load(tiny_data[1])
+    tok = load_tokenizer(tiny_data[1])
     cfg = dataclasses.replace(EVERY, vocab=tok.vocab_size)
     torch.manual_seed(0)
     run = write_run(GPT(cfg).state_dict(), cfg, tok, tmp_path / 'run', 'a random model of every choice')

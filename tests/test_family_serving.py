@@ -31,8 +31,8 @@ def runs(tiny_data, tmp_path_factory):
     "A gptkit run folder of a random tiny model with each choice (norm weights not ones, so a misplaced norm shows)"
     from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer.bpe import load
-    tok = load(tiny_data[1])
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tiny_data[1])
     out = {}
     for name, choice in CHOICES.items():
         torch.manual_seed(0)
@@ -142,8 +142,8 @@ def test_cli_eval_gives_transformers_loss(tiny_data, tmp_path):
     r = run_here('eval', '--checkpoint', run, '--text', tmp_path / 'a.txt', '--stride', 24, '--batch-size', 3, '--json')
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)['perplexity']
-    from gptkit.tokenizer.bpe import load
-    tok = load(tiny_data[1])
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tiny_data[1])
     ids = tok.encode(text) + [tok.eod]
     assert got['tokens'] == len(ids) > 2 * 64 and got['windows'] > 3
     total, count = 0.0, 0

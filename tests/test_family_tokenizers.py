@@ -16,7 +16,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from gptkit.data.indexed import IndexedDataset
 from gptkit.data.prepare import PrepareConfig, prepare
 from gptkit.errors import DataError
-from gptkit.tokenizer.bpe import load, save
+from gptkit.tokenizer.bpe import load_tokenizer, save_tokenizer
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
           r"|\s+(?!\S)|\s+")
@@ -190,7 +190,7 @@ def test_prepared_ids_are_autotokenizer_ids_then_the_config_eos(family, folders,
     # the name of a special token in a document is text, as AutoTokenizer(split_special_tokens=True) reads it;
     # an added token that is not special (Qwen3's <think>) is still found, as there
     assert got[len(DOCS):] == [auto(t, split_special_tokens=True)['input_ids'] + [eos] for t in SPECIAL_TEXT]
-    docs = load(folder).documents
+    docs = load_tokenizer(folder).documents
     assert ('tiktoken' if docs.fast else 'words' if docs.words else 'hf') == ENGINE[family]
     bos = '<s>' if family.startswith('mistral') else {'llama3': '<|begin_of_text|>'}.get(family)
     assert all(doc[0] == auto.convert_tokens_to_ids(bos) for doc in got) if bos else auto.bos_token_id not in got[0][:1]
@@ -203,7 +203,7 @@ def _encoders() -> dict:
     for name, make in FAMILIES.items():
         make(root / name)
     mistral(root / 'mistral-hub', _hub_prepend)        # AutoTokenizer rebuilds this one's steps, HF reads them as written
-    return {name: load(root / name).documents for name in [*FAMILIES, 'mistral-hub']}
+    return {name: load_tokenizer(root / name).documents for name in [*FAMILIES, 'mistral-hub']}
 
 
 @settings(max_examples=150, deadline=None)
@@ -216,7 +216,7 @@ def test_every_encoder_gives_hf_tokenizers_ids_on_random_text(texts):
 
 def test_llama3_instruct_lists_three_eos_ids_and_the_first_is_end_of_text(tmp_path, corpus):
     llama3(tmp_path / 'instruct', eos_list=True)
-    tok = load(tmp_path / 'instruct')
+    tok = load_tokenizer(tmp_path / 'instruct')
     assert tok.hf.id_to_token(tok.eod) == '<|end_of_text|>'
     assert {d[-1] for d in _prepared(tmp_path / 'instruct', corpus, tmp_path)} == {tok.eod}
 
@@ -224,10 +224,10 @@ def test_llama3_instruct_lists_three_eos_ids_and_the_first_is_end_of_text(tmp_pa
 def test_an_imported_folder_keeps_the_family_eos_and_bos(folders, corpus, tmp_path):
     "import_hf saves the tokenizer into the run's tokenizer/ without config.json: tokenizer_config.json carries the eos"
     for family in FAMILIES:
-        saved = save(load(folders / family), tmp_path / family / 'tokenizer')
-        tok = load(folders / family)
+        saved = save_tokenizer(load_tokenizer(folders / family), tmp_path / family / 'tokenizer')
+        tok = load_tokenizer(folders / family)
         assert json.loads((saved / 'tokenizer_config.json').read_text())['eos_token'] == tok.hf.id_to_token(tok.eod)
-        assert load(saved).eod == tok.eod
+        assert load_tokenizer(saved).eod == tok.eod
         want = _prepared(folders / family, corpus, tmp_path / f'{family}-hf')
         assert _prepared(saved, corpus, tmp_path / family) == want
 
@@ -283,7 +283,7 @@ def test_a_config_without_a_usable_eos_id_is_refused_naming_file_and_key(folders
     shutil.copytree(folders / 'llama3', tmp_path / 'f')
     (tmp_path / 'f' / 'config.json').write_text(json.dumps(config))
     with pytest.raises(DataError, match=said.replace('[', r'\[').replace(']', r'\]')) as e:
-        load(tmp_path / 'f')
+        load_tokenizer(tmp_path / 'f')
     assert 'end-of-text id between documents is unknown' in str(e.value)
 
 
@@ -299,19 +299,19 @@ def test_a_missing_broken_or_hostile_tokenizer_json_is_refused_in_one_sentence(f
     for text, said in cases:
         (d / 'tokenizer.json').write_text(text)
         with pytest.raises(DataError, match=said):
-            load(d)
+            load_tokenizer(d)
     with open(d / 'tokenizer.json', 'wb') as f:
         f.truncate(4 * 2**30)                                  # sparse: refused before it is read
     with pytest.raises(DataError, match='tokenizer.json holds 4.0 GiB, more than the 128.0 MiB read'):
-        load(d)
+        load_tokenizer(d)
     (d / 'tokenizer.json').unlink()
     with pytest.raises(DataError, match='holds neither tokenizer.json nor vocab.json and merges.txt'):
-        load(d)
+        load_tokenizer(d)
     (d / 'tokenizer.json').write_text(spec)
     (d / 'tokenizer_config.json').write_text('{"eos_token": "<|nonesuch|>"}')
     (d / 'config.json').unlink()                              # without config.json, tokenizer_config.json names it
     with pytest.raises(DataError, match=r'tokenizer_config.json: eos_token .<\|nonesuch\|>. is no token of'):
-        load(d)
+        load_tokenizer(d)
 
 
 def test_the_cli_refuses_a_folder_without_an_eos_id_in_one_red_line(folders, corpus, tmp_path):

@@ -73,8 +73,8 @@ def nan_checkpoint(tiny_data, tmp_path_factory):
     from gptkit.config.sections import ModelConfig
     from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer.bpe import load
-    tok = load(tiny_data[1])
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tiny_data[1])
     cfg = ModelConfig(layers=2, hidden=32, heads=2, seq_len=64, vocab=tok.vocab_size, dropout=0.0)
     weights = GPT(cfg).state_dict()
     weights['blocks.1.mlp.fc1.weight'] = torch.full_like(weights['blocks.1.mlp.fc1.weight'], float('nan'))

@@ -86,9 +86,9 @@ def test_a_llama_3_checkpoint_scores_with_its_begin_of_text_as_hflm_does(tmp_pat
     from gptkit.config.sections import LLAMA, ModelConfig
     from gptkit.interop.hf import export_hf, write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer.bpe import load
+    from gptkit.tokenizer.bpe import load_tokenizer
     llama3(tmp_path / 'tok')
-    tok = load(tmp_path / 'tok')
+    tok = load_tokenizer(tmp_path / 'tok')
     torch.manual_seed(0)
     cfg = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=64, vocab=tok.vocab_size,
                       tie_embeddings=False, **LLAMA)

@@ -23,8 +23,8 @@ def llama_checkpoint(tiny_data, tmp_path_factory):
     from gptkit.config.sections import LLAMA, ModelConfig
     from gptkit.interop.hf import write_run
     from gptkit.model.decoder import GPT
-    from gptkit.tokenizer.bpe import load
-    tok = load(tiny_data[1])
+    from gptkit.tokenizer.bpe import load_tokenizer
+    tok = load_tokenizer(tiny_data[1])
     torch.manual_seed(0)
     cfg = ModelConfig(layers=2, hidden=32, heads=4, kv_heads=2, seq_len=64, vocab=tok.vocab_size,
                       tie_embeddings=False, **LLAMA)

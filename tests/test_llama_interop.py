@@ -25,7 +25,7 @@ from gptkit.store import folders as store
 from gptkit.config.sections import LLAMA_PRESETS, ModelConfig
 from gptkit.model.decoder import GPT
 from gptkit.store.folders import CheckpointError
-from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, load_tokenizer
 from gptkit.store.torch_files import read_torch_file
 
 

@@ -19,7 +19,7 @@ from gptkit.inference.generator import Generator
 from gptkit.model.decoder import GPT, KVCache
 from gptkit.inference.sampling import Sampling
 from gptkit.store.folders import CheckpointError
-from gptkit.tokenizer.bpe import EOD, load as load_tokenizer
+from gptkit.tokenizer.bpe import EOD, load_tokenizer
 
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=64, initializer_range=0.2, num_experts_per_tok=2)

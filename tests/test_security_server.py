@@ -451,10 +451,10 @@ def test_a_chat_template_that_would_stall_or_exhaust_the_server_is_refused_while
     assert error['param'] == 'messages' and error['type'] == 'invalid_request_error', error
     assert re.fullmatch(re.escape(f'the chat template in {trapped.config} ') + said, error['message']), error['message']
     assert health and all(code == 200 and s < 1 for code, s in health), health
-    from gptkit.tokenizer.bpe import load
+    from gptkit.tokenizer.bpe import load_tokenizer
     r = chat(trapped.url, 'And God said')                             # the same template, a fresh render process
     assert r.status_code == 200, r.text
-    prompt = load(tiny_data[1]).encode('user: And God said\nassistant:')
+    prompt = load_tokenizer(tiny_data[1]).encode('user: And God said\nassistant:')
     assert r.json()['usage']['prompt_tokens'] == len(prompt) and r.json()['choices'][0]['message']['role'] == 'assistant'
     assert trapped.proc.poll() is None
     no_traceback(trapped.log())

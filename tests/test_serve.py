@@ -184,19 +184,19 @@ def test_chat_completions_with_the_plain_template(url, gen):
 def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path):
     from transformers import AutoTokenizer
     from gptkit.serve.http_api import chat_prompt, chat_renderer
-    from gptkit.tokenizer.bpe import gpt2, load, save
+    from gptkit.tokenizer.bpe import gpt2, load_tokenizer, save_tokenizer
     template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ eos_token if false }}")
-    folder = save(gpt2(), tmp_path / 'tok')
+    folder = save_tokenizer(gpt2(), tmp_path / 'tok')
     (folder / 'tokenizer_config.json').write_text(json.dumps({'chat_template': template, 'eos_token': '<|endoftext|>'}))
-    tok = load(folder)
+    tok = load_tokenizer(folder)
     messages = [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Hi'},
                 {'role': 'assistant', 'content': 'Hello.'}, {'role': 'user', 'content': 'Why?'}]
     theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(messages, tokenize=False,
                                                                             add_generation_prompt=True)
     with chat_renderer(tok, Limits(), 1024) as renderer:          # in its render process, as the server renders it
         assert chat_prompt(renderer, messages) == theirs
-    assert load(save(tok, tmp_path / 'again')).chat_template == template        # kept when the tokenizer is saved
+    assert load_tokenizer(save_tokenizer(tok, tmp_path / 'again')).chat_template == template        # kept when the tokenizer is saved
 
 def test_stop_strings(url, gen):
     full = greedy(gen, 'And the', 20).text

@@ -40,6 +40,32 @@ def test_the_room_rule_finds_a_flat_module_an_upward_arrow_and_a_room_out_of_ord
         'gptkit.low.a imports gptkit.high.b, from a higher room']
 
 
+def test_each_public_name_has_one_owner():
+    "No two modules define a public function or class of the same name, but the fused kernels and their references"
+    assert structure.shared_names() == [], 'rename one, or let one module own it and the other import it'
+
+
+def test_the_owner_rule_finds_a_name_defined_twice(tmp_path):
+    pkg = tmp_path / 'gptkit'
+    pkg.mkdir()
+    (pkg / 'a.py').write_text('def save():\n    pass\n\nclass Row:\n    pass\n')
+    (pkg / 'b.py').write_text('def save():\n    pass\n\ndef _private():\n    pass\n')
+    (pkg / 'c.py').write_text('class Row:\n    pass\n')
+    assert structure.shared_names(tmp_path, protocols=({'gptkit.a', 'gptkit.c'},)) == ['save: gptkit.a, gptkit.b']
+
+
+def test_the_positional_measure_counts_calls_of_gptkits_own_callables(tmp_path):
+    "Six positional arguments to a gptkit function or class are counted; five, keywords, other libraries' aside"
+    pkg = tmp_path / 'gptkit'
+    pkg.mkdir()
+    (pkg / 'a.py').write_text('class Rec:\n    pass\n\ndef f(*a, **k):\n    pass\n')
+    (pkg / 'b.py').write_text('import math\nfrom . import a as alias\nfrom .a import Rec, f\n'
+                              'Rec(1, 2, 3, 4, 5, 6)\nf(1, 2, 3, 4, 5)\nf(1, 2, 3, x=4, y=5, z=6)\n'
+                              'alias.f(1, 2, 3, 4, 5, 6)\nmath.hypot(1, 2, 3, 4, 5, 6)\nalias.f.apply(1, 2, 3, 4, 5, 6)\n')
+    (tmp_path / 'cli').mkdir()
+    assert structure.many_positional(tmp_path) == ['gptkit/b.py:4 Rec (6)', 'gptkit/b.py:7 alias.f (6)']
+
+
 def test_every_import_of_a_gptkit_module_names_one_that_exists():
     "Inside functions too, where an import runs only when its function does (a moved module's old name, relative)"
     assert structure.unresolved_imports() == []

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gptkit.errors import DataError
-from gptkit.tokenizer.bpe import asset, gpt2, load, save, train_bpe
+from gptkit.tokenizer.bpe import asset, gpt2, load_tokenizer, save_tokenizer, train_bpe
 
 TEXTS = ['Hello world', ' The quick brown fox jumps over the lazy dog.', "It's 3.14159 -- isn't it?\n\n  Indented\tline",
          'naïve café — 日本語 🙂', 'a<|endoftext|>b', '']
@@ -31,7 +31,7 @@ def _transformers_tokenizer(d):
 
 @pytest.mark.parametrize('files', [('vocab.json', 'merges.txt'), ('tokenizer.json',)])
 def test_transformers_loads_gpt2_with_the_same_ids(tmp_path, files):
-    full = save(gpt2(), tmp_path / 'full')
+    full = save_tokenizer(gpt2(), tmp_path / 'full')
     d = tmp_path / 'only'; d.mkdir()
     for f in files: shutil.copy(full / f, d / f)
     hf, ours = _transformers_tokenizer(d), gpt2()
@@ -40,7 +40,7 @@ def test_transformers_loads_gpt2_with_the_same_ids(tmp_path, files):
 
 
 def test_transformers_loads_a_trained_tokenizer(tmp_path, trained, shakespeare):
-    save(trained, tmp_path / 't')
+    save_tokenizer(trained, tmp_path / 't')
     d = tmp_path / 'pair'; d.mkdir()
     for f in ('vocab.json', 'merges.txt'): shutil.copy(tmp_path / 't' / f, d / f)
     hf = _transformers_tokenizer(d)
@@ -59,14 +59,14 @@ def test_decode_inverts_encode(text):
 
 
 def test_bad_directories(tmp_path):
-    with pytest.raises(DataError, match='no such tokenizer directory'): load(tmp_path / 'missing')
+    with pytest.raises(DataError, match='no such tokenizer directory'): load_tokenizer(tmp_path / 'missing')
     (tmp_path / 'empty').mkdir()
-    with pytest.raises(DataError, match='holds neither tokenizer.json nor vocab.json and merges.txt'): load(tmp_path / 'empty')
+    with pytest.raises(DataError, match='holds neither tokenizer.json nor vocab.json and merges.txt'): load_tokenizer(tmp_path / 'empty')
     (tmp_path / 'broken').mkdir(); (tmp_path / 'broken' / 'tokenizer.json').write_text('{not json')
-    with pytest.raises(DataError, match='broken/tokenizer.json: not a HuggingFace tokenizer file'): load(tmp_path / 'broken')
+    with pytest.raises(DataError, match='broken/tokenizer.json: not a HuggingFace tokenizer file'): load_tokenizer(tmp_path / 'broken')
     (tmp_path / 'noeod').mkdir()
     (tmp_path / 'noeod' / 'vocab.json').write_text('{"a": 0, "b": 1, "ab": 2}'); (tmp_path / 'noeod' / 'merges.txt').write_text('a b\n')
-    with pytest.raises(DataError, match='has no <|endoftext|> token'): load(tmp_path / 'noeod')
+    with pytest.raises(DataError, match='has no <|endoftext|> token'): load_tokenizer(tmp_path / 'noeod')
 
 
 def _builtin_sample(every: int = 4) -> list[str]:
@@ -117,7 +117,7 @@ def test_trained_fast_encoder_matches_hf_on_random_text(text):
 def test_megatron_core_loads_our_directories(tmp_path, trained, shakespeare):
     mtok = pytest.importorskip('megatron.core.tokenizers')
     for name, tok in (('gpt2', _gpt2()), ('trained', trained)):
-        d = save(tok, tmp_path / name)
+        d = save_tokenizer(tok, tmp_path / name)
         theirs = mtok.MegatronTokenizer.from_pretrained(tokenizer_path=str(d), metadata_path={'library': 'huggingface'})
         for t in TEXTS[:-2] + shakespeare[3100:3110]: assert theirs.tokenize(t) == tok.encode(t), (name, t)
         assert theirs.vocab_size == tok.vocab_size

@@ -100,8 +100,8 @@ def test_missing_data_prefix_names_it(tiny_data, tmp_path):
 
 
 def test_ids_beyond_the_tokenizer_are_refused(tiny_data, tmp_path):
-    from gptkit.tokenizer.bpe import save, train_bpe
-    save(train_bpe(['a few words of text to learn from'] * 50, 300), tmp_path / 'small_tok')
+    from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
+    save_tokenizer(train_bpe(['a few words of text to learn from'] * 50, 300), tmp_path / 'small_tok')
     with pytest.raises(DataError, match="token id .* is outside the tokenizer's .* entries; the data was prepared with a different tokenizer"):
         train(config(tiny_data, tmp_path / 'run', tokenizer=str(tmp_path / 'small_tok')))
 

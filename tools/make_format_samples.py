@@ -36,7 +36,7 @@ def fineweb_parquet(path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gptkit.tokenizer.bpe import load
+    from gptkit.tokenizer.bpe import load_tokenizer
     docs = [d for d in corpus('wikipedia') if len(d['text']) < 8000][:12]
     texts = [d['text'] for d in docs]
     table = pa.table({
@@ -44,7 +44,7 @@ def fineweb_parquet(path: Path):
         'id': [f'<urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, "gptkit:wikipedia:" + d["title"])}>' for d in docs],
         'url': ['https://en.wikipedia.org/wiki/' + d['title'].replace(' ', '_') for d in docs],
         'language': ['en'] * len(docs),
-        'token_count': pa.array([len(ids) for ids in load('gpt2').encode_batch(texts)], pa.int64()),
+        'token_count': pa.array([len(ids) for ids in load_tokenizer('gpt2').encode_batch(texts)], pa.int64()),
     })
     pq.write_table(table, path, row_group_size=4)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES = 600       # the most lines a module of gptkit/ may have (nbdev's generated _modidx.py aside)
 FUNCTION_LINES = 60      # the most lines a function of gptkit/ or cli/ may have
+POSITIONAL_MOST = 5      # the most positional arguments a call of gptkit's own functions and classes may pass
 OUTPUT_SHARE = 1 / 3     # the least share of a chapter's code cells that keep an output
 BASE = ('gptkit.errors', 'gptkit.files')   # the modules below every room
 # the subpackages by concern, lowest first: a room's modules import only from their own room, lower ones and BASE
@@ -147,6 +148,65 @@ def room_problems(root: Path = ROOT, rooms: tuple = ROOMS, base: tuple = BASE) -
     return out
 
 
+def _own_callables(tree: ast.Module, mod: str, is_package: bool, modules: set[str]) -> tuple[set[str], set[str]]:
+    "(names that call gptkit's own functions or classes in this module, names bound to gptkit modules)"
+    names, aliases = set(), set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            target = _target(node, mod, is_package)
+            for a in node.names:
+                bound = a.asname or a.name
+                if f'{target}.{a.name}' in modules:
+                    aliases.add(bound)
+                elif target in modules:
+                    names.add(bound)
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in modules}
+    return names, aliases
+
+
+def many_positional(root: Path = ROOT, most: int = POSITIONAL_MOST) -> list[str]:
+    """'file:line callee (n)' for each call of gptkit's own functions or classes, in gptkit/ and cli/, that passes
+    more than `most` positional arguments (a Triton launch, kernel[grid](...), and autograd's `apply` aside)"""
+    modules = {module_name(p, root) for p in library_files(root)}
+    out = []
+    for p in library_files(root) + cli_files(root):
+        tree = ast.parse(p.read_text(encoding='utf-8'))
+        mod = module_name(p, root) if p.is_relative_to(root / 'gptkit') else 'gptkit_cli.' + p.stem
+        names, aliases = _own_callables(tree, mod, p.name == '__init__.py', modules)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or len(node.args) <= most:
+                continue
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in names:
+                callee = f.id
+            elif (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in aliases
+                  and f.attr != 'apply'):
+                callee = f'{f.value.id}.{f.attr}'
+            else:
+                continue
+            out.append(f'{p.relative_to(root)}:{node.lineno} {callee} ({len(node.args)})')
+    return out
+
+
+# modules that implement one interface under the same names: the fused kernels and their plain references
+PROTOCOLS = ({'gptkit.kernels.fused', 'gptkit.kernels.reference'},)
+
+
+def shared_names(root: Path = ROOT, protocols: tuple = PROTOCOLS) -> list[str]:
+    "'name: module, module' for each public function or class that two or more modules define (a protocol's aside)"
+    owners = defaultdict(list)
+    for p in library_files(root):
+        for node in ast.parse(p.read_text(encoding='utf-8')).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name[0] != '_':
+                owners[node.name].append(module_name(p, root))
+    return [f'{name}: {", ".join(mods)}' for name, mods in sorted(owners.items())
+            if len(mods) > 1 and not any(set(mods) <= set(group) for group in protocols)]
+
+
 def cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     "Each pair of modules that import each other, directly or through others"
     def reach(start):
@@ -176,6 +236,9 @@ def main() -> int:
     print(f'modules over {MODULE_LINES} lines: {long_modules() or "none"}')
     print(f'functions over {FUNCTION_LINES} lines: {long_functions() or "none"}')
     print(f'import cycles: {cycles(graph) or "none"}')
+    calls = many_positional()
+    print(f'calls of gptkit functions with more than {POSITIONAL_MOST} positional arguments: {len(calls)}')
+    print(f'public names with two owners: {shared_names() or "none"}')
     print(f'rooms: {" < ".join(ROOMS)}; problems: {room_problems() or "none"}')
     print(f'private names imported across modules: {private or "none"}')
     inner = inner_imports()

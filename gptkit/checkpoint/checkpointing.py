@@ -48,7 +48,7 @@ from ..model.lora import has_adapters, is_adapter, load_base, with_base
 from ..parallel.expert import own_experts
 from ..parallel.groups import merge_weights
 from ..store.torch_files import deepspeed_reads_safely, read_torch_file, zero3_weights
-from ..tokenizer.bpe import load as load_tokenizer
+from ..tokenizer.bpe import load_tokenizer
 from .experts import ep_degree, expert_summary, load_other_ep, load_own_experts, save_experts, saved_ep
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import zstandard
 
 from ..errors import DataError, check, shown
 from ..files import check_folder, written
-from ..tokenizer.bpe import ChatRenderer, ChatTemplateError, ChatTooLong, asset, load as load_tokenizer
+from ..tokenizer.bpe import ChatRenderer, ChatTemplateError, ChatTooLong, asset, load_tokenizer
 from .corpus import Deduper, clean_text, expand_inputs, repair_text
 from .document import Tally
 from .indexed import IndexedDataset, IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype

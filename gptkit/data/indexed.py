@@ -26,7 +26,7 @@ from ..store.folders import RunLock, check_output_outside_runs, file_holder, loc
 # %% auto #0
 __all__ = ['MAGIC', 'VERSION', 'HEADER', 'DTYPES', 'CODES', 'TEMP_RE', 'token_dtype', 'data_paths', 'metadata_path',
            'read_metadata', 'write_metadata', 'remove_stale', 'IndexedWriter', 'lock_dataset', 'dataset_writer',
-           'stale_temporaries', 'IndexedDataset', 'MergeProgress', 'MergeResult', 'check_new', 'merge_datasets']
+           'stale_dataset_temporaries', 'IndexedDataset', 'MergeProgress', 'MergeResult', 'check_new', 'merge_datasets']
 
 # %% ../../nbs/04_data.indexed.ipynb #07921973
 MAGIC = b'MMIDIDX\x00\x00'
@@ -264,7 +264,7 @@ def _writer_gone(path: Path) -> bool:
         return False
     return True
 
-def stale_temporaries(prefix: str | Path) -> list[Path]:
+def stale_dataset_temporaries(prefix: str | Path) -> list[Path]:
     "The .bin/.idx temporaries of dataset `prefix` whose writer is gone (a prepare or merge that was killed)"
     stale = []
     for path in (*data_paths(prefix), metadata_path(prefix)):

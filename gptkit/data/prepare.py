@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from ..errors import DataError, check
 from ..files import check_folder, written
-from ..tokenizer.bpe import load as load_tokenizer
+from ..tokenizer.bpe import load_tokenizer
 from .corpus import FORMATS, Deduper, clean_text, expand_inputs, read_documents, repair_text
 from .document import Document, Tally
 from .indexed import IndexedWriter, check_new, lock_dataset, remove_stale, token_dtype
@@ -41,7 +41,7 @@ class PrepareConfig:
     "What `prepare` reads, how it filters, and where it writes"
     inputs: tuple[str, ...]          # files, directories, globs or builtin:NAME
     output_prefix: str               # writes OUTPUT_PREFIX_{text_key}_document.bin/.idx
-    tokenizer: str = 'gpt2'          # 'gpt2', a folder saved by gptkit.tokenizer.bpe.save, or a Hugging Face model's
+    tokenizer: str = 'gpt2'          # 'gpt2', a folder saved by bpe.save_tokenizer, or a Hugging Face model's
     text_key: str = 'text'           # JSON Lines field holding the text
     txt_split: str = 'file'          # .txt: one document per 'file' or per 'blank-line' block
     workers: int = 2                 # tokenizer threads; processes reading a multistream .xml.bz2 dump

@@ -34,7 +34,7 @@ from ..store.torch_files import read_torch_file
 
 # %% auto #0
 __all__ = ['DTYPES', 'PARALLEL_CASES', 'Saved', 'SavedTensors', 'watch_rebuilds', 'saved_activation_bytes', 'fused_attention',
-           'loss_as_on_gpu', 'measure', 'predict', 'Row', 'single_rows', 'measure_parallel', 'parallel_rows',
+           'loss_as_on_gpu', 'measure', 'predict', 'MemoryRow', 'single_rows', 'measure_parallel', 'parallel_rows',
            'lora_step', 'lora_rows', 'markdown_table', 'peak_cpu_bytes']
 
 # %% ../../nbs/17_diagnose.memory.ipynb #f8b4eaf3
@@ -161,7 +161,7 @@ def predict(model: ModelConfig, par: ParallelConfig, train: TrainConfig, stage: 
 
 # %% ../../nbs/17_diagnose.memory.ipynb #11eecde3
 @dataclass(frozen=True)
-class Row:
+class MemoryRow:
     "One comparison: a layout and its settings, the estimator's bytes and the measured ones"
     layout: str
     recompute: str
@@ -174,7 +174,7 @@ class Row:
     def error(self) -> float:
         return (self.predicted - self.measured) / self.measured
 
-def single_rows(model: ModelConfig, micro_batch: int = 2) -> list[Row]:
+def single_rows(model: ModelConfig, micro_batch: int = 2) -> list[MemoryRow]:
     """Measured against predicted on one process: math and fused attention, each recomputation, dropout, bf16 (and
     bf16 with attention's core in fp32)"""
     cases = [('none', 'math', 'fp32', 0.0), ('none', 'fused', 'fp32', 0.0), ('selective', 'math', 'fp32', 0.0),
@@ -191,7 +191,7 @@ def single_rows(model: ModelConfig, micro_batch: int = 2) -> list[Row]:
                             attention_precision=core or 'same')
         got = measure(m, train, 'math' if att == 'math' else 'auto')
         name = 'fused' if flash else 'math'
-        rows.append(Row('1 GPU' + (f', dropout {drop}' if drop else ''), rc, name,
+        rows.append(MemoryRow('1 GPU' + (f', dropout {drop}' if drop else ''), rc, name,
                         prec + (f', attention {core}' if core else ''), predict(m, ParallelConfig(), train), got.peak))
     return rows
 
@@ -241,7 +241,7 @@ def measure_parallel(model: ModelConfig, micro_batch: int = 2, cases=PARALLEL_CA
             os.environ.update(env)
         return [r for rank in range(world) for r in read_torch_file(f'{tmp}/{rank}.pt')]
 
-def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, measured: list[dict]) -> list[Row]:
+def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, measured: list[dict]) -> list[MemoryRow]:
     "One row per case and pipeline stage: the estimator against the largest rank, with 1F1B's micro-batches in flight"
     rows = []
     for tp, pp, sp, rc in dict.fromkeys((r['tp'], r['pp'], r['sp'], r['recompute']) for r in measured):
@@ -255,8 +255,8 @@ def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, meas
             got = max((k - 1) * r['kept'] + r['peak'] for r in ranks)
             name = ((f'TP={tp}' if tp > 1 else '') + (' + SP' if sp else '')
                     + (f'PP={pp}, stage {stage} ({k} in flight)' if pp > 1 else ''))
-            rows.append(Row(name, rc, 'fused' if train.flash else 'math', 'fp32', predict(model, par, train, stage),
-                            got))
+            kernel = 'fused' if train.flash else 'math'
+            rows.append(MemoryRow(name, rc, kernel, 'fp32', predict(model, par, train, stage), got))
     return rows
 
 # %% ../../nbs/17_diagnose.memory.ipynb #ed254273
@@ -278,7 +278,7 @@ def lora_step(model: ModelConfig, train: TrainConfig, seed: int = 0) -> dict[str
                                                                      if p.grad is not None),
             'optimizer': nbytes(moments), 'activations': saved.peak}
 
-def lora_rows(model: ModelConfig, name: str, micro_batch: int = 2, rank: int = 8) -> tuple[list[Row], list[dict]]:
+def lora_rows(model: ModelConfig, name: str, micro_batch: int = 2, rank: int = 8) -> tuple[list[MemoryRow], list[dict]]:
     "(activation rows, model states measured and predicted) of LoRA steps: all layers adapted, qkv alone, dropout, bf16"
     cases = [('qkv,proj,fc1,fc2', 0.0, 'fp32'), ('qkv', 0.0, 'fp32'), ('qkv,proj,fc1,fc2', 0.1, 'fp32'),
              ('qkv,proj,fc1,fc2', 0.0, 'bf16')]
@@ -289,7 +289,7 @@ def lora_rows(model: ModelConfig, name: str, micro_batch: int = 2, rank: int = 8
         got, est = lora_step(model, train), memory_per_gpu(model, ParallelConfig(), train)
         layout = f'{name}LoRA r{rank} on {targets}' + (f', dropout {dropout}' if dropout else '')
         flash = fused_attention(0.0, DTYPES[prec])
-        rows.append(Row(layout, 'none', 'fused' if flash else 'math', prec,
+        rows.append(MemoryRow(layout, 'none', 'fused' if flash else 'math', prec,
                         predict(model, ParallelConfig(), dataclasses.replace(train, flash=flash)), got['activations']))
         if prec == 'fp32':
             states.append({'layout': layout, **{k: (got[k], getattr(est, k)) for k in ('weights', 'gradients',
@@ -297,7 +297,7 @@ def lora_rows(model: ModelConfig, name: str, micro_batch: int = 2, rank: int = 8
     return rows, states
 
 # %% ../../nbs/17_diagnose.memory.ipynb #a501ca51
-def markdown_table(rows: list[Row]) -> str:
+def markdown_table(rows: list[MemoryRow]) -> str:
     "The comparison as a Markdown table, in KiB"
     out = ['| layout | recompute | attention | precision | predicted KiB | measured KiB | error |',
            '|---|---|---|---|---|---|---|']

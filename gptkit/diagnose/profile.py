@@ -28,7 +28,7 @@ from ..data.corpus import clean_text, read_documents
 from ..data.prepare import PrepareConfig, prepare
 from ..errors import ConfigError
 from ..files import check_folder, json_text, write_atomic
-from ..tokenizer.bpe import save as save_tokenizer, train_bpe
+from ..tokenizer.bpe import save_tokenizer, train_bpe
 from ..train.callbacks import Callback
 from ..train.loop import train
 

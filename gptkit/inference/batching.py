@@ -24,7 +24,7 @@ from .sampling import Chunk, Sampling, TextStream, next_tokens, top_alternatives
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'left_pad', 'stack_caches', 'agree', 'Row', 'RunningBatch', 'Limits', 'Busy', 'OutOfTime', 'Job', 'Work',
+__all__ = ['log', 'left_pad', 'stack_caches', 'agree', 'Row', 'RunningBatch', 'Limits', 'Busy', 'OutOfTime', 'Job', 'WorkerStep',
            'advance', 'follow', 'Worker']
 
 # %% ../../nbs/14b_inference.batching.ipynb #76b5b2af
@@ -278,13 +278,13 @@ class Job:
             self.cancelled = True
 
 @dataclass
-class Work:
+class WorkerStep:
     "What the worker does before the next token; tensor-parallel ranks after the first are told it and do it too"
     scores: list = field(default_factory=list)   # each score-only request's rows
     joins: list = field(default_factory=list)    # (rows, sampling, prompt_logprobs) of each request that joins
     drops: set = field(default_factory=set)      # keys of the rows whose client left, or whose request ran out of time
 
-def advance(batch: RunningBatch, work: Work) -> tuple[list, list, list]:
+def advance(batch: RunningBatch, work: WorkerStep) -> tuple[list, list, list]:
     """Do `work` on `batch`: each score's log-probabilities and each join's keys (or the exception that failed that
     request alone), then every row's next token (`RunningBatch.sample`: an exception there fails the batch)"""
     def attempt(f, *args):
@@ -391,7 +391,7 @@ class Worker:
             self._expire(now)
             scores, joins = [j for j in jobs if j.score_only], [j for j in jobs if not j.score_only]
             left = {k for k, (job, _) in self.owner.items() if job.cancelled}
-            work = Work([j.rows for j in scores], [(j.rows, j.sampling, j.prompt_logprobs) for j in joins], left)
+            work = WorkerStep([j.rows for j in scores], [(j.rows, j.sampling, j.prompt_logprobs) for j in joins], left)
             self._announce(work)
             try:
                 scored, joined, chunks = advance(self.batch, work)

@@ -25,10 +25,10 @@ from ..files import read_json, write_atomic
 from ..model.decoder import GPT
 from ..parallel.groups import shard_weights
 from ..store.folders import CheckpointError, check_output_outside_runs, manifest, staged_dir, state_text, tag
-from ..tokenizer.bpe import EOD, load as load_tokenizer, save as save_tokenizer
+from ..tokenizer.bpe import EOD, load_tokenizer, save_tokenizer
 from ..train.engine import build_engine, init_distributed
 from .hf_config import config_from_hf, config_to_hf, hf_model_type, kept_config
-from .hf_files import MAX_SHARD_SIZE, parse_size, read_weights, write_weights
+from .hf_files import MAX_SHARD_SIZE, parse_bytes, read_weights, write_weights
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def write_hf_tokenizer(tok, directory: Path, max_length: int):
 def export_hf(path: str | Path, out_dir: str | Path, max_shard_size: int | str = MAX_SHARD_SIZE) -> Path:
     "Write a checkpoint as a Hugging Face folder that `AutoModelForCausalLM` (GPT-2 or Llama) and `AutoTokenizer` load"
     check_output_outside_runs(out_dir, 'OUT')           # not where training would replace or prune it
-    most = parse_size(max_shard_size)                   # a bad size refused before anything is read
+    most = parse_bytes(max_shard_size)                   # a bad size refused before anything is read
     folder, cfg, _, weights, tok = checkpoint_parts(path)
     if tok is None:
         log.warning('%s has no tokenizer/; the export holds the model only', folder)

@@ -23,7 +23,7 @@ from ..store.torch_files import read_torch_file
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'SINGLE', 'INDEX', 'MAX_SHARD_SIZE', 'parse_size', 'shard_groups', 'write_weights', 'weight_files',
+__all__ = ['log', 'SINGLE', 'INDEX', 'MAX_SHARD_SIZE', 'parse_bytes', 'shard_groups', 'write_weights', 'weight_files',
            'read_weights']
 
 # %% ../../nbs/12e_interop.hf_files.ipynb #61850c96
@@ -32,7 +32,7 @@ MAX_SHARD_SIZE = 5 * 10**9      # bytes per file on export: transformers 4's def
 _UNITS = {'': 1, 'B': 1, 'KB': 10**3, 'MB': 10**6, 'GB': 10**9, 'TB': 10**12,
           'KIB': 2**10, 'MIB': 2**20, 'GIB': 2**30, 'TIB': 2**40}
 
-def parse_size(value: int | str, key: str = 'max_shard_size') -> int:
+def parse_bytes(value: int | str, key: str = 'max_shard_size') -> int:
     "Bytes from a whole number or a size such as '5GB', '500MB' or '2GiB' (as transformers' `max_shard_size`)"
     m = re.fullmatch(r'\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*', str(value)) if not isinstance(value, bool) else None
     if m is None or m[2].upper() not in _UNITS or int(float(m[1]) * _UNITS[m[2].upper()]) < 1:
@@ -53,7 +53,7 @@ def shard_groups(sizes: dict[str, int], most: int) -> list[list[str]]:
 
 def write_weights(tensors: dict, folder: str | Path, max_shard_size: int | str = MAX_SHARD_SIZE) -> list[str]:
     "Write `tensors` into `folder`: model.safetensors, or shards and their index above `max_shard_size`; the names"
-    folder, most = Path(folder), parse_size(max_shard_size)
+    folder, most = Path(folder), parse_bytes(max_shard_size)
     groups = shard_groups({k: t.nbytes for k, t in tensors.items()}, most)
     if len(groups) == 1:
         save_file(tensors, folder / SINGLE, metadata={'format': 'pt'})

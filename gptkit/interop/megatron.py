@@ -20,7 +20,7 @@ from ..files import read_text, write_atomic
 from ..kernels.reference import rotary_scale
 from ..store.folders import CheckpointError, check_output_outside_runs
 from ..store.torch_files import read_torch_file
-from ..tokenizer.bpe import from_bpe_files, gpt2, load as load_tokenizer, save as save_tokenizer
+from ..tokenizer.bpe import from_bpe_files, gpt2, load_tokenizer, save_tokenizer
 from .hf import check_tensor_names, pad_rows, staged_output, write_run
 from .hf_config import stored_ffn
 

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # %% auto #0
 __all__ = ['log', 'MAX_ROWS', 'MAX_COLUMNS', 'MAX_FLOPS', 'MEASURE_SECONDS', 'SPREAD_MOST', 'CACHE_ENV', 'CACHE_FORM',
            'MEASURE_TRIES', 'product_flops', 'capped', 'product_seconds', 'Timings', 'spread_of', 'fastest_rounds',
-           'cache_folder', 'measure_key', 'lock_file', 'Measured', 'on_threads', 'doubt_of', 'steady_figures',
+           'cache_folder', 'measure_key', 'cache_lock', 'Measured', 'on_threads', 'doubt_of', 'steady_figures',
            'measured']
 
 # %% ../../nbs/10b_machine.timings.ipynb #87c783fb
@@ -109,7 +109,7 @@ def measure_key(kind: str, shapes, threads: int | None = None) -> str:
             [list(s) for s in shapes]]
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:24]
 
-def lock_file(folder: Path) -> int:
+def cache_lock(folder: Path) -> int:
     "A descriptor of the cache's lock file, which must be a regular file (a FIFO or device there is refused)"
     fd = os.open(folder / 'machine.json.lock', os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -192,7 +192,7 @@ def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16'), threads: in
     measure, folder = measure or product_seconds, cache_folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd = lock_file(folder)
+        fd = cache_lock(folder)
     except OSError as e:
         log.warning('cannot keep measurements in %s (%s); measuring without a cache', folder, e.strerror or e)
         seconds, doubt, tries = steady_figures(measure, shapes, threads, keys, implausible)

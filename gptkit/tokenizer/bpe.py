@@ -46,9 +46,9 @@ from ..files import check_folder, read_json, read_text, written
 from ..store.folders import check_output_outside_runs
 
 # %% auto #0
-__all__ = ['TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'Tokenizer', 'gpt2', 'save',
-           'from_bpe_files', 'load', 'ChatTemplateError', 'ChatTooLong', 'compile_chat', 'render_chat', 'ChatRenderer',
-           'check_new_tokenizer', 'train_bpe', 'bytes_per_token']
+__all__ = ['TOKENIZER_BYTES', 'CHAT_SAMPLE', 'TOKENIZER_FILES', 'MAX_VOCAB', 'asset', 'Tokenizer', 'gpt2', 'save_tokenizer',
+           'from_bpe_files', 'load_tokenizer', 'ChatTemplateError', 'ChatTooLong', 'compile_chat', 'render_chat',
+           'ChatRenderer', 'check_new_tokenizer', 'train_bpe', 'bytes_per_token']
 
 # %% ../../nbs/02_tokenizer.bpe.ipynb #b9e26ae7
 def asset(*parts: str) -> Path:
@@ -156,7 +156,7 @@ def gpt2() -> Tokenizer:
     return Tokenizer(_gpt2_style(_read_bpe_files(json.loads(read('vocab.json.gz')), read('merges.txt.gz'))), 'gpt2')
 
 # %% ../../nbs/02_tokenizer.bpe.ipynb #f5caa363
-def save(tok: Tokenizer, directory: str | Path) -> Path:
+def save_tokenizer(tok: Tokenizer, directory: str | Path) -> Path:
     "Write vocab.json, merges.txt, tokenizer.json and tokenizer_config.json (end-of-text token, chat template)"
     d = check_folder(directory, 'output')
     made = not d.exists()
@@ -233,7 +233,7 @@ def _folder_eod(d: Path, hf: HFTokenizer, config: dict) -> int | None:
                         'between documents is unknown')
     return eod
 
-def load(name_or_dir: str | Path) -> Tokenizer:
+def load_tokenizer(name_or_dir: str | Path) -> Tokenizer:
     "The built-in `gpt2` tokenizer, or one saved in a directory"
     if str(name_or_dir) == 'gpt2':
         return gpt2()

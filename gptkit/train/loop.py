@@ -44,7 +44,7 @@ from ..model.decoder import GPT, num_params, set_attention_precision
 from ..model.lora import add_adapters
 from ..model.moe import expert_load, moe_stats, set_moe_grad_scale
 from ..store import folders as store
-from ..tokenizer.bpe import load as load_tokenizer, save as save_tokenizer
+from ..tokenizer.bpe import load_tokenizer, save_tokenizer
 from .callbacks import MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResult
 from .engine import build_engine, check_precision, compile_model, device_type, init_distributed
 from .microbatches import MicroBatching, mask_opener, micro_batches
@@ -55,9 +55,9 @@ from .stops import StopSignals, Watchdog
 log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['log', 'TrainingError', 'peak_flops', 'memory_gib', 'check_fits', 'evaluate', 'Window', 'Loop', 'hold_run', 'setup',
-           'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save', 'save_if_due', 'finish',
-           'start_weights', 'train']
+__all__ = ['log', 'TrainingError', 'peak_flops', 'memory_gib', 'check_fits', 'evaluation_loss', 'ReportWindow', 'Loop',
+           'hold_run', 'setup', 'restore', 'train_step', 'report', 'is_due', 'evaluate_if_due', 'save_checkpoint',
+           'save_if_due', 'finish', 'start_weights', 'train']
 
 # %% ../../nbs/11_train.loop.ipynb #367d2266
 class TrainingError(GptkitError):
@@ -168,7 +168,7 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
     return counted['loss'], counted['dropped'], norm
 
 # %% ../../nbs/11_train.loop.ipynb #746372ac
-def evaluate(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where: str,
+def evaluation_loss(engine, samples, n_micro: int, mb: int, parallel, vocab: int, where: str,
              kind: MicroBatching = MicroBatching()) -> float:
     "Mean loss over the first `n_micro` x dp micro-batches of `samples`, agreed across ranks"
     dp = parallel.layout.dp
@@ -207,7 +207,7 @@ def _split(cfg: RunConfig, name: str, rank: int):
 
 # %% ../../nbs/11_train.loop.ipynb #be114d04
 @dataclass
-class Window:
+class ReportWindow:
     "The steps since the last report: their summed loss, how many had one, micro-batches dropped, time taken"
     start: int                  # the iteration it opened after
     t: float = field(default_factory=time.perf_counter)
@@ -259,7 +259,7 @@ class Loop:
     last_saved: Path | None = None
     saved_at: float = field(default_factory=time.monotonic)   # when the last save (or the run) began
     info: RunInfo | None = None
-    window: Window | None = None
+    window: ReportWindow | None = None
     result: TrainResult | None = None
     curriculum: Curriculum | None = None   # the sequence-length warm-up (train.curriculum_start), if any
     batching: MicroBatching = MicroBatching()   # loss-masked targets (train.task sft), packed documents apart
@@ -376,7 +376,8 @@ def restore(loop: Loop) -> Loop:
     loop.info = RunInfo(cfg, plan.iters, loop.iteration, loop.params, loop.parallel.layout.world, plan.accumulation,
                         loop.device, flops_per_iteration(cfg.model, plan.global_batch, cfg.train.recompute),
                         peak_flops(loop.device, cfg.train.precision), loop.out, loop.resume_from)
-    loop.result, loop.window = TrainResult(loop.iteration, loop.tokens, []), Window(loop.iteration, tokens=loop.tokens)
+    loop.result = TrainResult(loop.iteration, loop.tokens, [])
+    loop.window = ReportWindow(loop.iteration, tokens=loop.tokens)
     for c in loop.callbacks:
         c.on_start(loop.info)
     return loop
@@ -443,7 +444,7 @@ def report(loop: Loop) -> StepMetrics | None:
                     expert_load(engine.module) or None)
     for c in loop.callbacks:
         c.on_step(m)
-    loop.window = Window(it, tokens=loop.tokens)
+    loop.window = ReportWindow(it, tokens=loop.tokens)
     return m
 
 # %% ../../nbs/11_train.loop.ipynb #cb712719
@@ -454,8 +455,8 @@ def is_due(iteration: int, every: int | None, iters: int) -> bool:
 def _evaluate(loop: Loop, samples, split: str) -> float:
     "The mean loss over `eval_iters` global batches of `samples`, told to the callbacks"
     cfg, plan = loop.cfg, loop.plan
-    loss = evaluate(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch, loop.parallel,
-                    cfg.model.vocab, data_name(cfg, split), loop.batching)
+    loss = evaluation_loss(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch,
+                           loop.parallel, cfg.model.vocab, data_name(cfg, split), loop.batching)
     for c in loop.callbacks:
         c.on_eval(split, loop.iteration, loss)
     return loss
@@ -492,7 +493,7 @@ def _check_finite(loop: Loop):
     raise TrainingError(f'step {loop.iteration}: {bad:,} of the {loop.params:,} weights are NaN or infinite (the '
                         f'run diverged), so no checkpoint was written. {_newest(loop)}')
 
-def save(loop: Loop) -> Path:
+def save_checkpoint(loop: Loop) -> Path:
     "A checkpoint of the run as it stands (every rank writes its part); the callbacks hear of it"
     it, cfg = loop.iteration, loop.cfg
     _check_finite(loop)                          # a diverged model never reaches a checkpoint
@@ -520,7 +521,7 @@ def save_if_due(loop: Loop) -> Path | None:
         log.warning('step %d: checkpoint skipped: every micro-batch of this step had a NaN or infinite loss',
                     loop.iteration)
         return None
-    loop.last_saved = save(loop)
+    loop.last_saved = save_checkpoint(loop)
     return loop.last_saved
 
 # %% ../../nbs/11_train.loop.ipynb #70eb153c
@@ -532,7 +533,7 @@ def finish(loop: Loop) -> TrainResult:
     if not loop.finite_loss:
         raise TrainingError(f'step {it}: the run ended on a step whose every micro-batch had a NaN or infinite loss, '
                             f'so its state was not saved. {_newest(loop)}')
-    r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save(loop)
+    r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save_checkpoint(loop)
     if it >= loop.plan.iters:
         if loop.valid is not None:
             r.valid_loss = _evaluate(loop, loop.valid, 'valid')

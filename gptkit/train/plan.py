@@ -27,7 +27,7 @@ from ..files import JSON_BYTES, read_json, read_text, write_atomic
 from ..machine.choices import settle_precision
 from ..model.lora import lora_problems
 from ..store import folders as store
-from ..tokenizer.bpe import load as load_tokenizer
+from ..tokenizer.bpe import load_tokenizer
 from .engine import machine_defaults
 
 # %% auto #0

@@ -8,14 +8,14 @@ from conftest import TINY_SETS
 from gptkit.config.sections import resolve
 from gptkit.data.corpus import clean_text, read_documents
 from gptkit.data.prepare import PrepareConfig, prepare
-from gptkit.tokenizer.bpe import save, train_bpe
+from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
 from gptkit.train.loop import train
 from gptkit.checkpoint.checkpointing import load_model
 
 w = Path('/tmp/fx/work'); shutil.rmtree(w, ignore_errors=True); w.mkdir()
 docs = [x.text for x in read_documents(['builtin:kjv'])][:60]
 (w / 'kjv60.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in docs))
-save(train_bpe((clean_text(t) for t in docs), 512), w / 'tok')
+save_tokenizer(train_bpe((clean_text(t) for t in docs), 512), w / 'tok')
 res = prepare(PrepareConfig((str(w / 'kjv60.jsonl'),), str(w / 'data' / 'kjv'), str(w / 'tok')))
 def cfg(out): return resolve(sets=TINY_SETS + ['parallel.zero=1'], overrides={'data': {'prefix': str(res.prefix), 'tokenizer': str(w / 'tok')}}, out=str(out))
 full = train(cfg(w / 'full'))
