@@ -42,7 +42,8 @@ def data(folder: Path) -> tuple[str, str]:
     from gptkit.data.prepare import PrepareConfig, prepare
     from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
     save_tokenizer(train_bpe((clean_text(x.text) for x in read_documents(['builtin:kjv'])), 512), folder / 'tok')
-    res = prepare(PrepareConfig(('builtin:kjv',), str(folder / 'kjv'), str(folder / 'tok')))
+    res = prepare(PrepareConfig(inputs=('builtin:kjv',), output_prefix=str(folder / 'kjv'),
+                                tokenizer=str(folder / 'tok')))
     return str(res.prefix), str(folder / 'tok')
 
 

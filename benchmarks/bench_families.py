@@ -38,8 +38,10 @@ def data(out: Path, vocab: int = 4096) -> tuple[str, str]:
     from gptkit.tokenizer.bpe import save_tokenizer, train_bpe
     prefix = out / 'data' / 'corpus_text_document'
     if not Path(f'{prefix}.idx').is_file():
-        save_tokenizer(train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS)), vocab), out / 'tokenizer')
-        prepare(PrepareConfig(DEFAULT_CORPUS, str(out / 'data' / 'corpus'), str(out / 'tokenizer')))
+        save_tokenizer(train_bpe((clean_text(d.text) for d in read_documents(DEFAULT_CORPUS)),
+                                 vocab), out / 'tokenizer')
+        prepare(PrepareConfig(inputs=DEFAULT_CORPUS, output_prefix=str(out / 'data' / 'corpus'),
+                              tokenizer=str(out / 'tokenizer')))
     return str(prefix), str(out / 'tokenizer')
 
 

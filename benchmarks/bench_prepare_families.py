@@ -129,8 +129,8 @@ def run(path: Path, prefix: Path, tokenizer: str, workers: int) -> tuple[float, 
     "Seconds for one whole prepare (tokenizer load included) and the tokens it wrote"
     from gptkit.data.prepare import PrepareConfig, prepare
     t = time.perf_counter()
-    res = prepare(PrepareConfig((str(path),), str(prefix), tokenizer=tokenizer, workers=workers, clean=False,
-                                overwrite=True))
+    res = prepare(PrepareConfig(inputs=(str(path),), output_prefix=str(prefix), tokenizer=tokenizer, workers=workers,
+                                clean=False, overwrite=True))
     return time.perf_counter() - t, res.tokens
 
 

@@ -80,9 +80,10 @@ def prepare(
 ):
     """Tokenize text into a Megatron indexed dataset (.bin/.idx); with --chat, conversations and their loss mask."""
     from gptkit.data.prepare import PrepareConfig, prepare
-    cfg = PrepareConfig(tuple(input), output_prefix, tokenizer, text_key, txt_split, workers, append_eod, min_tokens,
-                        dedupe, clean, fix_unicode, strict, format=format, shard=shard, overwrite=overwrite,
-                        keep_truncated=keep_truncated)
+    cfg = PrepareConfig(inputs=tuple(input), output_prefix=output_prefix, tokenizer=tokenizer, text_key=text_key,
+                        txt_split=txt_split, workers=workers, append_eod=append_eod, min_tokens=min_tokens,
+                        dedupe=dedupe, clean=clean, fix_unicode=fix_unicode, strict=strict, format=format, shard=shard,
+                        overwrite=overwrite, keep_truncated=keep_truncated)
     run = prepare
     if chat:
         from gptkit.data.chat import prepare_chat as run

@@ -126,7 +126,8 @@ def _estimate_on(device, a: dict):
     train = TrainConfig(micro_batch=a['micro_batch'], global_batch=batch, precision=a['precision'],
                         recompute=a['recompute'], flash=a['flash'], lora_rank=a['lora_rank'],
                         lora_targets=a['lora_targets'])
-    _report_estimate(run_estimate(model, par, train, device, n_tokens, per_node), note, a['as_json'], model_flags(a))
+    _report_estimate(run_estimate(model, par, train, gpu=device, tokens=n_tokens, gpus_per_node=per_node), note,
+                     a['as_json'], model_flags(a))
 
 
 def model_flags(a: dict) -> str:

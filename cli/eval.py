@@ -78,20 +78,19 @@ def eval_(
 ):
     ("""Measure a checkpoint: perplexity per token and per word (Megatron's WikiText-103 way) and """
      """LAMBADA-style accuracy; with --tasks, lm-evaluation-harness tasks.""")
+    if tp < 1:
+        raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
     if tasks is not None:
-        return _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file,
-                        offline, device, tp, as_json, others=(text, jsonl, lambada), trust_code=trust_task_code)
+        return _harness(ctx, checkpoint, tasks, (text, jsonl, lambada), include_path=include_path, limit=limit,
+                        batch_size=batch_size, num_fewshot=num_fewshot, max_gen_toks=max_gen_toks, out_file=out_file,
+                        offline=offline, device=device, tp=tp, as_json=as_json, trust_code=trust_task_code)
     if text is not None and jsonl is not None:
         raise ConfigError([('text', '{key} and --jsonl both name a text to measure; give one')])
     if not perplexity and lambada is None:
         raise ConfigError([('lambada', '{key} is needed with --no-perplexity: there is nothing else to measure')])
-    if tp < 1:
-        raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
     if tp > 1 and 'RANK' not in os.environ:
         raise typer.Exit(launch_tp(ctx, 'eval', tp))
-    rank = 0
-    if tp > 1:
-        rank, device = join_tp(device)
+    rank, device = join_tp(device) if tp > 1 else (0, device)
     from gptkit.data.corpus import HELD_OUT  # ftfy and the readers: not on the CLI's start-up path
     from gptkit.eval.perplexity import evaluate
     source = (text or jsonl or HELD_OUT) if perplexity else None
@@ -109,15 +108,14 @@ def eval_(
     out.print(_table(res))
 
 
-def _harness(ctx, checkpoint, tasks, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file, offline,
-             device, tp, as_json, others, trust_code=False):
-    "gptkit eval --tasks: lm-eval's simple_evaluate on the checkpoint; a table of every metric, the JSON saved"
+def _harness(ctx, checkpoint, tasks, others, *, include_path, limit, batch_size, num_fewshot, max_gen_toks, out_file,
+             offline, device, tp, as_json, trust_code=False):
+    """gptkit eval --tasks: lm-eval's simple_evaluate on the checkpoint; a table of every metric, the JSON saved
+    (`others`: the flags of gptkit's own measures, refused beside it)"""
     from gptkit.eval.harness import evaluate_tasks, find_tasks, require_lm_eval
     if any(v is not None for v in others):
         raise ConfigError([('tasks', '{key} runs lm-evaluation-harness alone; measure --text, --jsonl or --lambada '
                                      'in a gptkit eval of their own')])
-    if tp < 1:
-        raise ConfigError([('tp', f'{{key}} must be at least 1, not {tp}')])
     if tp > 1 and 'RANK' not in os.environ:
         require_lm_eval(offline)
         find_tasks(tasks, include_path, trust_code)   # an unknown task refused before any process starts

@@ -142,16 +142,16 @@ def generate(
     sampling = _sampling(max_new_tokens=64 if max_new_tokens is None else max_new_tokens, temperature=temperature,
                          top_k=top_k, top_p=top_p, greedy=greedy, seed=seed, stop=tuple(stop or ()))
     items = read_prompts(prompt or [], prompt_file)
-    from gptkit.inference.generator import Generator, decode_dtype
+    from gptkit.inference.generator import Generator
     with out.status(f'loading {fmt.text(checkpoint)}'):
-        gen = Generator.from_checkpoint(checkpoint, device=device, dtype=decode_dtype(dtype), tp=tp)
+        gen = Generator.from_checkpoint(checkpoint, device=device, dtype=dtype, tp=tp)
     step, cfg, weight = gen.loaded.state.get('iteration', '?'), gen.model.cfg, gen.model.wte.weight
     err.print(f'[dim]{fmt.text(gen.loaded.folder)} (step {step}, {cfg.layers} layers, hidden {cfg.hidden}, '
               f'context {gen.context}) on {weight.device}, {str(weight.dtype).replace("torch.", "")}[/]')
     if gen.decode is not None:
         err.print(f'[dim]{fmt.text(gen.decode.why)}[/]')
     if items:
-        return _run(gen, items, sampling, num_samples, batch_size, asked)
+        return _run(gen, items, sampling, samples=num_samples, batch_size=batch_size, asked=asked)
     _interactive(gen, sampling, num_samples, batch_size, asked)
 
 
@@ -170,6 +170,6 @@ def _interactive(gen, sampling, num_samples: int, batch_size: int, asked: bool):
     err.print('[dim]Type a prompt and press Enter; an empty line or Ctrl-D quits.[/]')
     for text in typed_prompts():
         try:
-            _run(gen, [('prompt', text)], sampling, num_samples, batch_size, asked)
+            _run(gen, [('prompt', text)], sampling, samples=num_samples, batch_size=batch_size, asked=asked)
         except ConfigError as e:
             report(e, _name)

@@ -10,7 +10,7 @@ from rich.table import Table
 from gptkit.files import json_text
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, err, handles_errors, out
-from gptkit_cli.train import RichProgress, resolve_run
+from gptkit_cli.train import RichProgress, request_of
 
 Opt = typer.Option
 
@@ -52,7 +52,7 @@ def profile(
         with err.status('tokenizing the built-in KJV text'):
             data, tokenizer = prepare_builtin(out_dir / 'data', tokenizer=tokenizer)
     from gptkit.machine.choices import settle_precision  # off the start-up path
-    cfg, why = settle_precision(resolve_run(preset, config, set_ or [], data, tokenizer, None, None, None))
+    cfg, why = settle_precision(request_of(preset, config, set_, data=data, tokenizer=tokenizer).run_config())
     callbacks = [] if as_json else [RichProgress()]
     if not as_json:
         out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: profiling '

@@ -104,7 +104,7 @@ def quickstart(
     where = Where()
     try:
         with _sigterm_stops():
-            _pipeline(out_dir, vocab_size, iters, preset.lower(), precision, where)
+            _pipeline(out_dir, vocab_size, iters, preset=preset.lower(), precision=precision, where=where)
     except KeyboardInterrupt as e:
         for live in where.live:
             live.stop()
@@ -120,7 +120,7 @@ def _pipeline(out_dir: Path, vocab_size: int, iters: int | None, preset: str, pr
     _data_stage(out_dir, vocab_size)
     where.kept['the tokenizer'] = str(out_dir / 'tokenizer')
     where.kept['the dataset'] = str(out_dir / 'data' / 'corpus_text_document')
-    _train_stage(out_dir, iters, preset, precision, where, start)
+    _train_stage(out_dir, iters, preset, precision=precision, where=where, start=start)
     where.phase = '5-8. sizing real runs'
     _estimate_stage()
     run = out_dir / 'run'
@@ -164,7 +164,8 @@ def _data_stage(out_dir: Path, vocab_size: int):
               f'{time.perf_counter() - t0:.1f} s -> {fmt.text(out_dir / "tokenizer")}; bytes per token on {HELD_OUT}: '
               f'{bytes_per_token(tok, held):.2f} (GPT-2: {bytes_per_token(gpt2(), held):.2f})')
     with out.status('2. tokenizing the corpus into Megatron .bin/.idx'):
-        data = PrepareConfig(DEFAULT_CORPUS, str(out_dir / 'data' / 'corpus'), str(out_dir / 'tokenizer'),
+        data = PrepareConfig(inputs=DEFAULT_CORPUS, output_prefix=str(out_dir / 'data' / 'corpus'),
+                             tokenizer=str(out_dir / 'tokenizer'),
                              overwrite=True)        # a rerun on one --out: the dataset of the tokenizer just trained
         res = prepare(data)
     out.print(f'2. dataset: {res.documents:,} documents, {res.tokens:,} tokens in {res.seconds:.1f} s '
@@ -315,7 +316,8 @@ def _train_stage(out_dir: Path, iters: int | None, preset: str = 'tiny', precisi
     docs = list(read_documents([HELD_OUT]))[:HELD_OUT_ARTICLES]
     articles = [tok.encode(clean_text(d.text)) + [tok.eod] for d in docs]
     if iters is None:
-        result, step_s = _budgeted(plan, out_dir, preset, precision, where, start, [len(a) for a in articles])
+        result, step_s = _budgeted(plan, out_dir, preset, precision=precision, where=where, start=start,
+                                   article_tokens=[len(a) for a in articles])
         articles = articles[:held_out_articles(step_s, [len(a) for a in articles], cfg.tokens_per_step)]
     else:
         result = _train(plan, where)

@@ -65,40 +65,20 @@ def serve(
     if bad:
         raise ConfigError(bad)
     from gptkit.inference.batching import Limits
-    from gptkit.inference.generator import decode_dtype
-    from gptkit.serve.guard import LOOPBACK, Access
-    from gptkit.serve.server import access_on, check_address, make_app, serve as run
+    from gptkit.serve.guard import Access
+    from gptkit.serve.server import check_address, load_serving, serve
     check_address(host, 0)              # --host resolves and is this machine's, before a model loads; the port below
     if tp > 1 and 'RANK' not in os.environ:
         raise typer.Exit(launch_tp(ctx, 'serve', tp))
-    gen = _load(checkpoint, device, decode_dtype(dtype), tp)
-    # the biggest batch the server runs (a request alone may be bigger than max_batch): its KV cache must fit
-    gen.check_batch(*max((max_batch, 'max_batch'), (max_prompts, 'max_prompts')))
-    first = os.environ.get('RANK', '0') == '0'
-    if first:                                 # the first rank serves; the others follow
-        check_address(host, port)
-    name = name or _run_name(gen.loaded.folder)
-    access = Access(tuple(allowed_host or ()), api_key)
-    limits = Limits(max_prompt_tokens, max_new_tokens, max_prompts, max_waiting, max_batch,
-                    template_seconds=template_seconds, request_seconds=request_seconds)
-    # the app before the banner: a chat template that fails on a sample conversation stops the server here
-    web_app = make_app(gen, limits, name, access_on(host, access)) if first else None
-    _banner(gen, name, host, port, LOOPBACK + access_on(host, access).hosts, api_key is not None)
-    run(gen, host, port, limits, name, access=access, app=web_app)
-
-
-def _run_name(folder: Path) -> str:
-    "The model's name when --name is not given: the run folder's"
-    return folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name
-
-
-def _load(checkpoint: Path, device: str | None, dtype, tp: int):
-    "The generator of `checkpoint`: this rank's shard under --tp, on its device, in `dtype` (or as measured)"
-    from gptkit.inference.generator import Generator
-    if tp > 1:
-        device = join_tp(device)[1]
-    with out.status(f'loading {escape(str(checkpoint))}'):
-        return Generator.from_checkpoint(checkpoint, device=device, dtype=dtype, tp=tp)
+    device = join_tp(device)[1] if tp > 1 else device
+    limits = Limits(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens, max_prompts=max_prompts,
+                    max_waiting=max_waiting, max_batch=max_batch, template_seconds=template_seconds,
+                    request_seconds=request_seconds)
+    with out.status(f'loading {escape(str(checkpoint))}'):   # a chat template that fails a sample stops it here
+        serving = load_serving(checkpoint, host=host, port=port, device=device, dtype=dtype, tp=tp, limits=limits,
+                               name=name, access=Access(tuple(allowed_host or ()), api_key))
+    _banner(serving, keyed=api_key is not None)
+    serve(serving)
 
 
 def _problems(port: int, tp: int, seconds: tuple[float, float], api_key: str | None, allowed_host: list[str],
@@ -123,17 +103,19 @@ def _problems(port: int, tp: int, seconds: tuple[float, float], api_key: str | N
     return bad
 
 
-def _banner(gen, name: str, host: str, port: int, hosts: tuple[str, ...], keyed: bool):
+def _banner(serving, keyed: bool):
     "What the server serves, where, to which Host names (loopback ones first), and whether it needs a key"
+    gen, host, port = serving.gen, serving.host, serving.port
     step = gen.loaded.state.get('iteration', '?')
-    out.print(f'[bold]{escape(name)}[/]: {escape(str(gen.loaded.folder))} (step {step}), context {gen.context}, '
-              f'on {gen.model.wte.weight.device}')
+    out.print(f'[bold]{escape(serving.name)}[/]: {escape(str(gen.loaded.folder))} (step {step}), context '
+              f'{gen.context}, on {gen.model.wte.weight.device}')
     if gen.decode is not None:
         out.print(f'  [dim]{escape(gen.decode.why)}[/]')
     at = escape(f'http://{host}:{port}')
     out.print(f'  web page   {at}/\n  Megatron   PUT  {at}/api\n'
               f'  OpenAI     POST {at}/v1/completions, /v1/chat/completions  (base_url {at}/v1)\n'
               f'  schema     {at}/docs')
+    hosts = serving.hosts
     said = 'any' if '*' in hosts else ', '.join(dict.fromkeys(hosts)) + ' (add others with --allowed-host)'
     out.print(f'  Host       {escape(said)}')
     key = 'required on /api and /v1' if keyed else 'none (anyone who reaches the server may use it; see --api-key)'

@@ -8,7 +8,7 @@ import os
 import shlex
 import signal
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 from rich.progress import (
@@ -20,13 +20,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from gptkit.config.run import CONFIG_BYTES, RunConfig
-from gptkit.errors import ConfigError, check
-from gptkit.files import read_text
-from gptkit.train.launch import DEFAULT_PORT, Launch, emit as emit_job, leave_group_at_exit, run_launcher
+from gptkit.config.run import RunConfig
+from gptkit.train.launch import DEFAULT_PORT, Launch, emit as emit_job
 from gptkit_cli import format as fmt
 from gptkit_cli.app import app, flag, handles_errors, out
 from gptkit_cli.launch import train_argv
+
+if TYPE_CHECKING:
+    from gptkit.train.run import TrainRequest
 
 # Keys that have their own flag; the rest are set with --set section.key=value
 FLAGS = {'data.prefix': '--data', 'data.train_prefix': '--train-data', 'data.valid_prefix': '--valid-data',
@@ -42,51 +43,24 @@ def key_name(key: str) -> str:
     return FLAGS.get(key, f'--set {key}' if '.' in key else flag(key))
 
 
-def resolve_run(preset, config, sets, data, tokenizer, out_dir, iters, tokens, tp=None, pp=None,
-                splits=(None, None, None), save_minutes=None, watchdog_minutes=None, resume=False,
-                vocab=True, init=None) -> RunConfig:
-    "The RunConfig the command line describes, as `gptkit.train.plan.run_config` completes it (machine defaults, vocab)"
-    from gptkit.train.plan import run_config
-    pairs = (('prefix', data), ('tokenizer', tokenizer), *zip(('train_prefix', 'valid_prefix', 'test_prefix'), splits))
-    over = {'data': {k: v for k, v in pairs if v is not None},
-            'train': {k: v for k, v in (('iters', iters), ('tokens', tokens), ('save_interval_minutes', save_minutes),
-                                        ('watchdog_minutes', watchdog_minutes)) if v is not None},
-            'parallel': {k: v for k, v in (('tp', tp), ('pp', pp)) if v is not None}}
-    top = {'out': str(out_dir)} if out_dir is not None else {}
-    return run_config(preset, config, list(sets), {k: v for k, v in over.items() if v}, resume, vocab, init, **top)
-
-
-def _ds_override(path: Optional[Path], cfg: RunConfig) -> dict | None:
-    "The JSON object in file `path`, refused if DeepSpeed would not take it over the config generated for `cfg`"
-    if path is None:
-        return None
-    text = read_text(path, 'deepspeed_config', CONFIG_BYTES)   # a regular file of at most a MiB, checked first
-    try:
-        d = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise ConfigError([('deepspeed_config',
-                                                f'{{key}} file {path} (line {getattr(e, "lineno", "?")}) is not valid '
-                                                f'JSON: {getattr(e, "msg", e)}')])
-    if not isinstance(d, dict):
-        raise ConfigError([('deepspeed_config',
-                                                    f'{{key}} file {path} must hold a JSON object')])
-    from gptkit.train.ds_config import check_ds_config, ds_config  # the engine's imports off the start-up path
-    check_ds_config(ds_config(cfg, override=d), f'--deepspeed-config file {path}')   # before any process starts
-    return d
+def request_of(preset, config, sets, **flags) -> TrainRequest:
+    "The `TrainRequest` of these flags (gptkit.train.run), with `gptkit train`'s names for them"
+    from gptkit.train.run import TrainRequest
+    return TrainRequest(preset=preset, config=config, sets=tuple(sets or ()), **flags)
 
 
 def _summary(cfg: RunConfig):
-    m, t, p, plan = cfg.model, cfg.train, cfg.parallel, cfg.plan
+    m, t, p, batch = cfg.model, cfg.train, cfg.parallel, cfg.batch
     from gptkit.estimate.sizing import count_params, flops_per_iteration
-    params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, plan.global_batch, t.recompute))
+    params, each = count_params(m).total, fmt.flops(flops_per_iteration(m, batch.global_batch, t.recompute))
     experts = f' (ep {p.ep}: {m.moe_experts // p.ep} of {m.moe_experts} experts per rank)' if p.ep > 1 else ''
     out.print(f'[bold]{fmt.text(cfg.preset or "custom")}[/]: {params:,} parameters ({m.layers} layers, '
               f'hidden {m.hidden}, '
               f'{m.heads} heads, '
               f'context {m.seq_len}, vocabulary {m.vocab:,}) | {t.precision}, ZeRO {p.zero}, recompute {t.recompute} | '
               f'tp {p.tp} x pp {p.pp} x dp {p.dp}{experts} | '
-              f'{plan.iters:,} steps of {plan.global_batch} x {m.seq_len} = '
-              f'{plan.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out '
+              f'{batch.iters:,} steps of {batch.global_batch} x {m.seq_len} = '
+              f'{batch.tokens_per_step:,} tokens ({each} each) | lr {cfg.optim.lr:g} -> {cfg.optim.floor:g} | out '
               f'{fmt.text(cfg.out)}')
 
 
@@ -226,69 +200,45 @@ def train(
     SIGINT, SIGTERM or SIGUSR1 (a scheduler's preemption, SLURM's --signal=USR1@120) finish the step, save a
     checkpoint and exit with 128 + the signal's number (130, 143, 138); --resume continues from it. A hang
     exits 124 after --watchdog-minutes; --max-restarts K restarts a run whose process died or hung."""
-    cfg = resolve_run(preset, config, set_ or [], data, tokenizer, out_dir, iters, tokens, tp, pp,
-                      (train_data, valid_data, test_data), save_interval_minutes, watchdog_minutes, resume, vocab=False,
-                      init=init)
-    per_node = nproc if nproc is not None else max(1, cfg.parallel.world_size // max(nnodes, 1))
-    launch = Launch(launcher=launcher, nproc=per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+    launch = Launch(launcher=launcher, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                     master_port=master_port, hostfile=hostfile, max_restarts=max_restarts)
-    check(launch.problems(launching=emit is None))
-    from gptkit.train.engine import world_size
-    world = world_size(cfg, launch.world)
-    cfg, argv = cfg.for_world(world), train_argv(ctx)
-    override = _ds_override(deepspeed_config, cfg)
+    mode = 'emit' if emit is not None else 'dry-run' if dry_run else 'train'
+    request = request_of(preset, config, set_, data=data, splits=(train_data, valid_data, test_data),
+                         tokenizer=tokenizer, out=out_dir, iters=iters, tokens=tokens, tp=tp, pp=pp,
+                         save_minutes=save_interval_minutes, watchdog_minutes=watchdog_minutes, resume=resume,
+                         init=init, deepspeed_config=deepspeed_config, launch=launch, nproc=nproc,
+                         argv=tuple(train_argv(ctx)), mode=mode, force=force,
+                         launched='RANK' in os.environ or local_rank is not None)
+    from gptkit.train.run import plan_train, run_plan
+    plan = plan_train(request)                                       # once, checked, before any process starts
     if emit is not None:
-        print(emit_job(emit, launch, argv, cfg.out, image), end='')
-        return
+        return print(emit_job(emit, plan.launch, list(request.argv), plan.cfg.out, image), end='')
     if dry_run:
-        return _dry_run(cfg, override, world, launch, argv)
-    launched = 'RANK' in os.environ or local_rank is not None
-    if (world > 1 or max_restarts) and not launched:
-        raise typer.Exit(_launch(cfg, resume, world, launch, argv))
-    rank = int(os.environ.get('RANK', 0))
-    return _run(_plan(cfg, resume, world, launched, rank), override, force, rank)
+        return _dry_run(plan, request)
+    return _finish(plan, request, run_plan(plan, request, callbacks=[RichProgress()], say=_say, show=_show))
 
 
-def _launch(cfg: RunConfig, resume: bool, world: int, launch: Launch, argv: list[str]) -> int:
-    "The run planned once here and saved in its folder, then its processes started by the launcher, told where"
-    from gptkit.machine.choices import nodes_problems
-    from gptkit.train.engine import free_port
-    from gptkit.train.plan import PLAN_ENV, hand_over, plan_run
-    check(nodes_problems(cfg.train.precision, launch.nodes))      # nodes that measured apart could disagree
-    plan = plan_run(cfg, resume, world)          # checked once here, not in every process the launcher starts
-    # RUN/plan.json, refused while a training runs there; the processes of another node (--node-rank 1, 2, ...)
-    # start without it and plan themselves, as those a hostfile's ssh starts do
-    env = {k: v for k, v in os.environ.items() if k != PLAN_ENV}
-    if launch.node_rank == 0:
-        env[PLAN_ENV] = hand_over(plan)
-    port = launch.master_port or int(os.environ.get('MASTER_PORT') or
-                                     (DEFAULT_PORT if launch.nnodes > 1 else free_port()))
-    cmd = launch.command(argv, port)
-    out.print(f'[dim]$ {fmt.text(shlex.join(cmd))}[/]')
-    return run_launcher(cmd, env)
+def _say(line: str):
+    out.print(f'[dim]{fmt.text(line)}[/]')
 
 
-def _plan(cfg: RunConfig, resume: bool, world: int, launched: bool, rank: int):
-    "This process's RunPlan (the one `gptkit train` handed it under a launcher, else made here); rank 0 shows it"
-    from gptkit.train.plan import handed_plan, plan_run
-    leave_group_at_exit()
-    restart = int(os.environ.get('TORCHELASTIC_RESTART_COUNT') or 0)   # torchrun's, under --max-restarts
-    plan = (handed_plan(restarted=restart > 0) if launched else None) or plan_run(cfg, resume or restart > 0, world)
-    if rank == 0 and restart:
-        out.print(f'[yellow]restart {restart}[/]: a process died or hung; resuming from the newest intact '
+def _show(plan, request):
+    "What this process is about to train, said by rank 0 (a restart says why it resumes)"
+    if request.rank != 0:
+        return
+    if request.restart:
+        out.print(f'[yellow]restart {request.restart}[/]: a process died or hung; resuming from the newest intact '
                   'checkpoint')
-    elif rank == 0:
-        _summary(plan.cfg)
-        _data_summary(plan)
-        _task_summary(plan.cfg)
-    return plan
+        return
+    _summary(plan.cfg)
+    _data_summary(plan)
+    _task_summary(plan.cfg)
 
 
-def _dry_run(cfg, override, world, launch, argv):
-    "The plan without its checks (`preview_run`), the DeepSpeed config and the launch command"
-    from gptkit.train.plan import curriculum_summary, preview_run
-    plan = preview_run(cfg, world)
-    cfg = plan.cfg
+def _dry_run(plan, request):
+    "The plan without its checks (`--dry-run`): the summary, the run config, the DeepSpeed config, the launch command"
+    from gptkit.train.plan import curriculum_summary
+    cfg, launch, world = plan.cfg, plan.launch, plan.cfg.parallel.world_size
     _summary(cfg)
     _data_summary(plan)
     _task_summary(cfg)
@@ -298,7 +248,8 @@ def _dry_run(cfg, override, world, launch, argv):
     out.print_json(json.dumps(cfg.to_dict()))
     out.print(f'[bold]DeepSpeed config[/] for {world} process(es)')
     from gptkit.train.ds_config import ds_config
-    out.print_json(json.dumps(ds_config(cfg, override=override)))
+    out.print_json(json.dumps(ds_config(cfg, override=plan.ds_override)))
+    argv = list(request.argv)
     cmd = (launch.command(argv, launch.master_port or DEFAULT_PORT) if world > 1 or launch.max_restarts
            else ['gptkit', 'train'] + argv)
     out.print('[bold]Launch command[/]')
@@ -382,12 +333,12 @@ class RichProgress:
             self.progress.stop()
 
 
-def _run(plan, override, force, rank):
-    "Train `plan` in this process; rank 0 says how it ended"
-    from gptkit.train.loop import train as run_training
-    result = run_training(plan, callbacks=[RichProgress()], ds_override=override, force=force)
-    cfg = plan.cfg
-    if rank != 0:
+def _finish(plan, request, outcome):
+    "How the run ended, said by rank 0: a launcher's exit code passed on, or the result of training here"
+    if isinstance(outcome, int):
+        raise typer.Exit(outcome)
+    result, cfg = outcome, plan.cfg
+    if request.rank != 0:
         if result.interrupted:
             raise typer.Exit(result.exit_code)
         return result

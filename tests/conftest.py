@@ -67,7 +67,7 @@ def tiny_data(tmp_path_factory):
     from gptkit.data.prepare import PrepareConfig, prepare
     d = tmp_path_factory.mktemp('tiny_data')
     train_tokenizer('kjv', 512, d / 'tok')
-    res = prepare(PrepareConfig(('builtin:kjv',), str(d / 'kjv'), str(d / 'tok')))
+    res = prepare(PrepareConfig(inputs=('builtin:kjv',), output_prefix=str(d / 'kjv'), tokenizer=str(d / 'tok')))
     return str(res.prefix), str(d / 'tok')
 
 
@@ -107,4 +107,5 @@ def run_here(*args):
     from typer.testing import CliRunner
     from gptkit_cli.main import app
     r = CliRunner().invoke(app, [str(a) for a in args])
-    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr + (repr(r.exception) if r.exception else ''))
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout,
+                                       r.stderr + (repr(r.exception) if r.exception else ''))

@@ -216,7 +216,8 @@ def test_train_profile_from_the_environment(tiny_run, tmp_path):
     from gptkit.train.callbacks import RunInfo
     from gptkit_cli.train import predicted_line
     cfg = read_run(tiny_run[0]).cfg
-    info = RunInfo(cfg, 4, 0, 1, 1, 1, 'cpu', 1.0, None, tiny_run[0])
+    info = RunInfo(cfg=cfg, iters=4, start=0, params=1, world_size=1, grad_accum=1, device='cpu', flops_per_step=1.0,
+                   peak_flops=None, out=tiny_run[0])
     import os
     old = {k: os.environ.get(k) for k in ('GPTKIT_HARDWARE', 'GPTKIT_GPU')}
     try:

@@ -59,7 +59,7 @@ def runs(mask):
 
 def prepared(tmp_path, tokenizer, name='out', rows=None):
     src = write_jsonl(tmp_path / f'{name}.jsonl', [{'messages': c} for c in (rows or CONVERSATIONS)])
-    cfg = PrepareConfig((str(src),), str(tmp_path / name), tokenizer=str(tokenizer))
+    cfg = PrepareConfig(inputs=(str(src),), output_prefix=str(tmp_path / name), tokenizer=str(tokenizer))
     return cfg, prepare_chat(cfg)
 
 
@@ -134,7 +134,7 @@ def test_bad_rows_are_counted_and_named_and_a_file_with_none_usable_writes_nothi
             {'text': 'no messages'},
             {'prompt': 'Say yes.', 'completion': 'yes'}]
     src = write_jsonl(tmp_path / 'rows.jsonl', rows, 'not json\n')
-    res = prepare_chat(PrepareConfig((str(src),), str(tmp_path / 'out')))
+    res = prepare_chat(PrepareConfig(inputs=(str(src),), output_prefix=str(tmp_path / 'out')))
     assert res.documents == 2
     assert dict(res.tally.problems) == {'no_assistant_turn': 1, 'unknown_role': 1, 'non_text_content': 1,
                                         'no_messages': 1, 'invalid_json': 1}
@@ -142,16 +142,16 @@ def test_bad_rows_are_counted_and_named_and_a_file_with_none_usable_writes_nothi
     assert any(e.startswith(f'{src}:7: invalid json') for e in res.tally.examples)
     bad = write_jsonl(tmp_path / 'bad.jsonl', rows[1:5])
     with pytest.raises(DataError, match='no usable conversation, so nothing was written') as e:
-        prepare_chat(PrepareConfig((str(bad),), str(tmp_path / 'bad')))
+        prepare_chat(PrepareConfig(inputs=(str(bad),), output_prefix=str(tmp_path / 'bad')))
     assert 'bad.jsonl:1: no assistant turn' in str(e.value)
     assert sorted(p.name for p in tmp_path.glob('bad*')) == ['bad.jsonl']
     packed = tmp_path / 'rows.jsonl.zst'                        # compressed input reads the same
     packed.write_bytes(zstandard.ZstdCompressor().compress(src.read_bytes()))
-    again = prepare_chat(PrepareConfig((str(packed),), str(tmp_path / 'packed')))
+    again = prepare_chat(PrepareConfig(inputs=(str(packed),), output_prefix=str(tmp_path / 'packed')))
     assert again.documents == 2 and again.tally.problems == res.tally.problems
     assert any(e.startswith(f'{packed}:7: invalid json') for e in again.tally.examples)
     with pytest.raises(DataError, match=r'rows.jsonl:2: no assistant turn.*\(--strict\)'):
-        prepare_chat(PrepareConfig((str(src),), str(tmp_path / 'strict'), strict=True))
+        prepare_chat(PrepareConfig(inputs=(str(src),), output_prefix=str(tmp_path / 'strict'), strict=True))
     assert not list(tmp_path.glob('strict*'))
 
 
@@ -177,10 +177,10 @@ def test_a_failed_run_over_an_existing_dataset_leaves_it_whole(tmp_path):
     with pytest.raises(DataError, match='add --overwrite'):
         prepare_chat(cfg)
     with pytest.raises(DataError, match=r'out.jsonl:2: no messages'):
-        prepare_chat(PrepareConfig(cfg.inputs, cfg.output_prefix, overwrite=True, strict=True))
+        prepare_chat(PrepareConfig(inputs=cfg.inputs, output_prefix=cfg.output_prefix, overwrite=True, strict=True))
     assert IndexedDataset(res.prefix).sequence_lengths.tolist() == before and open_mask(res.prefix) is not None
     assert sorted(p.name for p in tmp_path.iterdir() if '.tmp' in p.name) == []
-    res = prepare_chat(PrepareConfig(cfg.inputs, cfg.output_prefix, overwrite=True))
+    res = prepare_chat(PrepareConfig(inputs=cfg.inputs, output_prefix=cfg.output_prefix, overwrite=True))
     assert len(open_mask(res.prefix)) == 1
 
 
@@ -242,5 +242,6 @@ def test_a_plain_prepare_over_a_chat_dataset_removes_its_loss_mask(tmp_path):
     cfg, res = prepared(tmp_path, 'gpt2')
     assert open_mask(res.prefix) is not None
     (tmp_path / 'plain.txt').write_text('In the beginning God created the heaven and the earth.\n')
-    prepare(PrepareConfig((str(tmp_path / 'plain.txt'),), cfg.output_prefix, tokenizer='gpt2', overwrite=True))
+    prepare(PrepareConfig(inputs=(str(tmp_path / 'plain.txt'),), output_prefix=cfg.output_prefix, tokenizer='gpt2',
+                          overwrite=True))
     assert open_mask(res.prefix) is None and not list(tmp_path.glob('*_loss_mask.*'))

@@ -96,7 +96,7 @@ def test_a_run_given_in_tokens_trains_them(tiny_data, tmp_path):
     cfg = config(tiny_data, tmp_path, *CURRICULUM, 'train.iters=null', 'train.tokens=600')
     lengths = deepspeed_lengths(Curriculum.of(cfg.train, 32), 50)
     steps = next(n for n in range(1, 50) if 4 * sum(lengths[:n]) >= 600)
-    assert cfg.plan.iters == steps > config(tiny_data, tmp_path, 'train.iters=null', 'train.tokens=600').plan.iters
+    assert cfg.batch.iters == steps > config(tiny_data, tmp_path, 'train.iters=null', 'train.tokens=600').batch.iters
 
 
 @pytest.mark.parametrize('sets,key,says', [

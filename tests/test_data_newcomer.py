@@ -73,7 +73,8 @@ def test_the_split_left_without_a_dataset_is_megatrons_blend_of_the_rest(tiny_da
     from test_samples import assert_same_blend, megatron_config
     monkeypatch.setattr(torch.distributed, 'get_rank', lambda *a, **k: 0)
     a, n, seq_len, seed = tiny_data[0], 40, 32, 1234
-    ours = split_samples([a, small], [0.7, 0.3], 'test', n, seq_len, seed, '949,50,1', cache=False)
+    ours = split_samples([a, small], [0.7, 0.3], 'test', num_samples=n, seq_len=seq_len, seed=seed, split='949,50,1',
+                         cache=False)
     config = megatron_config(seq_len, seed, tmp_path / 'mcache', blend=([a], [1.0]), split='949,50,1')
     theirs = BlendedMegatronDatasetBuilder(GPTDataset, [4, 4, n], lambda: True, config).build()
     assert isinstance(ours, BlendedSamples)

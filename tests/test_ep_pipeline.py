@@ -35,7 +35,8 @@ def _cfg(root, name, prefix, tok, ep, pp):
 
 def _from_step_2(root, src, name):
     "A run folder `name` holding only the checkpoint of step 2 of run `src` (rank 0 copies it)"
-    shutil.copytree(Path(root) / src / 'checkpoints' / 'iter_0000002', Path(root) / name / 'checkpoints' / 'iter_0000002')
+    shutil.copytree(Path(root) / src / 'checkpoints' / 'iter_0000002',
+                    Path(root) / name / 'checkpoints' / 'iter_0000002')
 
 
 def _pipeline_logits(engine, cfg, rank):
@@ -46,8 +47,8 @@ def _pipeline_logits(engine, cfg, rank):
     ps = ParallelState.build(cfg.for_world(dist.get_world_size()).layout)
     engine.module.eval()
     with torch.no_grad():
-        outs = one_f_one_b(engine.module, None, [(IDS, None)], ps, stage_input_shape(cfg.model, len(IDS)),
-                           torch.float32, 'cpu', train=False)
+        outs = one_f_one_b(engine.module, None, [(IDS, None)], parallel=ps,
+                           shape=stage_input_shape(cfg.model, len(IDS)), dtype=torch.float32, device='cpu', train=False)
     if ps.is_last_stage and ps.dp_rank == 0:
         return outs[0][..., :cfg.model.vocab].clone()
     return None

@@ -65,8 +65,9 @@ def _model_errors(cfg, ps, sp: bool, micro: int = 2, recompute: str = 'none') ->
         chunks = [(x[:, :-1], x[:, 1:]) for x in batch.chunk(micro)]
         def backward(loss, last):
             (loss / micro if last else loss).backward()
-        losses = one_f_one_b(model, backward, chunks, ps, stage_input_shape(cfg, len(batch) // micro, ps.layout.tp, sp),
-                             torch.float32, 'cpu')
+        losses = one_f_one_b(model, backward, chunks, parallel=ps,
+                             shape=stage_input_shape(cfg, len(batch) // micro, ps.layout.tp, sp), dtype=torch.float32,
+                             device='cpu')
         got_stats = moe_stats(model)                             # the last micro-batch's
         want = []
         for x, y in chunks:
@@ -170,8 +171,8 @@ def _run(tp: int, ep: int, sp: bool, control: bool = False, save: tuple | None =
         losses.append(t.item() / 4)
         norms.append(norm)
     if save:
-        ckpt.save(engine, save[0], 3, {'iteration': 3, 'consumed_samples': 12}, cfg, ds, save[1], dist.get_rank(),
-                  layout=parallel.layout, shapes=shapes)
+        ckpt.save(engine, save[0], 3, client={'iteration': 3, 'consumed_samples': 12}, cfg=cfg, ds_config=ds,
+                  tokenizer_dir=save[1], rank=dist.get_rank(), layout=parallel.layout, shapes=shapes)
     weights = {}
     for name, p in engine.module.named_parameters():
         w = p.detach()

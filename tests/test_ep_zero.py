@@ -219,12 +219,12 @@ def _resume_worker(rank, world, out, port, cases):
                 engine.module.train()
             saved = _whole(engine, dict(engine.module.named_parameters()))
             client = {'iteration': 2, 'consumed_samples': 8}
-            folder = ckpt.save(engine, f'{out}/{precision}_{zero}_{pp}_{tp}_{sp}', 2, client, cfg, ds, None, rank,
-                               layout=parallel.layout, shapes=shapes)
+            folder = ckpt.save(engine, f'{out}/{precision}_{zero}_{pp}_{tp}_{sp}', 2, client=client, cfg=cfg,
+                               ds_config=ds, tokenizer_dir=None, rank=rank, layout=parallel.layout, shapes=shapes)
             rest, _ = _steps(engine, parallel, data[2:], precision, zero)
             full = _state(engine)
             cfg, parallel, engine, ds, shapes = _engine(precision, zero, world, seed=5, pp=pp, tp=tp, sp=sp)
-            state = ckpt.load(engine, folder, rank, parallel.layout, shapes, parallel)
+            state = ckpt.load(engine, folder, rank, layout=parallel.layout, shapes=shapes, parallel=parallel)
             again, _ = _steps(engine, parallel, data[2:], precision, zero)
             found[case] = {'losses': first + rest, 'resumed': first + again, 'full': full, 'after': _state(engine),
                            'iteration': state['iteration'], 'saved': saved, 'logits': logits}
@@ -278,7 +278,7 @@ def test_an_ep2_zero_checkpoint_resumes_bit_for_bit_and_loads_on_one_process(tmp
             if pp == 1 and world == 2:            # resumed on one process (another EP and DP): weights, a fresh Adam
                 _start_alone()
                 cfg, parallel, engine, ds, shapes = _engine(precision, zero, 1, seed=5)
-                state = ckpt.load(engine, folder, 0, parallel.layout, shapes, parallel)
+                state = ckpt.load(engine, folder, 0, layout=parallel.layout, shapes=shapes, parallel=parallel)
                 assert state['iteration'] == 2 and engine.global_steps == 2, case
                 assert all(torch.equal(p.float(), saved[k].float()) for k, p in engine.module.named_parameters()), case
 

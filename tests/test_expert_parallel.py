@@ -270,12 +270,12 @@ def _resume_worker(rank, world, init_file, out, port, ep):
         with torch.no_grad():
             logits = engine.module(data[0, :, :-1])              # the EP model's, every rank on the same tokens
         engine.module.train()
-        folder = ckpt.save(engine, f'{out}/ckpt', 2, {'iteration': 2, 'consumed_samples': 8}, cfg, ds, None, rank,
-                           layout=parallel.layout, shapes=shapes)
+        folder = ckpt.save(engine, f'{out}/ckpt', 2, client={'iteration': 2, 'consumed_samples': 8}, cfg=cfg,
+                           ds_config=ds, tokenizer_dir=None, rank=rank, layout=parallel.layout, shapes=shapes)
         rest = _steps(engine, parallel, data[2:], world)
         full = whole(engine.module)
         cfg, parallel, engine, ds, shapes = _ep_engine(ep, world, 5)
-        state = ckpt.load(engine, folder, rank, parallel.layout, shapes, parallel)
+        state = ckpt.load(engine, folder, rank, layout=parallel.layout, shapes=shapes, parallel=parallel)
         loaded = whole(engine.module)
         again = _steps(engine, parallel, data[2:], world)
         after = whole(engine.module)
@@ -283,7 +283,8 @@ def _resume_worker(rank, world, init_file, out, port, ep):
             reshard(folder, f'{out}/resharded')
         dist.barrier()
         cfg, parallel, engine, ds, shapes = _ep_engine(ep, world, 7)
-        ckpt.load(engine, f'{out}/resharded/checkpoints/iter_0000002', rank, parallel.layout, shapes, parallel)
+        ckpt.load(engine, f'{out}/resharded/checkpoints/iter_0000002', rank, layout=parallel.layout, shapes=shapes,
+                  parallel=parallel)
         torch.save({'losses': first + rest, 'resumed': first + again, 'saved': saved, 'loaded': loaded,
                     'full': full, 'after': after, 'iteration': state['iteration'],
                     'resharded': whole(engine.module), 'logits': logits}, f'{out}/{rank}.pt')
@@ -301,7 +302,7 @@ def _one_worker(rank, world, init_file, out, port, folder):
         torch.manual_seed(1)
         data = torch.randint(0, 64, (4, 4, 17))
         cfg, parallel, engine, ds, shapes = _ep_engine(1, 1, 5)
-        state = ckpt.load(engine, folder, 0, parallel.layout, shapes, parallel)
+        state = ckpt.load(engine, folder, 0, layout=parallel.layout, shapes=shapes, parallel=parallel)
         loaded = whole(engine.module)
         losses = _steps(engine, parallel, data[2:3], 1)
         torch.save({'loaded': loaded, 'losses': losses, 'iteration': state['iteration']}, f'{out}/0.pt')

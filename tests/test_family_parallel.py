@@ -39,8 +39,9 @@ def _errors(cfg, ps, sp, micro):
     errs = {'loss': 0.0, 'grad': 0.0}
     for batch in data:
         losses = one_f_one_b(model, lambda loss, last: (loss / micro if last else loss).backward(),
-                             [(x[:, :-1], x[:, 1:]) for x in batch.chunk(micro)], ps,
-                             stage_input_shape(cfg, len(batch) // micro, ps.layout.tp, sp), torch.float32, 'cpu')
+                             [(x[:, :-1], x[:, 1:]) for x in batch.chunk(micro)], parallel=ps,
+                             shape=stage_input_shape(cfg, len(batch) // micro, ps.layout.tp, sp), dtype=torch.float32,
+                             device='cpu')
         want = ref(batch[:, :-1], batch[:, 1:])
         want.backward()
         if ps.is_last_stage:

@@ -176,7 +176,8 @@ def _auto(folder):
 
 def _prepared(folder, corpus, out) -> list[list[int]]:
     "The documents `prepare` writes with the tokenizer in `folder`, read back from the .bin/.idx"
-    res = prepare(PrepareConfig((str(corpus),), str(out / 'data'), tokenizer=str(folder), clean=False, workers=2))
+    res = prepare(PrepareConfig(inputs=(str(corpus),), output_prefix=str(out / 'data'), tokenizer=str(folder),
+                                clean=False, workers=2))
     ds = IndexedDataset(res.prefix)
     return [ds[i].tolist() for i in range(len(ds))]
 
@@ -202,7 +203,8 @@ def _encoders() -> dict:
     root = Path(tempfile.mkdtemp())
     for name, make in FAMILIES.items():
         make(root / name)
-    mistral(root / 'mistral-hub', _hub_prepend)        # AutoTokenizer rebuilds this one's steps, HF reads them as written
+    mistral(root / 'mistral-hub',
+            _hub_prepend)        # AutoTokenizer rebuilds this one's steps, HF reads them as written
     return {name: load_tokenizer(root / name).documents for name in [*FAMILIES, 'mistral-hub']}
 
 

@@ -225,7 +225,8 @@ def engine_run(tiny_checkpoint, tmp_path_factory):
     cfg = read_config(run_folder / 'checkpoints' / STEP)
     init_distributed()
     engine, ds = build_engine(cfg, GPT(cfg.model), iters=cfg.iters)
-    save(engine, run_folder / 'checkpoints', 1, CLIENT, cfg, ds, run_folder / 'tokenizer')
+    save(engine, run_folder / 'checkpoints', 1, client=CLIENT, cfg=cfg, ds_config=ds,
+         tokenizer_dir=run_folder / 'tokenizer')
     return engine, cfg, ds, run_folder
 
 
@@ -249,7 +250,7 @@ def test_a_resave_of_the_newest_iteration_killed_at_any_step_leaves_it_intact(en
         root = run_folder / 'checkpoints'
         with killed_at(root, k) as seen:
             try:
-                save(engine, root, 1, CLIENT, cfg, ds, run_folder / 'tokenizer')
+                save(engine, root, 1, client=CLIENT, cfg=cfg, ds_config=ds, tokenizer_dir=run_folder / 'tokenizer')
             except Killed:
                 pass
         taken = _intact(run_folder)                                 # inspect, generate, a resume's plan

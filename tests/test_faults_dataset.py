@@ -24,7 +24,7 @@ from gptkit.data.prepare import PrepareConfig, prepare
 def paused(p):
     print('writing', flush=True)
     sys.stdin.readline()
-prepare(PrepareConfig((sys.argv[1],), sys.argv[2], 'gpt2', overwrite=True), paused, every=0)
+prepare(PrepareConfig(inputs=(sys.argv[1],), output_prefix=sys.argv[2], tokenizer='gpt2', overwrite=True), paused, every=0)
 '''
 
 

@@ -77,8 +77,9 @@ def test_sample_reads_and_prepares_as_its_texts_in_json_lines(sample, tmp_path):
     got = [d.text for d in read_documents([FORMATS / name], fmt=opts.get('format', 'auto'),
                                           txt_split=opts.get('txt_split', 'file'))]
     assert got == expected
-    res = prepare(PrepareConfig((str(FORMATS / name),), str(tmp_path / 'sample'), **opts))
-    ref = prepare(PrepareConfig((str(_as_jsonl(expected, tmp_path / 'ref.jsonl')),), str(tmp_path / 'ref')))
+    res = prepare(PrepareConfig(inputs=(str(FORMATS / name),), output_prefix=str(tmp_path / 'sample'), **opts))
+    ref = prepare(PrepareConfig(inputs=(str(_as_jsonl(expected, tmp_path / 'ref.jsonl')),),
+                                output_prefix=str(tmp_path / 'ref')))
     assert (res.tally.documents, res.documents) == (len(expected), written)
     assert res.dropped == ref.dropped and res.tokens == ref.tokens
     _same_dataset(res.prefix, ref.prefix)
@@ -91,13 +92,13 @@ def test_cli_prepares_every_sample_at_once(tmp_path):
     args = ['data', 'prepare', '--output-prefix', str(tmp_path / 'cli')] + [a for p in inputs for a in ('-i', str(p))]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    lib = prepare(PrepareConfig(tuple(map(str, inputs)), str(tmp_path / 'lib')))
+    lib = prepare(PrepareConfig(inputs=tuple(map(str, inputs)), output_prefix=str(tmp_path / 'lib')))
     assert lib.documents == 12 + 12 + 20
     _same_dataset(str(tmp_path / 'cli_text_document'), lib.prefix)
     r = runner.invoke(app, ['data', 'prepare', '-i', str(WIKI), '--format', 'jsonl',
                             '--output-prefix', str(tmp_path / 'w')])
     assert r.exit_code == 0, r.output
-    wiki = prepare(PrepareConfig((str(WIKI),), str(tmp_path / 'wlib'), format='jsonl'))
+    wiki = prepare(PrepareConfig(inputs=(str(WIKI),), output_prefix=str(tmp_path / 'wlib'), format='jsonl'))
     counts = {l.split()[0] + ' ' + l.split()[1]: l.split()[-1] for l in r.output.splitlines() if len(l.split()) >= 3}
     assert (counts['documents read'], counts['dropped: empty'], counts['documents written']) == ('8', '2', '6')
     assert counts['tokens written'] == f'{wiki.tokens:,}'
@@ -132,8 +133,9 @@ def test_save_to_disk_folder_reads_as_load_from_disk(shards, shuffled, tmp_path)
     assert len(list((tmp_path / 'hf').glob('data-*.arrow'))) == shards
     assert [d.text for d in read_documents([tmp_path / 'hf'])] == theirs
     assert (theirs != TEXTS) == shuffled
-    res = prepare(PrepareConfig((str(tmp_path / 'hf'),), str(tmp_path / 'out')))
-    ref = prepare(PrepareConfig((str(_as_jsonl(theirs, tmp_path / 'ref.jsonl')),), str(tmp_path / 'ref')))
+    res = prepare(PrepareConfig(inputs=(str(tmp_path / 'hf'),), output_prefix=str(tmp_path / 'out')))
+    ref = prepare(PrepareConfig(inputs=(str(_as_jsonl(theirs, tmp_path / 'ref.jsonl')),),
+                                output_prefix=str(tmp_path / 'ref')))
     assert res.documents == len(TEXTS)
     _same_dataset(res.prefix, ref.prefix)
 
@@ -150,7 +152,7 @@ def test_single_arrow_files_written_by_datasets(tmp_path):
     upper = ds.map(lambda r: {'text': r['text'].upper()}, cache_file_name=str(cache))
     assert cache.is_file()
     assert [d.text for d in read_documents([cache])] == list(upper['text'])
-    res = prepare(PrepareConfig((str(cache),), str(tmp_path / 'out')))
+    res = prepare(PrepareConfig(inputs=(str(cache),), output_prefix=str(tmp_path / 'out')))
     assert res.documents == 50
 
 

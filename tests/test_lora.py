@@ -53,7 +53,8 @@ def save_run(cfg, model, steps: int = 0):
         engine.step()
         losses.append(loss.item())
     client = {'iteration': steps, 'consumed_samples': 2 * steps, 'tokens': 2 * steps * cfg.model.seq_len}
-    return engine, ck.save(engine, f'{cfg.out}/checkpoints', steps, client, cfg, ds, None), losses
+    return engine, ck.save(engine, f'{cfg.out}/checkpoints', steps, client=client, cfg=cfg, ds_config=ds,
+                           tokenizer_dir=None), losses
 
 
 @pytest.fixture(scope='module', params=[(GPT2_TINY, 0), (LLAMA_TINY, 2)], ids=['gpt2-zero0', 'llama-zero2'])

@@ -219,8 +219,8 @@ def test_gptkit_train_prints_the_choice_and_trains_in_it(tiny_data, cache, monke
     import gptkit.model.decoder
     as_measured(monkeypatch, seconds)
     cores, core = [], gptkit.model.decoder.core_attention_in
-    monkeypatch.setattr(gptkit.model.decoder, 'core_attention_in', lambda dtype, q, *a: cores.append((dtype, q.dtype))
-                        or core(dtype, q, *a))
+    monkeypatch.setattr(gptkit.model.decoder, 'core_attention_in',
+                        lambda dtype, q, *a, **k: cores.append((dtype, q.dtype)) or core(dtype, q, *a, **k))
     sets = [s for s in TINY_SETS if not s.startswith('train.precision')]
     r = run_here('train', '--data', tiny_data[0], '--tokenizer', tiny_data[1], '--out', tmp_path / 'run',
                  '--iters', 2, *[a for s in sets for a in ('--set', s)])

@@ -262,8 +262,8 @@ def test_prepare_workers_read_a_multistream_dump_in_processes(dump, tmp_path, mo
         calls.append(docs is not None)
         return docs
     monkeypatch.setattr(corpus, 'read_mediawiki_parallel', small_tasks)   # where the corpus reader looks it up
-    one = prepare(PrepareConfig((str(path),), str(tmp_path / 'one'), workers=1))
-    two = prepare(PrepareConfig((str(path),), str(tmp_path / 'two'), workers=2))
+    one = prepare(PrepareConfig(inputs=(str(path),), output_prefix=str(tmp_path / 'one'), workers=1))
+    two = prepare(PrepareConfig(inputs=(str(path),), output_prefix=str(tmp_path / 'two'), workers=2))
     assert calls == [True]                                 # workers=1 never asks for processes; workers=2 got them
     assert (one.documents, one.tokens) == (two.documents, two.tokens) and one.documents == 7
     for suffix in ('.bin', '.idx'):

@@ -23,7 +23,8 @@ def parts(tmp_path_factory):
     for k, n in enumerate((7, 1, 12)):
         docs = [f'Part {k}, document {i}: ' + 'lorem ipsum dolor ' * (i + k) for i in range(n)]
         (d / f'p{k}.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in docs))
-        prefixes.append(str(prepare(PrepareConfig((str(d / f'p{k}.jsonl'),), str(d / f'p{k}'))).prefix))
+        prefixes.append(str(prepare(PrepareConfig(inputs=(str(d / f'p{k}.jsonl'),),
+                                                  output_prefix=str(d / f'p{k}'))).prefix))
         texts += docs
     return prefixes, texts
 

@@ -57,8 +57,8 @@ def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
         for batch in data:
             mine = batch.chunk(dp)[ps.dp_rank].chunk(micro)         # this replica's share, as micro-batches
             losses = one_f_one_b(model, lambda loss, last: (loss / micro if last else loss).backward(),
-                                 [(x[:, :-1], x[:, 1:]) for x in mine], ps,
-                                 stage_input_shape(CFG, len(mine[0]), tp, sp), torch.float32, 'cpu')
+                                 [(x[:, :-1], x[:, 1:]) for x in mine], parallel=ps,
+                                 shape=stage_input_shape(CFG, len(mine[0]), tp, sp), dtype=torch.float32, device='cpu')
             sync_tied_grads(model, ps)
             for p in model.parameters():                            # what DeepSpeed does over the data-parallel group
                 dist.all_reduce(p.grad, group=ps.dp_group); p.grad /= dp
@@ -71,7 +71,8 @@ def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
             grads_then_sgd(model, ref, CFG, ps, errs)
         # the trained shards, merged, are the trained single-process model
         shards = [None] * world
-        dist.all_gather_object(shards, ((ps.tp_rank, ps.pp_rank), {n: t.detach() for n, t in model.state_dict().items()}))
+        dist.all_gather_object(shards,
+                               ((ps.tp_rank, ps.pp_rank), {n: t.detach() for n, t in model.state_dict().items()}))
         merged = merge_weights(dict(shards), CFG, tp)
         errs['weights'] = max((merged[n] - t).abs().max().item() for n, t in ref.state_dict().items())
         torch.save(errs, f'{out}/{rank}.pt')
@@ -87,7 +88,8 @@ def _train_worker(rank, world, tp, pp, sp, micro, family, init_file, out):
     pytest.param(4, 2, 1, True, 1, 'gpt', marks=pytest.mark.slow),       # DP 2 x TP 2 (+ SP)
     pytest.param(4, 1, 4, False, 4, 'gpt', marks=pytest.mark.slow),      # PP 4: middle stages
     (2, 2, 1, True, 2, 'llama'),     # TP 2 + SP: one KV head per rank, RMSNorm over a slice of the sequence
-    pytest.param(4, 4, 1, False, 1, 'llama', marks=pytest.mark.slow),    # TP 4: 2 KV heads, each replicated on 2 ranks (their gradients summed)
+    pytest.param(4, 4, 1, False, 1, 'llama',
+                 marks=pytest.mark.slow),    # TP 4: 2 KV heads, each replicated on 2 ranks (their gradients summed)
     (4, 2, 2, False, 2, 'llama'),    # TP 2 x PP 2: rotary on the second stage, the untied output layer on the last
 ])
 def test_parallel_gpt_equals_the_single_process_model(tmp_path, world, tp, pp, sp, micro, family):
@@ -118,7 +120,8 @@ def _dropout_worker(rank, world, init_file, out):
                 (l0, g0), (l1, g1) = res[sp, 'none'], res[sp, recompute]
                 errs[f'{sp}-{recompute}'] = max([abs(l0 - l1).item()] + [(g0[n] - g1[n]).abs().max().item() for n in g0])
         losses = [torch.zeros(()) for _ in range(world)]
-        dist.all_gather(losses, res[False, 'none'][0])          # replicated activations got the same masks on every TP rank
+        dist.all_gather(losses,
+                        res[False, 'none'][0])          # replicated activations got the same masks on every TP rank
         errs['tp-ranks-agree'] = max(abs(l - losses[0]).item() for l in losses)
         errs['dropout-active'] = -abs(res[False, 'none'][0] - res[True, 'none'][0]).item()   # SP draws its own masks: a different loss
         torch.save(errs, f'{out}/{rank}.pt')

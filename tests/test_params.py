@@ -44,7 +44,7 @@ def test_count_params_per_rank_is_what_each_rank_holds(name):
             for stage, (lo, hi) in enumerate(stage_layers(cfg, pp, balance)):
                 want = count.stages[stage]
                 # the last TP rank: its vocabulary shard ends in padding
-                shard = shard_weights(full, cfg, Layout(tp=tp, pp=pp), tp - 1, stage, balance)
+                shard = shard_weights(full, cfg, Layout(tp=tp, pp=pp), tp_rank=tp - 1, pp_rank=stage, balance=balance)
                 assert sum(t.numel() for t in shard.values()) == want.per_rank, (name, tp, pp, balance, stage)
                 tied = 'head.weight' in shard and cfg.tie_embeddings        # an untied output layer is its own
                 assert want.tied_copy == (shard['head.weight'].numel() if tied else 0)

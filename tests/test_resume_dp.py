@@ -39,7 +39,8 @@ def _two_processes(tiny_data, out, zero, *extra):
 
 def _one_process(tiny_data, out, zero, resume=False):
     prefix, tok = tiny_data
-    cfg = resolve(sets=SETS + [f'parallel.zero={zero}'], overrides={'data': {'prefix': prefix, 'tokenizer': tok}}, out=str(out))
+    cfg = resolve(sets=SETS + [f'parallel.zero={zero}'], overrides={'data': {'prefix': prefix, 'tokenizer': tok}},
+                  out=str(out))
     return train(cfg, resume=resume)
 
 
@@ -137,7 +138,7 @@ def test_model_parallel_checkpoints_on_another_data_parallel_size_are_refused(ti
                        match=r'iter_0000003 was saved with tp=2, pp=1 on 2 data-parallel ranks; only tp=pp=1 '
                              r'checkpoints can resume on another number of data-parallel ranks \(1 here\); '
                              r'gptkit checkpoint reshard'):
-        ckpt._load_repartitioned(None, folder, json.loads(state.read_text()), 2, 1, 0)
+        ckpt._load_repartitioned(None, folder, json.loads(state.read_text()), was=2, now=1, rank=0)
 
 
 def test_resuming_with_another_global_batch_says_so(tiny_data, two_ranks, tmp_path, caplog):

@@ -169,7 +169,8 @@ def test_blend_equals_megatron(tmp_path, one_rank, weights, docs, split, sizes, 
     config = megatron_config(seq_len, seed, tmp_path / 'mcache', blend=(prefixes, weights), split=split)
     theirs = BlendedMegatronDatasetBuilder(gpt.GPTDataset, sizes, lambda: True, config).build()
     for name, n, t in zip(('train', 'valid', 'test'), sizes, theirs):
-        assert_same_blend(split_samples(prefixes, weights, name, n, seq_len, seed, split=split, cache=False), t)
+        assert_same_blend(split_samples(prefixes, weights, name, num_samples=n, seq_len=seq_len, seed=seed, split=split,
+                                        cache=False), t)
 
 
 def test_per_split_blends_equal_megatron(tmp_path, one_rank):
@@ -181,7 +182,8 @@ def test_per_split_blends_equal_megatron(tmp_path, one_rank):
     config = megatron_config(seq_len, seed, tmp_path / 'mcache', blend_per_split=blends, split=None)
     theirs = BlendedMegatronDatasetBuilder(gpt.GPTDataset, sizes, lambda: True, config).build()
     for name, n, (prefixes, weights), t in zip(('train', 'valid', 'test'), sizes, blends, theirs):
-        assert_same_blend(split_samples(prefixes, weights, name, n, seq_len, seed, cache=False), t)
+        assert_same_blend(split_samples(prefixes, weights, name, num_samples=n, seq_len=seq_len, seed=seed,
+                                        cache=False), t)
 
 
 def test_plan_split_counts_what_the_blend_builds(tmp_path):
@@ -189,7 +191,7 @@ def test_plan_split_counts_what_the_blend_builds(tmp_path):
     write(tmp_path / 'a', 50, 1); write(tmp_path / 'b', 20, 2)
     prefixes = [tmp_path / 'a', tmp_path / 'b']
     parts = plan_split(prefixes, [1, 3], 'train', 400, 16, split='90,10,0')
-    blend = split_samples(prefixes, [1, 3], 'train', 400, 16, 5, split='90,10,0', cache=False)
+    blend = split_samples(prefixes, [1, 3], 'train', num_samples=400, seq_len=16, seed=5, split='90,10,0', cache=False)
     assert [p.weight for p in parts] == [0.25, 0.75]
     assert [p.samples for p in parts] == np.bincount(blend.dataset_index).tolist() == [100, 300]
     assert [p.built for p in parts] == [101, 302]

@@ -39,7 +39,9 @@ def greedy(gen, prompt, n):
 def test_megatron_client_protocol(url, gen):
     "What Megatron's tools/text_generation_cli.py sends and reads: PUT, data=json.dumps, ['text'][0], ['message'] on errors"
     headers = {'Content-Type': 'application/json'}
-    r = requests.put(url + '/api', data=json.dumps({'prompts': ['In the beginning'], 'tokens_to_generate': 10, 'top_k': 1}), headers=headers)
+    r = requests.put(url + '/api',
+                     data=json.dumps({'prompts': ['In the beginning'], 'tokens_to_generate': 10, 'top_k': 1}),
+                     headers=headers)
     assert r.status_code == 200
     want = greedy(gen, 'In the beginning', 10)
     assert r.json()['text'][0] == 'In the beginning' + want.text
@@ -53,7 +55,8 @@ def test_megatron_logprobs_and_scoring(url, gen):
     r = httpx.put(url + '/api', json={'prompts': ['And God said', 'Let there'], 'tokens_to_generate': 4, 'top_k': 1, 'logprobs': True})
     res = r.json()
     for tokens, lps in zip(res['tokens'], res['logprobs']): assert len(lps) == len(tokens) - 1
-    scored = httpx.put(url + '/api', json={'prompts': ['And God said'], 'tokens_to_generate': 0, 'logprobs': True}).json()
+    scored = httpx.put(url + '/api',
+                       json={'prompts': ['And God said'], 'tokens_to_generate': 0, 'logprobs': True}).json()
     assert scored['text'] == ['And God said']
     ids = gen.tok.encode('And God said')
     assert scored['logprobs'][0] == pytest.approx(gen.score([ids])[0], abs=1e-5)
@@ -201,7 +204,8 @@ def test_a_tokenizers_chat_template_renders_as_transformers_renders_it(tmp_path)
 def test_stop_strings(url, gen):
     full = greedy(gen, 'And the', 20).text
     stop = full[5:8]
-    r = httpx.post(url + '/v1/completions', json={'prompt': 'And the', 'max_tokens': 20, 'temperature': 0, 'stop': [stop]}).json()
+    r = httpx.post(url + '/v1/completions',
+                   json={'prompt': 'And the', 'max_tokens': 20, 'temperature': 0, 'stop': [stop]}).json()
     assert r['choices'][0]['text'] == full[:full.find(stop)] and r['choices'][0]['finish_reason'] == 'stop'
 
 
@@ -312,7 +316,8 @@ def test_disconnect_mid_stream_does_not_hurt_others(url, gen):
     result = {}
 
     def steady():
-        r = httpx.post(url + '/v1/completions', json={'prompt': 'In the', 'max_tokens': 40, 'temperature': 0}, timeout=60)
+        r = httpx.post(url + '/v1/completions', json={'prompt': 'In the', 'max_tokens': 40, 'temperature': 0},
+                       timeout=60)
         result['text'] = r.json()['choices'][0]['text']
 
     with socket.create_connection((httpx.URL(url).host, httpx.URL(url).port)) as s:
@@ -379,7 +384,7 @@ def test_full_queue_answers_busy(gen):
     w = Worker.__new__(Worker)                            # a worker whose thread never runs: its queue only fills
     w.limits, w.waiting, w.cv = Limits(max_waiting=2), __import__('collections').deque(), threading.Condition()
     loop = asyncio.new_event_loop()
-    jobs = [Job([[1]], Sampling(), loop, None) for _ in range(3)]
+    jobs = [Job(rows=[[1]], sampling=Sampling(), loop=loop, queue=None) for _ in range(3)]
     w.submit(jobs[0]); w.submit(jobs[1])
     with pytest.raises(Busy): w.submit(jobs[2])
     loop.close()
@@ -510,5 +515,6 @@ def test_cli_serve_and_client(tiny_checkpoint, gen):
 
 
 def test_cli_client_without_server():
-    r = subprocess.run([sys.executable, '-m', 'gptkit_cli.main', 'client', f'127.0.0.1:{_free_port()}'], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, '-m', 'gptkit_cli.main', 'client', f'127.0.0.1:{_free_port()}'],
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and 'does not answer as a gptkit server' in r.stderr and 'Traceback' not in r.stderr

@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tools'))
 import structure  # noqa: E402
 
@@ -61,9 +63,33 @@ def test_the_positional_measure_counts_calls_of_gptkits_own_callables(tmp_path):
     (pkg / 'a.py').write_text('class Rec:\n    pass\n\ndef f(*a, **k):\n    pass\n')
     (pkg / 'b.py').write_text('import math\nfrom . import a as alias\nfrom .a import Rec, f\n'
                               'Rec(1, 2, 3, 4, 5, 6)\nf(1, 2, 3, 4, 5)\nf(1, 2, 3, x=4, y=5, z=6)\n'
-                              'alias.f(1, 2, 3, 4, 5, 6)\nmath.hypot(1, 2, 3, 4, 5, 6)\nalias.f.apply(1, 2, 3, 4, 5, 6)\n')
+                              'alias.f(1, 2, 3, 4, 5, 6)\nmath.hypot(1, 2, 3, 4, 5, 6)\nalias.f.apply(1, 2, 3, 4, 5, 6)\n'
+                              '@triton_jit\ndef kernel(x):\n    f(1, 2, 3, 4, 5, 6)\n')   # Triton's language aside
     (tmp_path / 'cli').mkdir()
     assert structure.many_positional(tmp_path) == ['gptkit/b.py:4 Rec (6)', 'gptkit/b.py:7 alias.f (6)']
+
+
+def test_no_call_of_gptkits_own_passes_more_than_five_positional_arguments():
+    "Reordering a field or a parameter cannot silently move values: past five, arguments are passed by name"
+    assert structure.many_positional() == [], 'pass these arguments by keyword'
+
+
+RECORDS = ('gptkit.train.callbacks.StepMetrics', 'gptkit.train.callbacks.RunInfo', 'gptkit.train.loop.Loop',
+           'gptkit.train.run.TrainRequest', 'gptkit.train.launch.Launch', 'gptkit.estimate.sizing.Estimate',
+           'gptkit.estimate.perf.StepTime', 'gptkit.diagnose.profile.ProfileResult', 'gptkit.eval.perplexity.Perplexity',
+           'gptkit.data.prepare.PrepareConfig', 'gptkit.config.params.Param')
+
+
+@pytest.mark.parametrize('name', RECORDS)
+def test_the_records_that_cross_functions_are_keyword_only_and_typed(name):
+    "Each field is given by name, and none is typed `object` (the Loop's engine, parallel state and samples had been)"
+    import dataclasses
+    import importlib
+    module, _, cls = name.rpartition('.')
+    record = getattr(importlib.import_module(module), cls)
+    fields = dataclasses.fields(record)
+    assert all(f.kw_only for f in fields), f'{name}: @dataclass(kw_only=True)'
+    assert [f.name for f in fields if f.type in ('object', 'object | None')] == [], name
 
 
 def test_every_import_of_a_gptkit_module_names_one_that_exists():

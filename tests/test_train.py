@@ -25,7 +25,8 @@ from gptkit.train.loop import TrainingError, train
 
 def config(tiny_data, out, *sets, tokenizer=None):
     prefix, tok = tiny_data
-    return resolve(sets=TINY_SETS + list(sets), overrides={'data': {'prefix': prefix, 'tokenizer': tokenizer or tok}}, out=str(out))
+    return resolve(sets=TINY_SETS + list(sets), overrides={'data': {'prefix': prefix, 'tokenizer': tokenizer or tok}},
+                   out=str(out))
 
 
 def weights(result):
@@ -91,7 +92,8 @@ def test_loss_falls(tiny_data, tmp_path):
 
 
 def test_missing_data_prefix_names_it(tiny_data, tmp_path):
-    cfg = dataclasses.replace(config(tiny_data, tmp_path / 'run'), data=dataclasses.replace(config(tiny_data, tmp_path).data, prefix=str(tmp_path / 'nope')))
+    cfg = dataclasses.replace(config(tiny_data, tmp_path / 'run'),
+                              data=dataclasses.replace(config(tiny_data, tmp_path).data, prefix=str(tmp_path / 'nope')))
     with pytest.raises(DataError, match=r'nope\.(bin|idx): no such file; data.prefix'):
         train(cfg)
     with pytest.raises(ConfigError, match='data.prefix is not set'):
@@ -173,7 +175,8 @@ def test_nan_losses_are_skipped_then_stop_the_run(tiny_data, tmp_path, monkeypat
 
 
 def test_a_model_too_big_for_this_machine_is_refused(tiny_data, tmp_path):
-    cfg = resolve('175b', sets=['train.precision=fp32'], overrides={'data': {'prefix': tiny_data[0], 'tokenizer': tiny_data[1]}}, out=str(tmp_path / 'r'))
+    cfg = resolve('175b', sets=['train.precision=fp32'],
+                  overrides={'data': {'prefix': tiny_data[0], 'tokenizer': tiny_data[1]}}, out=str(tmp_path / 'r'))
     with pytest.raises(TrainingError, match=r'preset 175b needs about [\d,.]+ GiB per process by gptkit.s estimate .* but this machine has [\d,.]+ GiB; .*--force'):
         train(cfg)
 
@@ -187,7 +190,8 @@ def _env():
 
 def _cli(*args, **kw):
     env = _env()
-    return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env, timeout=300, **kw)
+    return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env,
+                          timeout=300, **kw)
 
 
 def _sets(*extra):
@@ -221,14 +225,17 @@ def test_two_data_parallel_processes_match_one(tiny_data, one_process_zero2, tmp
     prefix, tok = tiny_data
     common = ['train', '--data', prefix, '--tokenizer', tok, *_sets('parallel.zero=2', 'train.eval_iters=0')]
     shutil.copytree(one_process_zero2, tmp_path / 'one')
-    if launcher == 'deepspeed': runs = [_cli(*common, '--out', str(tmp_path / 'two'), '--nproc', '2', '--launcher', launcher)]
+    if launcher == 'deepspeed': runs = [_cli(*common, '--out', str(tmp_path / 'two'), '--nproc', '2', '--launcher',
+                                             launcher)]
     else: runs = _two_nodes(common, tmp_path / 'two')
     for two in runs: assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
     losses = [[json.loads(l)['loss'] for l in (tmp_path / d / 'metrics.jsonl').read_text().splitlines() if '"train"' in l] for d in ('one', 'two')]
     assert len(losses[0]) == 6 and losses[1] == pytest.approx(losses[0], rel=1e-5)
     assert json.loads((tmp_path / 'two' / 'ds_config.json').read_text())['gradient_accumulation_steps'] == 1
-    ck = [torch.load(tmp_path / d / 'checkpoints' / 'iter_0000006' / 'mp_rank_00_model_states.pt', weights_only=False)['module'] for d in ('one', 'two')]
-    for k in ck[0]: torch.testing.assert_close(ck[1][k], ck[0][k], rtol=1e-4, atol=2e-5)   # Adam amplifies rounding near zero
+    ck = [torch.load(tmp_path / d / 'checkpoints' / 'iter_0000006' / 'mp_rank_00_model_states.pt',
+                     weights_only=False)['module'] for d in ('one', 'two')]
+    for k in ck[0]: torch.testing.assert_close(ck[1][k], ck[0][k], rtol=1e-4,
+                                               atol=2e-5)   # Adam amplifies rounding near zero
 
 
 @pytest.mark.slow
@@ -239,7 +246,8 @@ def test_tokens_without_a_global_batch_train_the_same_tokens_on_one_and_two_proc
     sets += ['train.global_batch=null', 'train.eval_iters=0', 'train.log_interval=100']
     common = ['train', '--data', prefix, '--tokenizer', tok, '--tokens', '512',
               *[a for s in sets for a in ('--set', s)]]
-    runs = {n: (run_here if n == 1 else _cli)(*common, '--out', str(tmp_path / f'dp{n}'), '--nproc', str(n)) for n in (1, 2)}
+    runs = {n: run_here if n == 1 else _cli(*common, '--out', str(tmp_path / f'dp{n}'), '--nproc',
+                                            str(n)) for n in (1, 2)}
     for n, r in runs.items(): assert r.returncode == 0, f'dp{n}: ' + r.stdout[-3000:] + r.stderr[-3000:]
     rows = {n: (tmp_path / f'dp{n}' / 'metrics.jsonl').read_text().splitlines() for n in (1, 2)}
     last = {n: [json.loads(l) for l in rows[n] if '"train"' in l][-1] for n in (1, 2)}
@@ -317,7 +325,8 @@ def test_every_optimizer_step_reaches_on_train_step(tiny_data, tmp_path):
     class Steps(Callback):
         def on_train_step(self, iteration): seen.append(('step', iteration))
         def on_step(self, m): seen.append(('report', m.iteration))
-    train(config(tiny_data, tmp_path, 'train.iters=3', 'train.eval_iters=0', 'train.log_interval=2'), callbacks=[Steps()])
+    train(config(tiny_data, tmp_path, 'train.iters=3', 'train.eval_iters=0',
+                 'train.log_interval=2'), callbacks=[Steps()])
     assert seen == [('step', 1), ('step', 2), ('report', 2), ('step', 3), ('report', 3)]
 
 
@@ -343,23 +352,28 @@ def test_a_blend_trains_in_megatrons_order_and_resuming_on_another_blend_is_refu
     a, b = two_datasets
     cfg = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.3 {a} 0.7 {b}', 'split': '90,8,2'}, 'train.iters=3')
     train_set = _split(cfg, 'train', 0)
-    theirs = split_samples([a, b], [0.3, 0.7], 'train', 12, 32, cfg.train.seed, '90,8,2', cache=False)
+    theirs = split_samples([a, b], [0.3, 0.7], 'train', num_samples=12, seq_len=32, seed=cfg.train.seed, split='90,8,2',
+                           cache=False)
     assert isinstance(train_set, BlendedSamples) and len(train_set) == 4 + 9
     assert all((train_set[i] == theirs[i]).all() for i in range(len(theirs)))
     plan = data_plan(cfg)
     assert [(p.weight, p.samples, p.built) for p in plan['train']] == [(0.3, 4, 5), (0.7, 9, 10)]
     first = train(cfg, stop_after=2)
     assert first.iteration == 2 and json.loads((tmp_path / 'run' / 'config.json').read_text())['data']['prefix'] == cfg.data.prefix
-    other = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.5 {a} 0.5 {b}', 'split': '90,8,2'}, 'train.iters=3')
-    with pytest.raises(DataError, match=r"was trained on prefix '0\.3 .*, not prefix '0\.5 .*resuming on another blend"):
+    other = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'0.5 {a} 0.5 {b}', 'split': '90,8,2'},
+                         'train.iters=3')
+    with pytest.raises(DataError,
+                       match=r"was trained on prefix '0\.3 .*, not prefix '0\.5 .*resuming on another blend"):
         train(other, resume=True)
-    same = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'3 {a} 7 {b}', 'split': '90,8,2'}, 'train.iters=3')   # the same weights, normalized
+    same = blend_config(tiny_data, tmp_path / 'run', {'prefix': f'3 {a} 7 {b}', 'split': '90,8,2'},
+                        'train.iters=3')   # the same weights, normalized
     assert train(same, resume=True).iteration == 3
 
 
 def test_per_split_blends_train_and_evaluate(tiny_data, two_datasets, tmp_path):
     a, b = two_datasets
-    cfg = blend_config(tiny_data, tmp_path / 'run', {'train_prefix': f'1 {a} 1 {b}', 'valid_prefix': b}, 'train.iters=3')
+    cfg = blend_config(tiny_data, tmp_path / 'run', {'train_prefix': f'1 {a} 1 {b}', 'valid_prefix': b},
+                       'train.iters=3')
     r = train(cfg)
     assert r.iteration == 3 and r.valid_loss is not None and r.test_loss is None
     bad = blend_config(tiny_data, tmp_path / 'bad', {'train_prefix': f'1 {a} 1 {tmp_path / "nope"}'})
@@ -379,7 +393,8 @@ def test_the_blend_check_on_resume(tmp_path):
     new = RunConfig(data=DataConfig(prefix='1 a 3 b', tokenizer='t'))
     check_same_data(new, saved())                                      # an imported model: no data recorded
     check_same_data(new, saved(prefix='0.25 a 0.75 b'))
-    with pytest.raises(DataError, match=r"was trained on prefix 'a'; split '949,50,1', not prefix '1 a 3 b'; split '949,50,1'"):
+    with pytest.raises(DataError,
+                       match=r"was trained on prefix 'a'; split '949,50,1', not prefix '1 a 3 b'; split '949,50,1'"):
         check_same_data(new, saved(prefix='a'))
     with pytest.raises(DataError, match="was trained on prefix '1 a 3 b'; split '90,10,0', not"):
         check_same_data(new, saved(prefix='1 a 3 b', split='90,10,0'))

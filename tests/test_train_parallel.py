@@ -20,7 +20,8 @@ DIST_ENV = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 
 def _cli(*args):
     env = {**{k: v for k, v in os.environ.items() if k not in DIST_ENV}, 'PYTHONUNBUFFERED': '1'}
-    return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run([sys.executable, '-m', 'gptkit_cli.main', *args], capture_output=True, text=True, env=env,
+                          timeout=600)
 
 
 def _sets(*extra):
@@ -33,7 +34,8 @@ def sft_data(tiny_data, tmp_path_factory):
     from gptkit.data.chat import prepare_chat
     from gptkit.data.prepare import PrepareConfig
     tok = tiny_data[1]
-    res = prepare_chat(PrepareConfig(('builtin:conversations',), str(tmp_path_factory.mktemp('sft') / 'chat'), tok))
+    res = prepare_chat(PrepareConfig(inputs=('builtin:conversations',),
+                                     output_prefix=str(tmp_path_factory.mktemp('sft') / 'chat'), tokenizer=tok))
     return str(res.prefix), tok
 
 
@@ -79,9 +81,11 @@ def test_every_layout_trains_like_one_process(runs, name):
 @pytest.mark.slow                   # a resume of 4 processes; resumes on 2: test_resume_dp, test_train
 def test_a_parallel_run_resumes_where_it_stopped(runs, sft_data, tmp_path):
     prefix, tok = sft_data
-    shutil.copytree(runs / 'tp2pp2', tmp_path / 'again', ignore=shutil.ignore_patterns('iter_0000006', 'metrics.jsonl', 'tensorboard'))
+    shutil.copytree(runs / 'tp2pp2', tmp_path / 'again',
+                    ignore=shutil.ignore_patterns('iter_0000006', 'metrics.jsonl', 'tensorboard'))
     (tmp_path / 'again' / 'checkpoints' / 'latest').write_text('iter_0000003')
-    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'again'), *_sets(), '--tp', '2', '--pp', '2', '--resume')
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'again'), *_sets(), '--tp', '2',
+             '--pp', '2', '--resume')
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert _losses(tmp_path / 'again')[0] == pytest.approx(_losses(runs / 'tp2pp2')[0][3:], rel=1e-6)
 
@@ -107,7 +111,9 @@ def _logits_worker(rank, world, folder, ids_file, out):
         model.eval()
         ids = torch.load(ids_file)
         with torch.no_grad():
-            outs = one_f_one_b(model, None, [(ids, None)], ps, stage_input_shape(cfg.model, len(ids), ps.layout.tp), torch.float32, 'cpu', train=False)
+            outs = one_f_one_b(model, None, [(ids, None)], parallel=ps,
+                               shape=stage_input_shape(cfg.model, len(ids), ps.layout.tp), dtype=torch.float32,
+                               device='cpu', train=False)
         if ps.is_last_stage:
             logits = _gather(outs[0], ps.tp_group)[..., :cfg.model.vocab]
             if ps.tp_rank == 0: torch.save(logits, f'{out}/logits.pt')
@@ -161,8 +167,8 @@ def test_a_checkpoint_of_another_layout_is_refused_with_the_way_out(runs, sft_da
     prefix, tok = sft_data
     shutil.copytree(runs / 'tp2pp2', tmp_path / 'run', ignore=shutil.ignore_patterns('metrics.jsonl', 'tensorboard'))
     # a resume takes the run's own config.json, layout included; asking for another layout is refused
-    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'), '--resume',
-             '--tp', '1', '--pp', '1')
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'run'), *_sets('train.iters=8'),
+             '--resume', '--tp', '1', '--pp', '1')
     assert r.returncode == 1
     assert 'was saved with tp 2 pp 2' in r.stderr and 'gptkit checkpoint reshard' in r.stderr, r.stderr[-2000:]
 
@@ -172,8 +178,8 @@ def test_training_continues_in_another_layout_after_reshard(runs, sft_data, tmp_
     "TP 2 x PP 2 -> reshard -> TP 2 x PP 1: the run goes on from step 6 with the weights it had (the optimizer restarts)"
     prefix, tok = sft_data
     assert run_here('checkpoint', 'reshard', str(runs / 'tp2pp2'), str(tmp_path / 'tp2'), '--tp', '2').returncode == 0
-    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'tp2'), *_sets('train.iters=8', 'train.eval_iters=0'),
-             '--tp', '2', '--resume')
+    r = _cli('train', '--data', prefix, '--tokenizer', tok, '--out', str(tmp_path / 'tp2'),
+             *_sets('train.iters=8', 'train.eval_iters=0'), '--tp', '2', '--resume')
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = [json.loads(l) for l in (tmp_path / 'tp2' / 'metrics.jsonl').read_text().splitlines() if '"train"' in l]
     assert [row['iteration'] for row in rows] == [7, 8]

@@ -168,17 +168,25 @@ def _own_callables(tree: ast.Module, mod: str, is_package: bool, modules: set[st
     return names, aliases
 
 
+def _triton_jit(fn: ast.FunctionDef) -> bool:
+    "Whether function `fn` is a Triton kernel or device function (`@triton.jit`, gptkit's `@triton_jit`)"
+    return any(ast.unparse(d).split('(')[0] in ('triton.jit', 'triton_jit', 'jit') for d in fn.decorator_list)
+
+
 def many_positional(root: Path = ROOT, most: int = POSITIONAL_MOST) -> list[str]:
     """'file:line callee (n)' for each call of gptkit's own functions or classes, in gptkit/ and cli/, that passes
-    more than `most` positional arguments (a Triton launch, kernel[grid](...), and autograd's `apply` aside)"""
+    more than `most` positional arguments (Triton's aside: a launch, kernel[grid](...), and the calls inside a
+    `@triton_jit` function, which Triton's language makes; and autograd's `apply`)"""
     modules = {module_name(p, root) for p in library_files(root)}
     out = []
     for p in library_files(root) + cli_files(root):
         tree = ast.parse(p.read_text(encoding='utf-8'))
         mod = module_name(p, root) if p.is_relative_to(root / 'gptkit') else 'gptkit_cli.' + p.stem
         names, aliases = _own_callables(tree, mod, p.name == '__init__.py', modules)
+        triton = {id(n) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and _triton_jit(fn)
+                  for n in ast.walk(fn)}
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Call) or len(node.args) <= most:
+            if not isinstance(node, ast.Call) or len(node.args) <= most or id(node) in triton:
                 continue
             f = node.func
             if isinstance(f, ast.Name) and f.id in names:

@@ -126,7 +126,7 @@ def _not_written(e: BaseException, engine, root: Path, final: Path) -> Checkpoin
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1]
     return CheckpointError(f'could not write checkpoint {final}: {why}; {kept}')
 
-def save(engine, root: str | Path, iteration: int, client: dict, cfg: RunConfig, ds_config: dict,
+def save(engine, root: str | Path, iteration: int, *, client: dict, cfg: RunConfig, ds_config: dict,
          tokenizer_dir: str | Path | None, rank: int = 0, keep: int | None = None,
          layout: Layout | None = None, shapes: dict | None = None) -> Path:
     "Save the engine's whole state as `root/iter_XXXXXXX` atomically; every rank calls it"
@@ -367,7 +367,7 @@ def _load_weights_only(engine, folder: Path, state: dict, parallel) -> tuple:
     log.info('%s holds weights only: the optimizer starts fresh at step %d', folder, it)
     return folder, {'iteration': it, 'consumed_samples': state.get('consumed_samples', 0)}
 
-def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None, shapes: dict | None = None,
+def load(engine, folder: str | Path, rank: int = 0, *, layout: Layout | None = None, shapes: dict | None = None,
          parallel=None) -> dict:
     "Restore model, optimizer, schedule and random states from `folder`, on any data-parallel size; its state.json"
     folder = placed(folder)              # planned before the run's writer put a re-save's staged copy back (12a)
@@ -388,7 +388,7 @@ def load(engine, folder: str | Path, rank: int = 0, layout: Layout | None = None
     if was_ep != ep or (was != now and partitioned(folder) and max(was_ep, ep) > 1):   # experts' optimizer: per EP
         path, client = load_other_ep(engine, folder, (was_ep, was), rank)
     elif was != now and partitioned(folder):
-        path, client = _load_repartitioned(engine, folder, state, was, now, rank)
+        path, client = _load_repartitioned(engine, folder, state, was=was, now=now, rank=rank)
     else:
         with deepspeed_reads_safely():
             # a LoRA checkpoint holds the adapters alone: the base weights are in the model already (07e)

@@ -16,7 +16,7 @@ from .layout import BatchPlan
 from .sections import ModelConfig, ParallelConfig, TrainConfig
 
 # %% auto #0
-__all__ = ['MAX_LENGTHS', 'Runs', 'Curriculum', 'curriculum_plan', 'decay_by_tokens', 'curriculum_problems']
+__all__ = ['MAX_LENGTHS', 'Runs', 'Curriculum', 'curriculum_batch', 'decay_by_tokens', 'curriculum_problems']
 
 # %% ../../nbs/11d_config.curriculum.ipynb #9f62fab8
 @dataclass(frozen=True)
@@ -96,12 +96,12 @@ class Curriculum:
         return warmup + (iters - warmup) * (done - warm) / max(1, total - warm)
 
 # %% ../../nbs/11d_config.curriculum.ipynb #b42baa28
-def curriculum_plan(plan: BatchPlan, train: TrainConfig, seq_len: int) -> BatchPlan:
-    "`plan` with a run given in `train.tokens` lengthened to train them under `train`'s curriculum (else unchanged)"
+def curriculum_batch(batch: BatchPlan, train: TrainConfig, seq_len: int) -> BatchPlan:
+    "`batch` with a run given in `train.tokens` lengthened to train them under `train`'s curriculum (else unchanged)"
     c = Curriculum.of(train, seq_len)
     if c is None or train.iters is not None or train.tokens is None:
-        return plan
-    return dataclasses.replace(plan, iters=c.steps_for(train.tokens, plan.global_batch))
+        return batch
+    return dataclasses.replace(batch, iters=c.steps_for(train.tokens, batch.global_batch))
 
 # %% ../../nbs/11d_config.curriculum.ipynb #1c634f46
 def decay_by_tokens(scheduler, schedule, curriculum: Curriculum):

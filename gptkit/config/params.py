@@ -19,7 +19,7 @@ __all__ = ['TP_ROLES', 'INIT_GROUPS', 'Param', 'hf_family', 'layer_table', 'moe_
 TP_ROLES = ('column', 'row', 'vocab', 'replicated')   # cut by output rows, by input columns, by vocabulary rows, whole
 INIT_GROUPS = ('normal', 'scaled', 'zeros', 'ones')   # N(0, std), N(0, std / sqrt(2 layers)), 0, 1
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Param:
     "One tensor of the plain (single-device) model"
     name: str                  # gptkit's name, as in the state dict: 'blocks.3.attn.qkv.weight'
@@ -115,10 +115,11 @@ def layer_table(cfg: ModelConfig, i: int) -> list[Param]:
                 continue
             hf = (_hf_names(gpt2, f'transformer.h.{i}', kind) if fam == 'gpt2' else
                   _hf_names(llama, f'model.layers.{i}', kind) if fam == 'llama' else '')
-            out.append(Param(f'blocks.{i}.{g}.{kind}', shape if kind == 'weight' else shape[:1],
-                             w_tp if kind == 'weight' else b_tp, w_init if kind == 'weight' else 'zeros', hf,
-                             fam == 'gpt2' and not norm and kind == 'weight', f'encoder/layers.{i}.{meg}.{kind}',
-                             qkv, i, glu, r if isinstance(hf, tuple) else ()))
+            out.append(Param(name=f'blocks.{i}.{g}.{kind}', shape=shape if kind == 'weight' else shape[:1],
+                             tp=w_tp if kind == 'weight' else b_tp, init=w_init if kind == 'weight' else 'zeros', hf=hf,
+                             hf_transposed=fam == 'gpt2' and not norm and kind == 'weight',
+                             megatron=f'encoder/layers.{i}.{meg}.{kind}', qkv=qkv, layer=i, glu=glu,
+                             hf_rows=r if isinstance(hf, tuple) else ()))
     return out + moe_table(cfg, i) if cfg.moe_layer(i) else out
 
 def _moe_hf(cfg: ModelConfig, i: int) -> tuple[str, tuple[str, str, str]]:
@@ -145,9 +146,10 @@ def moe_table(cfg: ModelConfig, i: int) -> list[Param]:
     for mod, shape, init, parts, rows, meg, biased in mods:
         for kind in ('weight', 'bias') if cfg.bias and biased else ('weight',):
             hf_name = names(parts, kind) if isinstance(parts, tuple) else parts
-            out.append(Param(f'blocks.{i}.mlp.{mod}.{kind}', shape if kind == 'weight' else shape[:-1], 'replicated',
-                             init if kind == 'weight' else 'zeros', hf_name, False,
-                             f'encoder/layers.{i}.mlp.{meg}.{kind}', (), i, False, rows * e if hf_name else ()))
+            out.append(Param(name=f'blocks.{i}.mlp.{mod}.{kind}', shape=shape if kind == 'weight' else shape[:-1],
+                             tp='replicated', init=init if kind == 'weight' else 'zeros', hf=hf_name,
+                             hf_transposed=False, megatron=f'encoder/layers.{i}.mlp.{meg}.{kind}', qkv=(), layer=i,
+                             glu=False, hf_rows=rows * e if hf_name else ()))
     return out
 
 def param_table(cfg: ModelConfig) -> list[Param]:
@@ -155,19 +157,20 @@ def param_table(cfg: ModelConfig) -> list[Param]:
     h, fam = cfg.hidden, hf_family(cfg)
     name = {'gpt2': ('transformer.wte.weight', 'transformer.wpe.weight', 'transformer.ln_f', 'lm_head.weight'),
             'llama': ('model.embed_tokens.weight', '', 'model.norm', 'lm_head.weight')}.get(fam, ('', '', '', ''))
-    out = [Param('wte.weight', (cfg.padded_vocab(), h), 'vocab', 'normal', name[0], False,
-                 'embedding/word_embeddings/weight')]
+    out = [Param(name='wte.weight', shape=(cfg.padded_vocab(), h), tp='vocab', init='normal', hf=name[0],
+                 hf_transposed=False, megatron='embedding/word_embeddings/weight')]
     if cfg.position == 'learned':
-        out.append(Param('wpe.weight', (cfg.positions, h), 'replicated', 'normal', name[1], False,
-                         'embedding/position_embeddings/weight'))
+        out.append(Param(name='wpe.weight', shape=(cfg.positions, h), tp='replicated', init='normal', hf=name[1],
+                         hf_transposed=False, megatron='embedding/position_embeddings/weight'))
     for i in range(cfg.layers):
         out += layer_table(cfg, i)
     for p in ('weight',) if cfg.norm == 'rmsnorm' else ('weight', 'bias'):
-        out.append(Param(f'ln_f.{p}', (h,), 'replicated', 'ones' if p == 'weight' else 'zeros',
-                         f'{name[2]}.{p}' if fam else '', False, f'encoder/final_layernorm.{p}'))
+        out.append(Param(name=f'ln_f.{p}', shape=(h,), tp='replicated', init='ones' if p == 'weight' else 'zeros',
+                         hf=f'{name[2]}.{p}' if fam else '', hf_transposed=False,
+                         megatron=f'encoder/final_layernorm.{p}'))
     if not cfg.tie_embeddings:
-        out.append(Param('head.weight', (cfg.padded_vocab(), h), 'vocab', 'normal', name[3], False,
-                         'output_layer/weight'))
+        out.append(Param(name='head.weight', shape=(cfg.padded_vocab(), h), tp='vocab', init='normal', hf=name[3],
+                         hf_transposed=False, megatron='output_layer/weight'))
     return out
 
 def layer_numel(cfg: ModelConfig, tp: int = 1, layer: int | None = None) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 from ..errors import ConfigError, check, shorten, shown
 from ..files import read_text, write_atomic
-from .curriculum import curriculum_plan, curriculum_problems
+from .curriculum import curriculum_batch, curriculum_problems
 from .layout import BatchPlan, Layout, validate_layout
 from .sections import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig, get_preset, parse_size
 
@@ -48,18 +48,18 @@ class RunConfig:
         return _section_keys(lambda: Layout.build(self.parallel, model=self.model))
 
     @property
-    def plan(self) -> BatchPlan:
+    def batch(self) -> BatchPlan:
         "The shape of each step and the number of steps, on `layout` (a run in tokens: as many as its curriculum needs)"
-        plan = _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
-        return curriculum_plan(plan, self.train, self.model.seq_len)
+        batch = _section_keys(lambda: BatchPlan.build(self.train, self.layout, self.model.seq_len))
+        return curriculum_batch(batch, self.train, self.model.seq_len)
 
     @property
     def iters(self) -> int:
-        return self.plan.iters
+        return self.batch.iters
 
     @property
     def tokens_per_step(self) -> int:
-        return self.plan.tokens_per_step
+        return self.batch.tokens_per_step
 
     def for_world(self, world: int) -> RunConfig:
         "This run on `world` processes: `parallel.dp` becomes what tp x pp leave of them (checked, batch plan included)"
@@ -302,9 +302,10 @@ def _from_file(problems: list, keys: set[str], file, lines: dict[str, int]) -> l
     return out
 
 def resolve(preset: str | None = None, file: str | Path | None = None, sets: Iterable[str] = (),
-            overrides: dict | None = None, defaults: dict | None = None, **top) -> RunConfig:
-    "The `RunConfig` from `defaults`, a preset, a file, `section.key=value` strings, `overrides`, then `top` (out=)"
-    d = _merge(defaults or {}, preset_dict(preset) if preset else {})
+            overrides: dict | None = None, defaults: dict | Callable[[dict], dict] | None = None, **top) -> RunConfig:
+    """The `RunConfig` from `defaults`, a preset, a file, `section.key=value` strings, `overrides`, then `top` (out=).
+    `defaults` may be a function of the settings the others give (a config file's `init` decides the model's)"""
+    d = preset_dict(preset) if preset else {}
     from_file, lines = {}, {}
     if file is not None:
         from_file, lines = read_config_file(file)
@@ -314,6 +315,7 @@ def resolve(preset: str | None = None, file: str | Path | None = None, sets: Ite
         d = _merge(d, overrides)
     top = {k: v for k, v in top.items() if v is not None}
     d.update(top)
+    d = _merge(defaults(d) if callable(defaults) else defaults or {}, d)
     later = {str(s).partition('=')[0].strip() for s in sets} | _keys(overrides or {}) | set(top)
     try:
         return from_dict(d)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from ..errors import ConfigError, check, shown
 
 # %% auto #0
-__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'QWEN2', 'QWEN3',
-           'MIXTRAL', 'OLMOE', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'MOE_PRESETS', 'RECOMPUTE', 'PRECISIONS',
-           'ATTENTION_PRECISIONS', 'TASKS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig', 'Preset',
-           'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
+__all__ = ['MOST', 'MOST_COUNT', 'ACTIVATIONS', 'KERNELS', 'POSITIONS', 'NORMS', 'ROPE_SCALINGS', 'LLAMA', 'LLAMA_COLUMNS',
+           'QWEN2', 'QWEN3', 'MIXTRAL', 'OLMOE', 'PRESETS', 'GPT3_PRESETS', 'LLAMA_PRESETS', 'MOE_PRESETS', 'RECOMPUTE',
+           'PRECISIONS', 'ATTENTION_PRECISIONS', 'TASKS', 'OFFLOADS', 'parse_size', 'positive_problems', 'ModelConfig',
+           'Preset', 'get_preset', 'ParallelConfig', 'TrainConfig', 'OptimConfig', 'parse_blend', 'DataConfig']
 
 # %% ../../nbs/00_config.sections.ipynb #98926879
 _SUFFIX = {'': 1, 'k': 10**3, 'm': 10**6, 'b': 10**9, 'g': 10**9, 't': 10**12}
@@ -266,10 +266,15 @@ def _gpt3(layers, hidden, heads, lr, batch):
 
 LLAMA = dict(position='rotary', norm='rmsnorm', activation='swiglu', bias=False, dropout=0.0)   # the family's choices
 
-def _llama(layers, hidden, heads, kv_heads, ffn, seq_len, vocab, theta, tie, lr, batch, **choices):
-    return Preset(ModelConfig(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn_hidden=ffn,
-                              seq_len=seq_len, vocab=vocab, rope_theta=theta, tie_embeddings=tie, **LLAMA, **choices),
-                  lr, batch)
+# the columns of a Llama-family row in PRESETS below, the model's settings and then the recipe's
+LLAMA_COLUMNS = ('layers', 'hidden', 'heads', 'kv_heads', 'ffn_hidden', 'seq_len', 'vocab', 'rope_theta',
+                 'tie_embeddings', 'lr', 'batch')
+
+def _llama(row: tuple, **choices) -> Preset:
+    "The preset of one Llama-family row (its values in `LLAMA_COLUMNS` order) with the family's other `choices`"
+    model = dict(zip(LLAMA_COLUMNS, row, strict=True))
+    lr, batch = model.pop('lr'), model.pop('batch')
+    return Preset(ModelConfig(**model, **LLAMA, **choices), lr, batch)
 
 QWEN2 = dict(qkv_bias=True, norm_eps=1e-6)                  # Qwen2 and 2.5: a bias on the QKV projection alone
 QWEN3 = dict(qk_norm=True, head_size=128, norm_eps=1e-6)    # Qwen3: per-head RMSNorm of q and k, 128-wide heads
@@ -294,23 +299,23 @@ PRESETS: dict[str, Preset] = {
     '175b': _gpt3(96, 12288, 96, 0.6e-4, 1536),
     'llama-tiny': Preset(ModelConfig(layers=2, hidden=128, heads=4, kv_heads=2, seq_len=256, tie_embeddings=False,
                                      **LLAMA), 2e-3, 16),
-    #                        layers hidden heads kv  ffn   context vocab  theta    tied   lr     batch
-    'llama-3.2-1b':   _llama(16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512, **_rope3(32.)),
-    'llama-3.1-8b':   _llama(32,    4096,  32,   8, 14336, 8192, 128256, 500000., False, 3e-4,  512, **_rope3(8.)),
-    'smollm2-135m':   _llama(30,     576,   9,   3,  1536, 8192,  49152, 100000., True,  6e-4,  256),
-    'tinyllama-1.1b': _llama(22,    2048,  32,   4,  5632, 2048,  32000,  10000., False, 4e-4, 1024),
-    'qwen2.5-0.5b':   _llama(24,     896,  14,   2,  4864, 32768, 151936, 1e6,    True,  3e-4,  512, **QWEN2),
-    'qwen3-0.6b':     _llama(28,    1024,  16,   8,  3072, 40960, 151936, 1e6,    True,  3e-4,  512, **QWEN3),
-    'mistral-7b':     _llama(32,    4096,  32,   8, 14336, 32768,  32768, 1e6,    False, 3e-4,  512),
+    #                         layers hidden heads kv  ffn   context vocab  theta    tied   lr     batch
+    'llama-3.2-1b':   _llama((16,    2048,  32,   8,  8192, 8192, 128256, 500000., True,  3e-4,  512), **_rope3(32.)),
+    'llama-3.1-8b':   _llama((32,    4096,  32,   8, 14336, 8192, 128256, 500000., False, 3e-4,  512), **_rope3(8.)),
+    'smollm2-135m':   _llama((30,     576,   9,   3,  1536, 8192,  49152, 100000., True,  6e-4,  256)),
+    'tinyllama-1.1b': _llama((22,    2048,  32,   4,  5632, 2048,  32000,  10000., False, 4e-4, 1024)),
+    'qwen2.5-0.5b':   _llama((24,     896,  14,   2,  4864, 32768, 151936, 1e6,    True,  3e-4,  512), **QWEN2),
+    'qwen3-0.6b':     _llama((28,    1024,  16,   8,  3072, 40960, 151936, 1e6,    True,  3e-4,  512), **QWEN3),
+    'mistral-7b':     _llama((32,    4096,  32,   8, 14336, 32768,  32768, 1e6,    False, 3e-4,  512)),
     'moe-tiny': Preset(ModelConfig(layers=4, hidden=128, heads=4, kv_heads=2, seq_len=256, tie_embeddings=False,
                                    moe_experts=8, moe_top_k=2, moe_ffn_hidden=128, **LLAMA), 2e-3, 16),
     # MoE checkpoints (config.json on the Hub): Mixtral 8x7B, Qwen3-30B-A3B (128 experts 768 wide, 8 per token) and
     # OLMoE-1B-7B (64 experts, 8 per token, weights not renormalized, QK norms across all heads). Their learning rates
     # and batches: OLMoE's published 4e-4 and ~4M tokens; Mixtral and Qwen3 publish none, so Llama 3's 3e-4 and 512.
-    'mixtral-8x7b':   _llama(32,    4096,  32,   8, 14336, 32768,  32000, 1e6,    False, 3e-4,  512, **MIXTRAL),
-    'qwen3-30b-a3b':  _llama(48,    2048,  32,   4,  6144, 40960, 151936, 1e6,    False, 3e-4,  512, **QWEN3,
+    'mixtral-8x7b':   _llama((32,    4096,  32,   8, 14336, 32768,  32000, 1e6,    False, 3e-4,  512), **MIXTRAL),
+    'qwen3-30b-a3b':  _llama((48,    2048,  32,   4,  6144, 40960, 151936, 1e6,    False, 3e-4,  512), **QWEN3,
                              moe_experts=128, moe_top_k=8, moe_ffn_hidden=768, moe_aux_loss_coef=0.001),
-    'olmoe-1b-7b':    _llama(16,    2048,  16,  16,  1024,  4096,  50304, 1e4,    False, 4e-4, 1024, **OLMOE),
+    'olmoe-1b-7b':    _llama((16,    2048,  16,  16,  1024,  4096,  50304, 1e4,    False, 4e-4, 1024), **OLMOE),
 }
 GPT3_PRESETS = ('125m', '350m', '760m', '1.3b', '2.7b', '6.7b', '13b', '175b')
 LLAMA_PRESETS = ('llama-3.2-1b', 'llama-3.1-8b', 'smollm2-135m', 'tinyllama-1.1b', 'qwen2.5-0.5b', 'qwen3-0.6b',

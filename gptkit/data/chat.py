@@ -354,7 +354,8 @@ def _ticker(progress: Callable[[Progress], None] | None, every: float, result: C
         result.seconds = now - start
         if progress and (final or now - last[0] >= every):
             t = result.tally
-            progress(Progress(t.documents, t.bytes, result.tokens, now - start, t.input_bytes, total))
+            progress(Progress(documents=t.documents, bytes=t.bytes, tokens=result.tokens, seconds=now - start,
+                              input_bytes=t.input_bytes, input_total=total))
             last[0] = now
     return tick
 
@@ -381,6 +382,6 @@ def prepare_chat(cfg: PrepareConfig, progress: Callable[[Progress], None] | None
             batches = _rendered(read_conversations(paths, tally, clean), renderer, result, cfg.dedupe)
             meta = {**dataset_metadata(tok, cfg.tokenizer), 'loss_mask': Path(result.mask_prefix).name,
                     'chat_template': result.template}
-            _write_chat(cfg, tok, batches, result, tick, meta)
+            _write_chat(cfg, tok, batches, result=result, tick=tick, meta=meta)
         tick(final=True)
         return result

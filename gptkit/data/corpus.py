@@ -402,7 +402,7 @@ def read_documents(inputs: Iterable[str | Path], tally: Tally | None = None, tex
     if txt_split not in ('file', 'blank-line'):
         raise DataError(f"txt_split must be 'file' or 'blank-line', not {txt_split!r}")
     for path in expand_inputs(inputs, fmt):
-        yield from read_file(path, tally, text_key, txt_split, fmt, workers)
+        yield from read_file(path, tally, text_key, txt_split=txt_split, fmt=fmt, workers=workers)
 
 # %% ../../nbs/03_data.corpus.ipynb #78e468ac
 _CONTROL = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f\u200b\ufeff]')

@@ -210,8 +210,8 @@ class IndexedWriter:
         pair = self.pair
         try:
             self.seal()
-            _publish(self.prefix, self._tmp_bin, self._tmp_idx, self.metadata, self.drop,
-                     pair and (pair.prefix, pair._tmp_bin, pair._tmp_idx))
+            _publish(self.prefix, self._tmp_bin, self._tmp_idx, meta=self.metadata, drop=self.drop,
+                     pair=pair and (pair.prefix, pair._tmp_bin, pair._tmp_idx))
         except BaseException:
             for w in (self, *([pair] if pair else [])):
                 w.abort()                                # a full disk while writing the index: nothing left
@@ -391,7 +391,7 @@ class MergeProgress:
     total: int
     seconds: float
 
-@dataclass
+@dataclass(kw_only=True)
 class MergeResult:
     "What `merge_datasets` wrote"
     prefix: str
@@ -543,7 +543,7 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
         try:
             with (written(bin_path, total + HEADER.size + sum(12 * h[0] + 8 * h[1] for h in heads), kept),
                   _temporary(bin_path) as fb, _temporary(idx_path) as fi):   # locked until all are in place
-                _write_merge(fb, fi, prefixes, heads, chunk_bytes, report)
+                _write_merge(fb, fi, prefixes, heads=heads, chunk_bytes=chunk_bytes, report=report)
                 fb.flush()
                 fi.flush()
                 _publish(output_prefix, tmp_bin, tmp_idx, meta)   # the new metadata (or none) with the pair
@@ -551,6 +551,7 @@ def merge_datasets(inputs, # dataset prefixes, .bin/.idx paths or folders, merge
             for t in (tmp_bin, tmp_idx):
                 t.unlink(missing_ok=True)
             raise
-    return MergeResult(str(output_prefix), len(prefixes), sum(h[1] - 1 for h in heads), sum(h[0] for h in heads),
-                       total // dtype.itemsize, dtype, total + idx_path.stat().st_size, time.perf_counter() - t0)
+    return MergeResult(prefix=str(output_prefix), datasets=len(prefixes), documents=sum(h[1] - 1 for h in heads),
+                       sequences=sum(h[0] for h in heads), tokens=total // dtype.itemsize, dtype=dtype,
+                       bytes=total + idx_path.stat().st_size, seconds=time.perf_counter() - t0)
 

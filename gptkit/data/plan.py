@@ -25,9 +25,9 @@ __all__ = ['log', 'INDEX_BYTES_PER_SAMPLE', 'MANY_EPOCHS', 'split_sizes', 'split
 # %% ../../nbs/06a_data.plan.ipynb #e6345c90
 def split_sizes(cfg: RunConfig) -> dict[str, int]:
     "Samples each split is built for: every step's global batch for train, `eval_iters` batches for valid and test"
-    plan = cfg.plan
-    n_eval = cfg.train.eval_iters * plan.global_batch
-    return {'train': max(plan.iters * plan.global_batch, 1), 'valid': n_eval, 'test': n_eval}
+    batch = cfg.batch
+    n_eval = cfg.train.eval_iters * batch.global_batch
+    return {'train': max(batch.iters * batch.global_batch, 1), 'valid': n_eval, 'test': n_eval}
 
 def split_source(cfg: RunConfig, name: str) -> tuple | None:
     "(prefixes, weights, split string or None for a per-split blend) of split `name`; None: no data for it"
@@ -61,7 +61,7 @@ def data_plan(cfg: RunConfig) -> dict[str, list]:
         if src is None:
             continue
         try:
-            out[name] = plan_split(src[0], src[1], name, n, cfg.model.seq_len, src[2])
+            out[name] = plan_split(src[0], src[1], name, num_samples=n, seq_len=cfg.model.seq_len, split=src[2])
         except EmptySplit as e:
             raise DataError(f'{e}, while {cfg.data.blend(name)[0]} draws from it; choose a data.split that leaves '
                             'documents in each split, or give each split its own blend') from None

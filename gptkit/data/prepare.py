@@ -36,7 +36,7 @@ def most_workers() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
     return WORKERS_PER_CPU * cpus
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrepareConfig:
     "What `prepare` reads, how it filters, and where it writes"
     inputs: tuple[str, ...]          # files, directories, globs or builtin:NAME
@@ -105,7 +105,7 @@ class PrepareResult:
     def docs_per_s(self) -> float:
         return self.tally.documents / max(self.seconds, 1e-9)
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Progress:
     "A progress event: documents and text read so far, tokens written, input consumed of its total, seconds"
     documents: int
@@ -241,8 +241,9 @@ def prepare(cfg: PrepareConfig, progress: Callable[[Progress], None] | None = No
         result = PrepareResult(cfg.prefix, tally, removed=remove_stale(Path(cfg.prefix).parent))
         start = last = time.perf_counter()
         total = sum(p.stat().st_size for p in paths if p.is_file())
-        event = lambda t: Progress(tally.documents, tally.bytes, result.tokens, t, tally.input_bytes, total)
-        docs = read_documents(paths, tally, cfg.text_key, cfg.txt_split, cfg.format, cfg.workers)
+        event = lambda t: Progress(documents=tally.documents, bytes=tally.bytes, tokens=result.tokens, seconds=t,
+                                   input_bytes=tally.input_bytes, input_total=total)
+        docs = read_documents(paths, tally, cfg.text_key, txt_split=cfg.txt_split, fmt=cfg.format, workers=cfg.workers)
         docs = _filtered(docs, cfg, result.dropped)
         writer = IndexedWriter(cfg.prefix, token_dtype(tok.vocab_size))
         docs_enc, eod = tok.documents, tok.eod if cfg.append_eod else None   # Llama 3, Mistral: BOS before each

@@ -160,7 +160,7 @@ def predict(model: ModelConfig, par: ParallelConfig, train: TrainConfig, stage: 
     return kept + lora_activation_change(model, train)      # LoRA: what adapters add, what frozen weights save
 
 # %% ../../nbs/17_diagnose.memory.ipynb #11eecde3
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryRow:
     "One comparison: a layout and its settings, the estimator's bytes and the measured ones"
     layout: str
@@ -191,8 +191,9 @@ def single_rows(model: ModelConfig, micro_batch: int = 2) -> list[MemoryRow]:
                             attention_precision=core or 'same')
         got = measure(m, train, 'math' if att == 'math' else 'auto')
         name = 'fused' if flash else 'math'
-        rows.append(MemoryRow('1 GPU' + (f', dropout {drop}' if drop else ''), rc, name,
-                        prec + (f', attention {core}' if core else ''), predict(m, ParallelConfig(), train), got.peak))
+        rows.append(MemoryRow(layout='1 GPU' + (f', dropout {drop}' if drop else ''), recompute=rc, attention=name,
+                              precision=prec + (f', attention {core}' if core else ''),
+                              predicted=predict(m, ParallelConfig(), train), measured=got.peak))
     return rows
 
 # %% ../../nbs/17_diagnose.memory.ipynb #6892c678
@@ -256,7 +257,8 @@ def parallel_rows(model: ModelConfig, micro_batch: int, micro_batches: int, meas
             name = ((f'TP={tp}' if tp > 1 else '') + (' + SP' if sp else '')
                     + (f'PP={pp}, stage {stage} ({k} in flight)' if pp > 1 else ''))
             kernel = 'fused' if train.flash else 'math'
-            rows.append(MemoryRow(name, rc, kernel, 'fp32', predict(model, par, train, stage), got))
+            rows.append(MemoryRow(layout=name, recompute=rc, attention=kernel, precision='fp32',
+                                  predicted=predict(model, par, train, stage), measured=got))
     return rows
 
 # %% ../../nbs/17_diagnose.memory.ipynb #ed254273
@@ -289,8 +291,9 @@ def lora_rows(model: ModelConfig, name: str, micro_batch: int = 2, rank: int = 8
         got, est = lora_step(model, train), memory_per_gpu(model, ParallelConfig(), train)
         layout = f'{name}LoRA r{rank} on {targets}' + (f', dropout {dropout}' if dropout else '')
         flash = fused_attention(0.0, DTYPES[prec])
-        rows.append(MemoryRow(layout, 'none', 'fused' if flash else 'math', prec,
-                        predict(model, ParallelConfig(), dataclasses.replace(train, flash=flash)), got['activations']))
+        rows.append(MemoryRow(layout=layout, recompute='none', attention='fused' if flash else 'math', precision=prec,
+                              predicted=predict(model, ParallelConfig(), dataclasses.replace(train, flash=flash)),
+                              measured=got['activations']))
         if prec == 'fp32':
             states.append({'layout': layout, **{k: (got[k], getattr(est, k)) for k in ('weights', 'gradients',
                                                                                          'optimizer')}})

@@ -106,7 +106,7 @@ def categorize(name: str) -> str:
     return 'other'
 
 # %% ../../nbs/13_diagnose.profile.ipynb #e68fa952
-@dataclass
+@dataclass(kw_only=True)
 class OpStat:
     "One operator's totals over the profiled steps (times in microseconds, memory in bytes)"
     name: str
@@ -130,9 +130,11 @@ def op_stats(prof) -> dict[str, OpStat]:
     for e in averages:
         if _PYTHON.search(e.key):
             continue
-        out[e.key] = OpStat(e.key, e.count, e.self_cpu_time_total, getattr(e, 'self_device_time_total', 0.0) or 0.0,
-                            e.self_cpu_memory_usage, getattr(e, 'self_device_memory_usage', 0) or 0,
-                            float(e.flops or 0), categorize(e.key))
+        out[e.key] = OpStat(name=e.key, calls=e.count, self_cpu_us=e.self_cpu_time_total,
+                            self_device_us=getattr(e, 'self_device_time_total', 0.0) or 0.0,
+                            self_cpu_memory=e.self_cpu_memory_usage,
+                            self_device_memory=getattr(e, 'self_device_memory_usage', 0) or 0,
+                            flops=float(e.flops or 0), category=categorize(e.key))
     return out
 
 def merge_stats(a: dict[str, OpStat], b: dict[str, OpStat]) -> dict[str, OpStat]:
@@ -143,9 +145,11 @@ def merge_stats(a: dict[str, OpStat], b: dict[str, OpStat]) -> dict[str, OpStat]
             out[k] = s
             continue
         o = out[k]
-        out[k] = OpStat(k, o.calls + s.calls, o.self_cpu_us + s.self_cpu_us, o.self_device_us + s.self_device_us,
-                        o.self_cpu_memory + s.self_cpu_memory, o.self_device_memory + s.self_device_memory,
-                        o.flops + s.flops, o.category)
+        out[k] = OpStat(name=k, calls=o.calls + s.calls, self_cpu_us=o.self_cpu_us + s.self_cpu_us,
+                        self_device_us=o.self_device_us + s.self_device_us,
+                        self_cpu_memory=o.self_cpu_memory + s.self_cpu_memory,
+                        self_device_memory=o.self_device_memory + s.self_device_memory, flops=o.flops + s.flops,
+                        category=o.category)
     return out
 
 # %% ../../nbs/13_diagnose.profile.ipynb #96fdc86b
@@ -209,7 +213,7 @@ class Profiler(Callback):
         self._stop()
 
 # %% ../../nbs/13_diagnose.profile.ipynb #433d1103
-@dataclass
+@dataclass(kw_only=True)
 class ProfileResult:
     "What a profiled run measured; `to_dict` is summary.json"
     preset: str | None
@@ -317,14 +321,14 @@ def profile_run(cfg: RunConfig, ranges: list[tuple[int, int]], out: str | Path, 
     train(cfg, callbacks=[prof, *callbacks], ds_override=override, force=force)
     info, n = prof.info, sum(b - a + 1 for a, b in ranges)
     report = ds_report.read_text() if deepspeed_flops and ds_report.exists() else None
-    result = ProfileResult(cfg.preset, info.device, info.world_size, ranges, prof.step_seconds, info.flops_per_step,
-                           info.peak_flops,
-                           sorted(prof.ops.values(),
-                                  key=lambda o: -(o.self_device_us if info.device == 'cuda' else o.self_cpu_us)),
-                           [str(p) for p in prof.traces], str(out / 'tensorboard'), str(out),
-                           str(ds_report) if report is not None else None,
-                           deepspeed_fwd_flops(report) if report else None,
-                           info.grad_accum, {k: v / n for k, v in prof.categories.items()})
+    key = lambda o: -(o.self_device_us if info.device == 'cuda' else o.self_cpu_us)
+    result = ProfileResult(preset=cfg.preset, device=info.device, world_size=info.world_size, ranges=ranges,
+                           step_seconds=prof.step_seconds, flops_per_step=info.flops_per_step,
+                           peak_flops=info.peak_flops, ops=sorted(prof.ops.values(), key=key),
+                           traces=[str(p) for p in prof.traces], tensorboard=str(out / 'tensorboard'), out=str(out),
+                           deepspeed_flops=str(ds_report) if report is not None else None,
+                           deepspeed_fwd_flops=deepspeed_fwd_flops(report) if report else None,
+                           micro_batches=info.grad_accum, categories={k: v / n for k, v in prof.categories.items()})
     write_atomic(out / 'summary.json', json_text(result.to_dict(), indent=1))   # NaN as null
     return result
 
@@ -341,7 +345,8 @@ def prepare_builtin(out: str | Path, vocab_size: int = 4096, tokenizer: str | No
         return str(prefix), tok_dir
     if tokenizer is None:
         save_tokenizer(train_bpe((clean_text(d.text) for d in read_documents([corpus])), vocab_size), out / 'tokenizer')
-    res = prepare(PrepareConfig((corpus,), str(out / name), tok_dir, overwrite=True))   # of the tokenizer just made
+    res = prepare(PrepareConfig(inputs=(corpus,), output_prefix=str(out / name), tokenizer=tok_dir,
+                                overwrite=True))   # of the tokenizer just made
     return str(res.prefix), tok_dir
 
 # %% ../../nbs/13_diagnose.profile.ipynb #a4bbb9c7

@@ -101,8 +101,8 @@ def all_to_all_seconds(model: ModelConfig, par: ParallelConfig, train: TrainConf
     if par.ep == 1 or not experts:
         return 0.0
     element = 4 if train.precision == 'fp32' else 2
-    sent = micro_batches * all_to_all_bytes(model, train.micro_batch, par.ep, experts // routed_numel(model),
-                                            train.recompute, element)
+    sent = micro_batches * all_to_all_bytes(model, train.micro_batch, par.ep, moe_layers=experts // routed_numel(model),
+                                            recompute=train.recompute, element=element)
     return sent / (gpu.link if par.ep * par.tp <= gpus_per_node else gpu.network)
 
 # %% ../../nbs/01a_estimate.moe.ipynb #04314740

@@ -25,7 +25,7 @@ __all__ = ['GiB', 'MiB', 'GPUS', 'OPTIMIZER_BYTES', 'NARAYANAN_2021', 'MPT_A100'
 GiB = 2**30
 MiB = 2**20
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GPU:
     "A device's numbers the performance model reads: memory, dense peaks, bandwidths, efficiencies, launch overhead"
     name: str
@@ -51,14 +51,18 @@ class GPU:
         return self.peak_tf32 if precision == 'fp32' else self.peak_16bit
 
 GPUS: dict[str, GPU] = {
-    'a100-40gb':  GPU('a100-40gb',  40960 * MiB, 312e12, 156e12, 300e9, 25e9, 1.555e12),
-    'a100-80gb':  GPU('a100-80gb',  81920 * MiB, 312e12, 156e12, 300e9, 25e9, 2.039e12),
-    'h100-80gb':  GPU('h100-80gb',  81559 * MiB, 989e12, 494.5e12, 450e9, 50e9, 3.35e12),
-    'h200-141gb': GPU('h200-141gb', 143771 * MiB, 989e12, 494.5e12, 450e9, 50e9, 4.8e12),
+    'a100-40gb':  GPU(name='a100-40gb', memory=40960 * MiB, peak_16bit=312e12, peak_tf32=156e12, link=300e9,
+                      network=25e9, hbm=1.555e12),
+    'a100-80gb':  GPU(name='a100-80gb', memory=81920 * MiB, peak_16bit=312e12, peak_tf32=156e12, link=300e9,
+                      network=25e9, hbm=2.039e12),
+    'h100-80gb':  GPU(name='h100-80gb', memory=81559 * MiB, peak_16bit=989e12, peak_tf32=494.5e12, link=450e9,
+                      network=50e9, hbm=3.35e12),
+    'h200-141gb': GPU(name='h200-141gb', memory=143771 * MiB, peak_16bit=989e12, peak_tf32=494.5e12, link=450e9,
+                      network=50e9, hbm=4.8e12),
     # a 2-core laptop-class CPU (AVX-512): fp32 peak of two cores, DRAM, gloo between processes; fit it with --calibrate
-    'cpu':        GPU('cpu', 16 * GiB, 384e9, 192e9, 5e9, 1e9, 30e9, gemm_efficiency=1.0, gemm_half=32.0,
-                      attention_efficiency=0.35, launch=10e-6, collective_latency=100e-6, overhead=2e-3,
-                      step_overhead=6e-3, shared=True),
+    'cpu':        GPU(name='cpu', memory=16 * GiB, peak_16bit=384e9, peak_tf32=192e9, link=5e9, network=1e9, hbm=30e9,
+                      gemm_efficiency=1.0, gemm_half=32.0, attention_efficiency=0.35, launch=10e-6,
+                      collective_latency=100e-6, overhead=2e-3, step_overhead=6e-3, shared=True),
 }
 
 # %% ../../nbs/01b_estimate.perf.ipynb #eea92dbd
@@ -202,7 +206,7 @@ def layer_work(model: ModelConfig, i: int, micro_batch: int, tp: int, ep: int, t
     tokens, e = micro_batch * model.seq_len, element_bytes(train.precision)
     fwd, bwd = _linears(layer_linears(model, i, tokens, tp, ep), gpu, train.precision)
     att_f, att_b = attention_work(model, micro_batch, tp, train, gpu)
-    nbytes, kernels = elementwise_bytes(model, i, tokens, tp, sp, e)
+    nbytes, kernels = elementwise_bytes(model, i, tokens, tp=tp, sp=sp, e=e)
     tp_f = 2 * collective_seconds(tokens * model.hidden * e, tp, gpu.link, gpu)   # 2 all-reduces (SP: the same bytes)
     forward = Work(gemm=fwd, memory=memory_seconds(nbytes, kernels, gpu), tp=tp_f) + att_f
     backward = Work(gemm=bwd, memory=memory_seconds(2 * nbytes, 2 * kernels, gpu), tp=tp_f) + att_b
@@ -223,7 +227,7 @@ def dp_bytes(params: int, par: ParallelConfig, micro_batches: int, precision: st
 
 OPTIMIZER_BYTES = {False: 28, True: 30}   # Adam: fp32 reads p, g, m, v and writes p, m, v; mixed adds the 16-bit copy
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepTime:
     """Seconds of one optimizer step on the slowest pipeline stage, by part: the matrix products, attention's core,
     the memory-bound kernels, recomputation, TP and EP traffic, exposed data-parallel traffic, pipeline sends and the
@@ -268,7 +272,8 @@ def stage_pass(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu:
     for i in range(lo, hi):
         kinds.setdefault(model.moe_layer(i), [i, 0])[1] += 1
     for i, count in kinds.values():
-        f, b = layer_work(model, i, train.micro_batch, par.tp, par.ep, train, par.sequence_parallel, gpu)
+        f, b = layer_work(model, i, train.micro_batch, tp=par.tp, ep=par.ep, train=train, sp=par.sequence_parallel,
+                          gpu=gpu)
         fwd, bwd = fwd + f * count, bwd + b * count
         if train.recompute == 'full':
             again = again + f * count
@@ -287,10 +292,11 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
     """Predicted seconds of one step: every stage's micro-batches through `stage_pass`, the slowest stage setting the
     pace of the 1F1B pipeline (m micro-batches, then pp - 1 more passes of idle time), plus data-parallel traffic
     (`dp_bytes`) and the optimizer on the most loaded rank; `params` is `estimate.count_params`' for this layout"""
-    plan = BatchPlan.build(train, Layout.build(par), model.seq_len)
-    m, e = plan.accumulation, element_bytes(train.precision)
+    batch = BatchPlan.build(train, Layout.build(par), model.seq_len)
+    m, e = batch.accumulation, element_bytes(train.precision)
     stages = stage_layers(model, par.pp, par.balance)
-    passes = [stage_pass(model, par, train, gpu, lo, hi, j == par.pp - 1) for j, (lo, hi) in enumerate(stages)]
+    passes = [stage_pass(model, par, train, gpu=gpu, lo=lo, hi=hi,
+                         last=j == par.pp - 1) for j, (lo, hi) in enumerate(stages)]
     slowest = max(passes, key=lambda x: (x[0] + x[1] + x[2]).total)
     fwd, bwd, again = slowest
     across = par.world_size > gpus_per_node
@@ -306,10 +312,12 @@ def step_time(model: ModelConfig, par: ParallelConfig, train: TrainConfig, gpu: 
           + dp_bytes(experts, moe_est.expert_group(par), m, train.precision) / (dp_net * gpu.link_efficiency))
     owned = (dense / (par.dp if par.zero else 1) + experts / (par.dp // par.ep if par.zero else 1))
     optimizer = memory_seconds(owned * OPTIMIZER_BYTES[train.precision != 'fp32'], 4, gpu)
-    ep = moe_est.all_to_all_seconds(model, par, train, m, max(x.experts for x in params.stages), gpu, gpus_per_node)
-    return StepTime(m * busy.gemm, m * busy.attention, m * busy.memory, m * (again.total - again.tp),
-                    m * (busy.tp + again.tp), dp, m * hop, (par.pp - 1) * one, optimizer, ep,
-                    m * gpu.overhead + gpu.step_overhead)
+    ep = moe_est.all_to_all_seconds(model, par, train, micro_batches=m, experts=max(x.experts for x in params.stages),
+                                    gpu=gpu, gpus_per_node=gpus_per_node)
+    return StepTime(gemm=m * busy.gemm, attention=m * busy.attention, memory=m * busy.memory,
+                    recompute=m * (again.total - again.tp), tp_comm=m * (busy.tp + again.tp), dp_comm=dp,
+                    pp_comm=m * hop, bubble=(par.pp - 1) * one, optimizer=optimizer, ep_comm=ep,
+                    host=m * gpu.overhead + gpu.step_overhead)
 
 # %% ../../nbs/01b_estimate.perf.ipynb #35fcd544
 # (billions of parameters, heads, hidden, layers, TP, PP, GPUs, batch, published TFLOP/s per GPU)

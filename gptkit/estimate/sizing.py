@@ -347,12 +347,13 @@ def stage_activation_bytes(model: ModelConfig, par: ParallelConfig, train: Train
     emb = (k * embedding_activations(model, train.micro_batch, par.tp, par.sequence_parallel, mask)
            if stage == 0 else 0.0)
     emb += window_mask_bytes(model, e) if train.flash else 0
-    lg = (logits_bytes(model, train.micro_batch, par.tp, train.precision, par.sequence_parallel, peak)
+    lg = (logits_bytes(model, train.micro_batch, par.tp, precision=train.precision,
+                       sequence_parallel=par.sequence_parallel, peak=peak)
           if stage == par.pp - 1 else 0.0)
     return max((ends + emb, lg), (rebuild + emb, 0.0), key=sum)
 
 # %% ../../nbs/01_estimate.sizing.ipynb #b52154ba
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Memory:
     "Bytes on the most loaded GPU, by kind, and the GPU's capacity"
     weights: float
@@ -393,7 +394,8 @@ def memory_per_gpu(model: ModelConfig, par: ParallelConfig, train: TrainConfig, 
         act, lg = stage_activation_bytes(model, par, train, i)
         act += lora_activation_change(model, train)
         rest = w + g + o + act + lg
-        mem = Memory(w, g, o, act, lg, overhead_bytes(rest), capacity, i)
+        mem = Memory(weights=w, gradients=g, optimizer=o, activations=act, logits=lg, other=overhead_bytes(rest),
+                     capacity=capacity, stage=i)
         if worst is None or mem.total > worst.total:
             worst = mem
     return worst
@@ -434,7 +436,7 @@ def train_flags(par: ParallelConfig, train: TrainConfig) -> str:
     return ' '.join(flags)
 
 # %% ../../nbs/01_estimate.sizing.ipynb #f08ee315
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
     "Everything `gptkit estimate` reports for one model, layout, GPU and token budget"
     model: ModelConfig
@@ -514,11 +516,11 @@ def estimate(model: ModelConfig, par: ParallelConfig = ParallelConfig(), train: 
     check(lora_estimate_problems(model, par, train))
     params = count_params(model, par.tp, par.pp, par.balance)
     batch = _plan(model, par, train).global_batch
-    return Estimate(model, par, train, gpu, tokens, params,
-                    memory_per_gpu(model, par, train, gpu.memory, params),
-                    flops_per_iteration(model, batch, train.recompute, par.tp),
-                    model_flops_per_iteration(model, batch, par.tp),
-                    step_time(model, par, train, gpu, params, gpus_per_node or 8))
+    return Estimate(model=model, parallel=par, train=train, gpu=gpu, tokens=tokens, params=params,
+                    memory=memory_per_gpu(model, par, train, gpu.memory, params),
+                    flops_per_iteration=flops_per_iteration(model, batch, train.recompute, par.tp),
+                    model_flops_per_iteration=model_flops_per_iteration(model, batch, par.tp),
+                    step=step_time(model, par, train, gpu=gpu, params=params, gpus_per_node=gpus_per_node or 8))
 
 # %% ../../nbs/01_estimate.sizing.ipynb #da0a2513
 def nearest_preset(n_params: int) -> str:
@@ -569,16 +571,19 @@ def search(model: ModelConfig, gpu: GPU, gpus: int, gpus_per_node: int = 8, glob
            if isinstance(v, bool) or not isinstance(v, int) or v <= 0])
     params = {}
     found = []
-    for par, train in moe_est.candidate_layouts(model, gpus, gpus_per_node, global_batch, precision, flash):
+    for par, train in moe_est.candidate_layouts(model, gpus, gpus_per_node, global_batch=global_batch,
+                                                precision=precision, flash=flash):
         key = (par.tp, par.pp, par.balance)
         if key not in params:
             params[key] = count_params(model, par.tp, par.pp, par.balance)
         mem = memory_per_gpu(model, par, train, gpu.memory, params[key])
         if not mem.fits:
             continue
-        found.append((step_time(model, par, train, gpu, params[key], gpus_per_node).total, mem.total, par, train))
+        found.append((step_time(model, par, train, gpu=gpu, params=params[key],
+                                gpus_per_node=gpus_per_node).total, mem.total, par, train))
     found.sort(key=lambda r: (r[0], r[1]))
-    return [estimate(model, par, train, gpu, tokens, gpus_per_node) for _, _, par, train in found[:top]]
+    return [estimate(model, par, train, gpu=gpu, tokens=tokens,
+                     gpus_per_node=gpus_per_node) for _, _, par, train in found[:top]]
 
 # %% ../../nbs/01_estimate.sizing.ipynb #7211051a
 MEMORY_PARTS = ('weights', 'gradients', 'optimizer', 'activations', 'logits', 'other')

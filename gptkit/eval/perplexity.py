@@ -139,7 +139,7 @@ def word_perplexity(loss: float, tokens: int, words: int) -> float | None:
     "Megatron's adjusted perplexity: exp(loss x (tokens - 1) / (words - 1)), `loss` the mean over tokens - 1 targets"
     return _exp(loss * (tokens - 1) / (words - 1)) if words > 1 else None
 
-@dataclass
+@dataclass(kw_only=True)
 class Perplexity:
     "Language-model quality on one text: per token, and per word as Megatron reports WikiText-103"
     source: str
@@ -237,11 +237,11 @@ def perplexity(model, tokenizer, docs: Sequence[Document], context: int, stride:
     for ids in tokenizer.encode_batch([d.text for d in docs]):
         tokens += ids + [tokenizer.eod]
     words = sum(len(d.text.split()) for d in docs)
-    total, scored, nw = token_losses(model, tokens, context, stride, batch_size, progress)
+    total, scored, nw = token_losses(model, tokens, context, stride=stride, batch_size=batch_size, progress=progress)
     loss = total / scored
-    return Perplexity(source, len(docs), len(tokens), words, scored, loss, _exp(loss),
-                      word_perplexity(loss, len(tokens), words),
-                      context, stride, nw, time.perf_counter() - start)
+    return Perplexity(source=source, documents=len(docs), tokens=len(tokens), words=words, scored=scored, loss=loss,
+                      perplexity=_exp(loss), word_perplexity=word_perplexity(loss, len(tokens), words), context=context,
+                      stride=stride, windows=nw, seconds=time.perf_counter() - start)
 
 # %% ../../nbs/16_eval.perplexity.ipynb #e302994b
 @dataclass
@@ -302,7 +302,7 @@ def cloze_accuracy(model, examples: Sequence[ClozeExample], context: int, batch_
     return Cloze(source, n, correct, correct / n if n else 0.0, time.perf_counter() - start)
 
 # %% ../../nbs/16_eval.perplexity.ipynb #dacd6291
-@dataclass
+@dataclass(kw_only=True)
 class Evaluation:
     "Everything `gptkit eval` measured on one checkpoint"
     checkpoint: str
@@ -351,8 +351,11 @@ def evaluate(checkpoint: str | Path, source: str | Path | None = HELD_OUT, jsonl
     ppl = cl = None
     if source is not None:
         docs = read_texts(source, jsonl, text_key, max_documents)
-        ppl = perplexity(model, tok, docs, ctx, stride, batch_size, progress, str(source))
+        ppl = perplexity(model, tok, docs, context=ctx, stride=stride, batch_size=batch_size, progress=progress,
+                         source=str(source))
     if cloze is not None:
-        cl = cloze_accuracy(model, read_cloze(tok, cloze, text_key), ctx, batch_size, progress, str(cloze))
-    return Evaluation(str(loaded.folder), loaded.state.get('iteration'), loaded.state.get('tokens'), params,
-                      str(device), ppl, cl)
+        cl = cloze_accuracy(model, read_cloze(tok, cloze, text_key), ctx, batch_size=batch_size, progress=progress,
+                            source=str(cloze))
+    return Evaluation(checkpoint=str(loaded.folder), iteration=loaded.state.get('iteration'),
+                      tokens_trained=loaded.state.get('tokens'), parameters=params, device=str(device), perplexity=ppl,
+                      cloze=cl)

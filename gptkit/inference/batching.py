@@ -52,7 +52,8 @@ def stack_caches(parts: list[tuple[KVCache, torch.Tensor | None]], room: int, ma
     first = parts[0][0]
     k = next(iter(first.k.values()))
     out = KVCache(list(first.k), sum(len(r) for _, r, _ in parts), k.shape[1],
-                  min(width + room, max_len or width + room), k.shape[3], k.dtype, k.device)
+                  max_len=min(width + room,
+                              max_len or width + room), head_dim=k.shape[3], dtype=k.dtype, device=k.device)
     o = 0
     for c, rows, lead in parts:
         n, w = len(rows), c.len - lead
@@ -181,20 +182,22 @@ class RunningBatch:
         chunks, going, eod = [], [], self.gen.tok.eod
         for b, (row, t, lp) in enumerate(zip(self.rows, tokens.tolist(), logps.tolist())):
             if row.left == 0:
-                chunks.append(Chunk(row.key, '', None, None, 'length'))
+                chunks.append(Chunk(index=row.key, text='', token=None, logprob=None, finish_reason='length'))
                 continue
             row.left -= 1
             if row.sampling.stop_at_eod and t == eod:
-                chunks.append(Chunk(row.key, row.text.finish(), t, lp, 'stop', tops[b]))
+                chunks.append(Chunk(index=row.key, text=row.text.finish(), token=t, logprob=lp, finish_reason='stop',
+                                    top=tops[b]))
                 continue
             piece = row.text.add(t)
             if row.text.stopped:
-                chunks.append(Chunk(row.key, piece, t, lp, 'stop', tops[b]))
+                chunks.append(Chunk(index=row.key, text=piece, token=t, logprob=lp, finish_reason='stop', top=tops[b]))
                 continue
             if row.left == 0:
-                chunks.append(Chunk(row.key, piece + row.text.finish(), t, lp, 'length', tops[b]))
+                chunks.append(Chunk(index=row.key, text=piece + row.text.finish(), token=t, logprob=lp,
+                                    finish_reason='length', top=tops[b]))
                 continue
-            chunks.append(Chunk(row.key, piece, t, lp, top=tops[b]))
+            chunks.append(Chunk(index=row.key, text=piece, token=t, logprob=lp, top=tops[b]))
             going.append(b)
         self.logits, self.tokens = None, tokens
         self._keep(going)
@@ -253,7 +256,7 @@ class OutOfTime(Exception):
         super().__init__(f"the request ran past this server's limit of {seconds:g} s a request (--request-seconds)")
         self.seconds = seconds
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Job:
     "One request's rows, how to sample them, and where their chunks go"
     rows: list[list[int]]

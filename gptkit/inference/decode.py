@@ -133,7 +133,8 @@ class DecodeHead(nn.Module):
                                          requires_grad=False)
     def forward(self, x, weight=None):
         h = x.reshape(-1, x.shape[-1])
-        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, self.weight_t, self.packed, self.mkl)
+        y = head_product(self.forms[h.shape[0] > 1], h, self.rows, rows_t=self.weight_t, packed=self.packed,
+                         mkl=self.mkl)
         return y.reshape(*x.shape[:-1], self.vocab)
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def measure_decode(linears, head, dtypes=('fp32', 'bf16')) -> Timings:
         packed, mkl = packed_weight(rows), mkl_packed(rows)
         made = [f for f, m in (('packed', packed), ('mkl8', mkl)) if m is not None]
         for n in DECODE_ROWS:                         # the packed forms first, then let go
-            seconds = _alternating(_head_runs(made, n, rows, rows_t, rand, packed, mkl), spreads)
+            seconds = _alternating(_head_runs(made, n, rows, rows_t=rows_t, rand=rand, packed=packed, mkl=mkl), spreads)
             out.update({f'{name} head {f} {n}': s for f, s in seconds.items()})
         del packed, mkl
         huge = huge_copies([rows, rows_t]) or (None, None)     # where the OS gives huge pages
@@ -344,7 +345,7 @@ def _mlp_function(m):
     approximate = m.approximate
     return lambda x: fc2(F.gelu(fc1(x), approximate=approximate))
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepLayer:
     "One layer's parts for `DecodeStep`"
     ln1: object
@@ -364,8 +365,9 @@ def _step_layer(block) -> StepLayer | None:
     if a.q_norm is not None and a.qk_norm_all:
         return None
     qk = (None, None) if a.q_norm is None else (_norm_function(a.q_norm), _norm_function(a.k_norm))
-    layer = StepLayer(_norm_function(block.ln1), _linear_function(a.qkv), *qk, _linear_function(a.proj),
-                      _norm_function(block.ln2), _mlp_function(block.mlp), a.layer, a.heads, a.kv_heads, a.window)
+    layer = StepLayer(ln1=_norm_function(block.ln1), qkv=_linear_function(a.qkv), q_norm=qk[0], k_norm=qk[1],
+                      proj=_linear_function(a.proj), ln2=_norm_function(block.ln2), mlp=_mlp_function(block.mlp),
+                      layer=a.layer, heads=a.heads, kv_heads=a.kv_heads, window=a.window)
     needed = (layer.ln1, layer.ln2, layer.mlp) + (qk if a.q_norm is not None else ())
     return None if any(part is None for part in needed) else layer
 

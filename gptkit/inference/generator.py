@@ -30,7 +30,7 @@ __all__ = ['DECODE_DTYPES', 'Completion', 'GatheredLogits', 'tensor_parallel_par
            'reference_greedy']
 
 # %% ../../nbs/14d_inference.generator.ipynb #2ccd7d35
-@dataclass
+@dataclass(kw_only=True)
 class Completion:
     "One finished generation"
     prompt: str
@@ -96,6 +96,7 @@ class Generator:
         on a CPU, fp32 or bf16 as `choose_decode` measures for its shapes. With `tp` > 1,
         in each of `tp` processes (torchrun): that rank's shard, split as training splits it; all ranks then run the
         same calls in step"""
+        dtype = decode_dtype(dtype) if isinstance(dtype, str) else dtype      # a name: --dtype's fp32, bf16, auto
         auto = isinstance(dtype, str) and dtype == 'auto'
         device, dtype = _device_dtype(check_device(device), None if auto else dtype)
         loaded = load_model(path, device='cpu' if tp > 1 else device, dtype=dtype)
@@ -171,7 +172,8 @@ class Generator:
     def complete(self, prompts: list[str], s: Sampling = Sampling(), prompt_logprobs: bool = False) -> list[Completion]:
         "Generate for every prompt and return the finished completions, in order"
         enc = [self.encode(p, f'prompt {i + 1}' if len(prompts) > 1 else 'prompt') for i, p in enumerate(prompts)]
-        res = [Completion(p, '', e, [], [], '') for p, e in zip(prompts, enc)]
+        res = [Completion(prompt=p, text='', prompt_tokens=e, tokens=[], logprobs=[],
+                          finish_reason='') for p, e in zip(prompts, enc)]
         for c in self.stream(enc, s, prompt_logprobs):
             r = res[c.index]
             r.text += c.text

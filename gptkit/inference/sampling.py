@@ -205,7 +205,7 @@ class TextStream:
         return getattr(self, 'text', '')
 
 # %% ../../nbs/14a_inference.sampling.ipynb #48483414
-@dataclass
+@dataclass(kw_only=True)
 class Chunk:
     "New text of one row, or its end"
     index: int                      # which prompt (and sample) of the request

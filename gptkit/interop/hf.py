@@ -183,7 +183,7 @@ def write_run(weights: dict, model_cfg: ModelConfig, tok, out_dir: str | Path, w
         init_distributed()
         engine, ds = build_engine(cfg, model, iters=cfg.iters)
         client = {'iteration': 0, 'consumed_samples': 0, 'tokens': 0}
-        save(engine, tmp / 'checkpoints', 0, client, cfg, ds, tmp / 'tokenizer')
+        save(engine, tmp / 'checkpoints', 0, client=client, cfg=cfg, ds_config=ds, tokenizer_dir=tmp / 'tokenizer')
         write_atomic(tmp / 'ds_config.json', json.dumps(ds, indent=2))
     log.info('imported %s into %s', where, out)
     return out
@@ -258,7 +258,7 @@ def reshard(path: str | Path, out_dir: str | Path, tp: int = 1, pp: int = 1, bal
         ck.mkdir(parents=True)
         for p in range(pp):
             for t in range(tp):
-                shard = shard_weights(weights, cfg.model, layout, t, p, balance)
+                shard = shard_weights(weights, cfg.model, layout, tp_rank=t, pp_rank=p, balance=balance)
                 torch.save({'module': {k: v.contiguous() for k, v in shard.items()}},
                            ck / f'mp_rank_{t + tp * p:02d}_model_states.pt')
         save_config(new, ck / 'config.json')

@@ -116,7 +116,7 @@ def kernel_configs(dtypes: tuple[str, ...] = ('bf16',)) -> list[KernelConfig]:
     return out
 
 # %% ../../nbs/09a_kernels.aot.ipynb #a07a0004
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompiledKernel:
     "What the CUDA compiler made of one configuration for one GPU"
     config: KernelConfig
@@ -149,7 +149,8 @@ def compile_kernel(config: KernelConfig, arch: int) -> CompiledKernel:
     k = K.triton.compile(ASTSource(fn, sig, dict(config.constexprs), attrs), target=GPUTarget('cuda', arch, 32),
                        options={'num_warps': config.num_warps})
     reg, spill, shared = _resources(k.asm['cubin'])
-    return CompiledKernel(config, arch, reg, spill, shared + k.metadata.shared, time.perf_counter() - start)
+    return CompiledKernel(config=config, arch=arch, registers=reg, spill_bytes=spill,
+                          shared_bytes=shared + k.metadata.shared, seconds=time.perf_counter() - start)
 
 def _compile_worker():
     "`python -c` entry of compile_all: (config, arch) jobs as JSON on stdin, one line of results on stdout"
@@ -175,7 +176,7 @@ def compile_all(configs: list[KernelConfig], archs=(80, 90), workers: int = 2) -
         lines = r.stdout.splitlines()
         if r.returncode or not lines or not lines[-1].startswith('compiled: '):
             raise GptkitError((r.stderr.strip().splitlines() or ['the compiler process ended without a result'])[-1])
-        return [CompiledKernel(c, a, **{k: v for k, v in res.items() if k not in ('config', 'arch')})
+        return [CompiledKernel(config=c, arch=a, **{k: v for k, v in res.items() if k not in ('config', 'arch')})
                 for (c, a), res in zip(part, json.loads(lines[-1][len('compiled: '):]))]
     parts = [jobs[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:

@@ -478,8 +478,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for i in range(0, x.shape[0], ctx.chunk):
             xc = x[i:i + ctx.chunk]
-            gz = _ce_grad(xc @ weight.T, local[i:i + ctx.chunk], lse[i:i + ctx.chunk], scale[i:i + ctx.chunk], ctx.real,
-                          ctx.use_triton)
+            gz = _ce_grad(xc @ weight.T, local[i:i + ctx.chunk], lse[i:i + ctx.chunk], scale=scale[i:i + ctx.chunk],
+                          real=ctx.real, use_triton=ctx.use_triton)
             dx[i:i + ctx.chunk] = gz @ weight
             if dw.dtype == gz.dtype:
                 dw.addmm_(gz.T, xc)

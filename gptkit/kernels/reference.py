@@ -40,7 +40,8 @@ def rotary_frequencies(head_dim: int, theta: float = 10000.0, scaling: str = 'no
         kept = ((original_context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
         return inv / factor * (1 - kept) + inv * kept
     if scaling == 'yarn':
-        return _yarn(inv, head_dim, theta, factor, original_context, beta_fast, beta_slow)
+        return _yarn(inv, head_dim, theta, factor=factor, original_context=original_context, beta_fast=beta_fast,
+                     beta_slow=beta_slow)
     return inv
 
 def _yarn(inv, head_dim: int, theta: float, factor: float, original_context: int, beta_fast: float, beta_slow: float):
@@ -63,8 +64,10 @@ def rotary_scale(scaling: str, factor: float, attention_factor: float | None = N
 
 def model_rotary(m) -> tuple:
     "The frequencies and the cos/sin scale of ModelConfig `m`'s rotary embedding"
-    inv = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, m.rope_factor, m.rope_low_freq_factor,
-                             m.rope_high_freq_factor, m.rope_original_context, m.rope_beta_fast, m.rope_beta_slow)
+    inv = rotary_frequencies(m.head_dim, m.rope_theta, m.rope_scaling, factor=m.rope_factor,
+                             low_freq_factor=m.rope_low_freq_factor, high_freq_factor=m.rope_high_freq_factor,
+                             original_context=m.rope_original_context, beta_fast=m.rope_beta_fast,
+                             beta_slow=m.rope_beta_slow)
     return inv, rotary_scale(m.rope_scaling, m.rope_factor, m.rope_attention_factor)
 
 def rotary_tables(head_dim: int, positions, theta: float = 10000.0, dtype=torch.float32, frequencies=None):

@@ -198,7 +198,8 @@ def measured(kind: str, shapes, measure=None, keys=('fp32', 'bf16'), threads: in
         seconds, doubt, tries = steady_figures(measure, shapes, threads, keys, implausible)
         return Measured(seconds, product_flops(shapes), kept=False, doubt=doubt, tries=tries)
     try:
-        return _cached_or_measured(folder / 'machine.json', kind, shapes, measure, keys, threads, implausible)
+        return _cached_or_measured(folder / 'machine.json', kind, shapes, measure=measure, keys=keys, threads=threads,
+                                   implausible=implausible)
     finally:
         os.close(fd)                            # and with it the lock
 

@@ -106,8 +106,9 @@ def reference_attention(q, k, v, window: int | None = None):
 def core_attention_in(dtype, q, k, v, dropout: float = 0.0, window: int | None = None, mask=None):
     "`core_attention` computed in `dtype` (None: the inputs' own): the inputs cast to it, the output cast back"
     if dtype is None or q.dtype == dtype:
-        return core_attention(q, k, v, dropout, window, mask)
-    y = core_attention(q.to(dtype), k.to(dtype), v.to(dtype), dropout, window, mask)   # `mask` is boolean
+        return core_attention(q, k, v, dropout=dropout, window=window, mask=mask)
+    y = core_attention(q.to(dtype), k.to(dtype), v.to(dtype), dropout=dropout, window=window,
+                       mask=mask)   # `mask` is boolean
     return y.to(q.dtype)
 
 # %% ../../nbs/07b_model.decoder.ipynb #034b8ffc
@@ -163,7 +164,7 @@ class Attention(nn.Module):
                 y = checkpoint(core_attention_in, self.core_dtype, q, k, v, p, self.window, mask,
                                use_reentrant=False)
             else:
-                y = core_attention_in(self.core_dtype, q, k, v, p, self.window, mask)
+                y = core_attention_in(self.core_dtype, q, k, v=v, dropout=p, window=self.window, mask=mask)
         return self.proj(y.transpose(1, 2).reshape(b, s, -1))
 
 # %% ../../nbs/07b_model.decoder.ipynb #f160cfc7

@@ -283,7 +283,8 @@ def merge_weights(shards: dict, cfg, tp: int) -> dict:
         for name in sd:
             if name != 'head.weight' or name in table:
                 names.setdefault(name, s)   # a tied copy is the embedding
-    whole = Param('', (), 'replicated', 'zeros', '', False, '')    # a tensor the table lacks: rank 0's, for the
+    whole = Param(name='', shape=(), tp='replicated', init='zeros', hf='', hf_transposed=False,
+                  megatron='')    # a tensor the table lacks: rank 0's, for the
     return {name: _tp_merge(table.get(name, whole), [shards[r, s][name] for r in range(tp)], cfg)   # loader to refuse
             for name, s in names.items()}
 

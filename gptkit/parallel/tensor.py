@@ -307,8 +307,8 @@ class ParallelOutputLayer(nn.Module):
         "The same loss straight from the hidden states, a chunk of tokens at a time (gptkit.kernels, model.kernels)"
         from gptkit.kernels.fused import chunked_cross_entropy
         x = gather_from_sequence(x, self.group) if self.sequence_parallel else copy_to_tp(x, self.group)
-        return chunked_cross_entropy(x, weight, targets, self.real, _rank(self.group) * weight.shape[0], self.group,
-                                     use_triton=use_triton)
+        return chunked_cross_entropy(x, weight, targets, real=self.real, start=_rank(self.group) * weight.shape[0],
+                                     group=self.group, use_triton=use_triton)
 
 # %% ../../nbs/07c_parallel.tensor.ipynb #b7e4a1c3
 class _GatherSequenceWhole(torch.autograd.Function):

@@ -257,7 +257,8 @@ def openai_job(gen: Generator, r: CompletionRequest, limits: Limits) -> tuple[li
     prompts = [r.prompt] if isinstance(r.prompt, str) else r.prompt
     if not prompts:
         raise BadRequest('prompt must be a text or a non-empty list of texts', 'prompt')
-    n, s = _openai_sampling(r, limits, len(prompts), r.max_tokens, 'max_tokens', r.logprobs or 0, 'logprobs', 5)
+    n, s = _openai_sampling(r, limits, len(prompts), max_tokens=r.max_tokens, max_name='max_tokens',
+                            top=r.logprobs or 0, top_name='logprobs', top_most=5)
     rows = encode_prompts(gen, prompts, limits, 'prompt')
     if r.max_tokens is not None:
         fit_context(rows, r.max_tokens, gen.context, 'max_tokens', 'prompt')
@@ -288,8 +289,8 @@ def chat_renderer(tok, limits: Limits, context: int) -> ChatRenderer | None:
     chars = prompt_chars(tok, limits, context)
     memory = TEMPLATE_MEMORY + 32 * (body_limit(limits, context) + chars)
     source = getattr(tok, 'chat_template_file', None) or f'the tokenizer {tok.name!r}'
-    renderer = ChatRenderer(tok.chat_template, tok.decode([tok.eod]), str(source), limits.template_seconds, chars,
-                            memory)
+    renderer = ChatRenderer(tok.chat_template, tok.decode([tok.eod]), str(source), seconds=limits.template_seconds,
+                            max_chars=chars, memory=memory)
     try:
         renderer.render(CHAT_SAMPLE, 'a sample conversation')
     except ChatTooLong:                   # a server with a short prompt limit still serves completions
@@ -327,14 +328,15 @@ def chat_job(r: ChatRequest, limits: Limits, templated: bool) -> tuple[list[dict
     if top and not r.logprobs:
         raise BadRequest('top_logprobs needs logprobs set to true', 'top_logprobs')
     stop = () if templated else (PLAIN_CHAT_STOP,)
-    n, s = _openai_sampling(r, limits, 1, getattr(r, max_name), max_name, top, 'top_logprobs', 20, stop)
+    n, s = _openai_sampling(r, limits, 1, max_tokens=getattr(r, max_name), max_name=max_name, top=top,
+                            top_name='top_logprobs', top_most=20, extra_stop=stop)
     return messages, n, s
 
 def chat_fits(r: ChatRequest, rows: list[list[int]], context: int):
     "Refuse a chat request's max_completion_tokens (or max_tokens) the context has no room for after the conversation"
     key = 'max_completion_tokens' if r.max_completion_tokens is not None else 'max_tokens'
     if getattr(r, key) is not None:
-        fit_context(rows, getattr(r, key), context, key, 'messages', 'the conversation')
+        fit_context(rows, getattr(r, key), context, key=key, field='messages', one='the conversation')
 
 # %% ../../nbs/15a_serve.http_api.ipynb #c04a8b11
 ERRORS = {400: {'description': 'A request the server refuses, with one sentence saying why'},

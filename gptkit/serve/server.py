@@ -17,8 +17,9 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib.resources import files
+from pathlib import Path
 
 import torch.distributed as dist
 import uvicorn
@@ -55,13 +56,14 @@ from ..errors import ConfigError, GptkitError
 from ..inference.batching import Busy, Job, Limits, OutOfTime, Worker, follow
 from ..inference.generator import Generator
 from ..inference.sampling import Chunk
-from .guard import WILDCARD, Access, Gate, Guard, quoted
+from .guard import LOOPBACK, WILDCARD, Access, Gate, Guard, quoted
 
 # %% auto #0
 __all__ = ['routes', 'STREAMED', 'ASSETS', 'PAGE_HEADERS', 'GenerationFailed', 'token_name', 'CompletionLogprobs',
            'chat_logprobs', 'CompletionChoices', 'ChatChoices', 'usage', 'events', 'watch', 'collect', 'submit',
            'health', 'megatron', 'models', 'completions', 'chat', 'page_html', 'page', 'static', 'invalid', 'refused',
-           'failed', 'timed_out', 'openapi', 'lifespan', 'make_app', 'check_address', 'access_on', 'serve', 'Server']
+           'failed', 'timed_out', 'openapi', 'lifespan', 'make_app', 'check_address', 'access_on', 'Serving',
+           'run_name', 'load_serving', 'serve', 'Server']
 
 # %% ../../nbs/15c_serve.server.ipynb #e6ae7c44
 class GenerationFailed(Exception):
@@ -222,7 +224,8 @@ routes = APIRouter()
 
 def submit(request: Request, rows, sampling, prompt_logprobs=False, score_only=False) -> Job:
     "A job for `rows`, queued on the app's worker (`Busy` when its queue is full)"
-    job = Job(rows, sampling, asyncio.get_running_loop(), asyncio.Queue(), prompt_logprobs, score_only)
+    job = Job(rows=rows, sampling=sampling, loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
+              prompt_logprobs=prompt_logprobs, score_only=score_only)
     request.app.state.worker.submit(job)
     return job
 
@@ -457,14 +460,48 @@ def access_on(host: str, access: Access) -> Access:
     "`access` and the name of `host`, the address the server listens on (on every interface: this machine's name)"
     return replace(access, hosts=access.hosts + ((socket.gethostname(),) if host in WILDCARD else (host,)))
 
-def serve(gen: Generator, host: str = '127.0.0.1', port: int = 5000, limits: Limits = Limits(), name: str = 'gptkit',
-          log_level: str = 'info', access: Access = Access(), app: FastAPI | None = None):
-    """Serve `gen` over HTTP until interrupted (graceful: running requests finish). With tensor parallelism every rank
-    calls it: the first serves, the others follow its worker. `app`: one `make_app` made already for `gen`"""
-    if gen.tp_group is not None and dist.get_rank(gen.tp_group) != 0:
-        return follow(gen)
-    app = app or make_app(gen, limits, name, access_on(host, access))
-    server = _Uvicorn(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30))
+@dataclass(frozen=True, kw_only=True)
+class Serving:
+    "A checkpoint loaded to serve: its generator, the app the first rank runs, where it listens and whom it answers"
+    gen: Generator
+    app: FastAPI | None          # None on the ranks after the first (tensor parallelism): they follow its worker
+    name: str
+    host: str = '127.0.0.1'
+    port: int = 5000
+    limits: Limits = Limits()
+    access: Access = Access()
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        "The Host names it answers, loopback ones first"
+        return LOOPBACK + access_on(self.host, self.access).hosts
+
+def run_name(folder: Path) -> str:
+    "A model's name when none is given: its run folder's"
+    folder = Path(folder)
+    return folder.parent.parent.name if folder.parent.name == 'checkpoints' else folder.name
+
+def load_serving(checkpoint: str | Path, *, host: str = '127.0.0.1', port: int = 5000, device: str | None = None,
+                 dtype=None, tp: int = 1, limits: Limits = Limits(), name: str | None = None,
+                 access: Access = Access()) -> Serving:
+    """`checkpoint` ready to serve on `host:port`, checked before anything answers: the biggest batch's KV cache fits,
+    the first rank can listen there, and the chat template renders a sample conversation (`make_app`)"""
+    gen = Generator.from_checkpoint(checkpoint, device=device, dtype=dtype, tp=tp)
+    gen.check_batch(*max((limits.max_batch, 'max_batch'), (limits.max_prompts, 'max_prompts')))
+    first = gen.tp_group is None or dist.get_rank(gen.tp_group) == 0
+    if first:
+        check_address(host, port)
+    name = name or run_name(gen.loaded.folder)
+    app = make_app(gen, limits, name, access_on(host, access)) if first else None
+    return Serving(gen=gen, app=app, name=name, host=host, port=port, limits=limits, access=access)
+
+def serve(serving: Serving, log_level: str = 'info'):
+    """Serve over HTTP until interrupted (graceful: running requests finish). With tensor parallelism every rank
+    calls it: the first serves, the others follow its worker"""
+    if serving.app is None:
+        return follow(serving.gen)
+    server = _Uvicorn(uvicorn.Config(serving.app, host=serving.host, port=serving.port, log_level=log_level,
+                                     timeout_graceful_shutdown=30))
     try:
         server.run()
     except KeyboardInterrupt:      # uvicorn raises Ctrl-C again once it has stopped; it asked to stop, and did

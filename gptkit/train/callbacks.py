@@ -20,7 +20,7 @@ from ..files import json_text, write_atomic, written
 __all__ = ['RunInfo', 'StepMetrics', 'TrainResult', 'Callback', 'MetricsFile', 'TensorBoard', 'LivePlot']
 
 # %% ../../nbs/11c_train.callbacks.ipynb #2b1031d9
-@dataclass
+@dataclass(kw_only=True)
 class RunInfo:
     "What a run is about to do, given to callbacks at the start"
     cfg: RunConfig
@@ -35,7 +35,7 @@ class RunInfo:
     out: Path
     resumed_from: Path | None = None
 
-@dataclass
+@dataclass(kw_only=True)
 class StepMetrics:
     "Averages over the steps since the last report"
     iteration: int            # optimizer steps done

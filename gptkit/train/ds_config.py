@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 __all__ = ['log', 'ds_config', 'ds_config_error', 'check_ds_config']
 
 # %% ../../nbs/10e_train.ds_config.ipynb #7d1311a2
-def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | None = None) -> dict:
-    "The DeepSpeed config for `cfg` stepping as `plan` says (default: `cfg.plan`), with `override` merged over it"
-    t, par, plan = cfg.train, cfg.parallel, plan or cfg.plan
+def ds_config(cfg: RunConfig, batch: BatchPlan | None = None, override: dict | None = None) -> dict:
+    "The DeepSpeed config for `cfg` stepping as `batch` says (default: `cfg.batch`), with `override` merged over it"
+    t, par, batch = cfg.train, cfg.parallel, batch or cfg.batch
     zero = {'stage': par.zero}
     if par.zero == 3:
         zero['memory_efficient_linear'] = False   # it patches torch.nn.functional.linear process-wide
@@ -29,9 +29,9 @@ def ds_config(cfg: RunConfig, plan: BatchPlan | None = None, override: dict | No
     if par.offload == 'optimizer+params':
         zero['offload_param'] = {'device': 'cpu'}
     out = {
-        'train_batch_size': plan.global_batch,
-        'train_micro_batch_size_per_gpu': plan.micro_batch,
-        'gradient_accumulation_steps': plan.accumulation,
+        'train_batch_size': batch.global_batch,
+        'train_micro_batch_size_per_gpu': batch.micro_batch,
+        'gradient_accumulation_steps': batch.accumulation,
         'gradient_clipping': cfg.optim.grad_clip,
         'zero_optimization': zero,
         'bf16': {'enabled': t.precision == 'bf16'},

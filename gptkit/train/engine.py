@@ -130,13 +130,13 @@ def compile_model(cfg: RunConfig, model):
     model.compile_blocks()
 
 # %% ../../nbs/10_train.engine.ipynb #f06e6974
-def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override: dict | None = None, mpu=None,
+def build_engine(cfg: RunConfig, model, batch: BatchPlan | None = None, override: dict | None = None, mpu=None,
                  iters: int | None = None):
-    "(DeepSpeed engine, its config) for `model`, stepping as `plan` says (default `cfg.plan`); `iters`: schedule length"
+    "(DeepSpeed engine, its config) for `model` stepping as `batch` says (default `cfg.batch`), `iters` steps scheduled"
     check(ep_problems(cfg.model, cfg.parallel) + ep_engine_problems(cfg.parallel, cfg.train))
     import deepspeed
-    plan = plan or cfg.plan
-    config = ds_config(cfg, plan, override)
+    batch = batch or cfg.batch
+    config = ds_config(cfg, batch, override)
     if cfg.parallel.ep > 1:                       # before DeepSpeed broadcasts the weights: experts per expert group
         from gptkit.parallel.expert import apply_ep
         apply_ep(model, cfg.layout.groups('dp'), cfg.parallel.ep)
@@ -145,7 +145,7 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
         from gptkit.parallel.expert import expert_groups, knows_experts
         groups, experts = expert_groups(groups), knows_experts()
     optimizer = None if 'optimizer' in config else make_optimizer(cfg, groups, device_type())
-    schedule = Schedule(cfg.optim, plan.iters if iters is None else iters)
+    schedule = Schedule(cfg.optim, batch.iters if iters is None else iters)
     scheduler = None if 'scheduler' in config else schedule.scheduler
     from deepspeed.utils import groups as ds_groups
     ds_groups.mpu = mpu           # DeepSpeed keeps the last engine's model-parallel unit: one without clears it
@@ -161,6 +161,6 @@ def build_engine(cfg: RunConfig, model, plan: BatchPlan | None = None, override:
         attach_engine(engine, config['gradient_clipping'])
     if config['zero_optimization']['stage'] == 3:
         deepspeed.zero.register_external_parameter(engine.module, engine.module.wte.weight)
-    if config['zero_optimization']['stage'] == 0 and plan.dp == 1 and mpu is None:
+    if config['zero_optimization']['stage'] == 0 and batch.dp == 1 and mpu is None:
         engine.enable_backward_allreduce = False   # one process: nothing to average; skip flattening every gradient
     return engine, config

@@ -16,6 +16,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ from ..config.curriculum import Curriculum, decay_by_tokens
 from ..config.layout import BatchPlan
 from ..config.run import RunConfig, save_config
 from ..data.plan import data_name, machine_memory, split_sizes, split_source, warn_repeats
-from ..data.samples import split_samples
+from ..data.samples import BlendedSamples, GPTSamples, split_samples
 from ..errors import ConfigError, GptkitError
 from ..estimate.sizing import GPUS, flops_per_iteration, memory_per_gpu
 from ..machine.pages import keep_freed_memory
@@ -45,12 +46,15 @@ from ..model.lora import add_adapters
 from ..model.moe import expert_load, moe_stats, set_moe_grad_scale
 from ..store import folders as store
 from ..tokenizer.bpe import load_tokenizer, save_tokenizer
-from .callbacks import MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResult
+from .callbacks import Callback, MetricsFile, RunInfo, StepMetrics, TensorBoard, TrainResult
 from .engine import build_engine, check_precision, compile_model, device_type, init_distributed
 from .microbatches import MicroBatching, mask_opener, micro_batches
 from .optim import Schedule
 from .plan import RunPlan, plan_run, read_tokenizer
 from .stops import StopSignals, Watchdog
+
+if TYPE_CHECKING:          # the engine's type, without importing DeepSpeed with this module
+    from deepspeed import DeepSpeedEngine
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +155,8 @@ def _step(engine, parallel, batches: list, want_norm: bool, clip: float = 0.0) -
         set_moe_grad_scale(engine.module, 1 / engine.gradient_accumulation_steps())
         engine.set_gradient_accumulation_boundary(False)
         shape = _stage_shape(engine, parallel, batches[0][0])
-        one_f_one_b(engine, backward, batches, parallel, shape, next(engine.module.parameters()).dtype, engine.device)
+        one_f_one_b(engine, backward, batches, parallel=parallel, shape=shape,
+                    dtype=next(engine.module.parameters()).dtype, device=engine.device)
         sync_tied_grads(engine.module, parallel)
         engine.set_gradient_accumulation_boundary(True)
         engine.allreduce_gradients()
@@ -173,21 +178,23 @@ def evaluation_loss(engine, samples, n_micro: int, mb: int, parallel, vocab: int
     "Mean loss over the first `n_micro` x dp micro-batches of `samples`, agreed across ranks"
     dp = parallel.layout.dp
     engine.eval()
-    batches = micro_batches(samples, 0, n_micro, dp, parallel.dp_rank, mb, vocab, where, engine.device, kind=kind)
+    batches = micro_batches(samples, 0, n_micro, dp=dp, dp_rank=parallel.dp_rank, mb=mb, vocab=vocab, where=where,
+                            device=engine.device, kind=kind)
     with torch.no_grad(), torch.compiler.set_stance('force_eager'):   # train.compile: no recompiling
         if parallel.layout.pp == 1:
             losses = [engine(x, y, **extra) for x, y, extra in batches]
         else:
             shape = _stage_shape(engine, parallel, batches[0][0])
             dtype = next(engine.module.parameters()).dtype
-            losses = one_f_one_b(engine, None, batches, parallel, shape, dtype, engine.device, train=False)
+            losses = one_f_one_b(engine, None, batches, parallel=parallel, shape=shape, dtype=dtype,
+                                 device=engine.device, train=False)
     engine.train()
     mine = sum(float(l) for l in losses) if _reports_loss(parallel) else 0.0
     s, n = _all_sum([mine, n_micro if _reports_loss(parallel) else 0], engine.device)
     return s / n
 
 # %% ../../nbs/11_train.loop.ipynb #341a2afc
-def _split(cfg: RunConfig, name: str, rank: int):
+def _split(cfg: RunConfig, name: str, rank: int) -> GPTSamples | BlendedSamples | None:
     "The samples of one split, in Megatron's order (rank 0 builds the index caches first); None: no valid/test data"
     src = split_source(cfg, name)
     if src is None:
@@ -197,8 +204,9 @@ def _split(cfg: RunConfig, name: str, rank: int):
                         cfg.data.split, name)
         return None
     prefixes, weights, split = src
-    build = lambda: split_samples(prefixes, weights, name, split_sizes(cfg)[name], cfg.model.seq_len,
-                                  cfg.train.seed, split, masks=mask_opener(cfg.train.task))
+    build = lambda: split_samples(prefixes, weights, name, num_samples=split_sizes(cfg)[name],
+                                  seq_len=cfg.model.seq_len, seed=cfg.train.seed, split=split,
+                                  masks=mask_opener(cfg.train.task))
     if rank == 0:
         samples = build()
     if dist.is_initialized():
@@ -232,20 +240,20 @@ class ReportWindow:
             self.t += time.perf_counter() - t
 
 # %% ../../nbs/11_train.loop.ipynb #7ef613ed
-@dataclass
+@dataclass(kw_only=True)
 class Loop:
     "A training run in progress in this process: what it was built with and where it stands"
     cfg: RunConfig                 # the run on this world (`RunConfig.for_world`), vocabulary from its tokenizer
-    plan: BatchPlan                # the shape of every step and the number of steps
-    parallel: object               # this rank's gptkit.parallel.groups.ParallelState
-    engine: object                 # the DeepSpeed engine
+    batch: BatchPlan               # the shape of every step and the number of steps
+    parallel: ParallelState        # this rank's process groups and layout
+    engine: DeepSpeedEngine        # the DeepSpeed engine (a PipelineEngine under pipeline parallelism)
     ds_config: dict                # the DeepSpeed config it runs with
-    train_set: object              # the train split's samples, in Megatron's order
-    valid: object | None           # the validation split's (None: no evaluation)
-    callbacks: list                # rank 0: the caller's, then MetricsFile and TensorBoard; other ranks: none
+    train_set: GPTSamples | BlendedSamples   # the train split's samples, in Megatron's order
+    valid: GPTSamples | BlendedSamples | None   # the validation split's (None: no evaluation)
+    callbacks: list[Callback]      # rank 0: the caller's, then MetricsFile and TensorBoard; other ranks: none
     device: str
     params: int                    # parameters of the whole model
-    shapes: dict                   # the plain model's tensor shapes, recorded with each checkpoint
+    shapes: dict[str, tuple]       # the plain model's tensor shapes, recorded with each checkpoint
     resume_from: Path | None       # the checkpoint `restore` continues from
     own_norm: bool                 # gptkit measures the gradient norm (DeepSpeed reports none, or a wrong one)
     started: float                 # time.perf_counter() when setting up began
@@ -276,12 +284,12 @@ class Loop:
     @property
     def tokens(self) -> int:
         "Tokens trained: a curriculum's shorter steps count their own length"
-        full, c, s = self.consumed * self.plan.seq_len, self.curriculum, self.plan.seq_len
-        return full if c is None else full - self.plan.global_batch * (self.iteration * s - c.tokens(self.iteration))
+        full, c, s = self.consumed * self.batch.seq_len, self.curriculum, self.batch.seq_len
+        return full if c is None else full - self.batch.global_batch * (self.iteration * s - c.tokens(self.iteration))
     @property
     def length(self) -> int:
         "The sequence length of the next step"
-        return self.plan.seq_len if self.curriculum is None else self.curriculum.length(self.iteration + 1)
+        return self.batch.seq_len if self.curriculum is None else self.curriculum.length(self.iteration + 1)
 
 # %% ../../nbs/11_train.loop.ipynb #d202b564
 def _write_run_folder(cfg: RunConfig, tok, out: Path):
@@ -325,7 +333,7 @@ def _build(cfg: RunConfig, ds_override: dict | None, init: Path | None = None) -
     if cfg.train.compile:
         compile_model(cfg, model)
     mpu = DeepSpeedMPU(parallel) if parallel.layout.world > parallel.layout.dp else None
-    engine, ds = build_engine(cfg, model, cfg.plan, ds_override, mpu)
+    engine, ds = build_engine(cfg, model, cfg.batch, ds_override, mpu)
     return parallel, engine, ds, params, shapes
 
 def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = False, ds_override: dict | None = None,
@@ -354,9 +362,10 @@ def setup(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = Fa
     own_norm = cfg.parallel.zero == 0 and (cfg.train.precision == 'fp32' or cfg.parallel.pp > 1)
     apart = cfg.train.task == 'sft' or cfg.data.document_mask
     batching = MicroBatching.of(cfg.train.task, cfg.data.document_mask, _eod(plan) if apart else None)
-    return Loop(cfg, cfg.plan, parallel, engine, ds, train_set, valid, callbacks, device, params, shapes,
-                plan.resume_from, own_norm, started, curriculum=Curriculum.of(cfg.train, cfg.model.seq_len),
-                batching=batching)
+    return Loop(cfg=cfg, batch=cfg.batch, parallel=parallel, engine=engine, ds_config=ds, train_set=train_set,
+                valid=valid, callbacks=callbacks, device=device, params=params, shapes=shapes,
+                resume_from=plan.resume_from, own_norm=own_norm, started=started,
+                curriculum=Curriculum.of(cfg.train, cfg.model.seq_len), batching=batching)
 
 def _eod(plan: RunPlan) -> int:
     "The end-of-document token of the run's tokenizer (read here when this process was handed the plan without it)"
@@ -365,17 +374,19 @@ def _eod(plan: RunPlan) -> int:
 # %% ../../nbs/11_train.loop.ipynb #dcb94edc
 def restore(loop: Loop) -> Loop:
     "Continue from `loop.resume_from` when there is one, then tell the callbacks where the run starts"
-    cfg, plan = loop.cfg, loop.plan
+    cfg, batch = loop.cfg, loop.batch
     if loop.resume_from is not None:
-        state = ckpt.load(loop.engine, loop.resume_from, loop.rank, loop.parallel.layout, loop.shapes,
-                          loop.parallel)
+        state = ckpt.load(loop.engine, loop.resume_from, loop.rank, layout=loop.parallel.layout, shapes=loop.shapes,
+                          parallel=loop.parallel)
         loop.iteration, loop.consumed = state['iteration'], state['consumed_samples']
-        Schedule(cfg.optim, plan.iters).follow(loop.engine)
+        Schedule(cfg.optim, batch.iters).follow(loop.engine)
     if loop.curriculum is not None:                 # the decay counts tokens trained (Megatron-DeepSpeed's)
-        decay_by_tokens(loop.engine.lr_scheduler, Schedule(cfg.optim, plan.iters), loop.curriculum)
-    loop.info = RunInfo(cfg, plan.iters, loop.iteration, loop.params, loop.parallel.layout.world, plan.accumulation,
-                        loop.device, flops_per_iteration(cfg.model, plan.global_batch, cfg.train.recompute),
-                        peak_flops(loop.device, cfg.train.precision), loop.out, loop.resume_from)
+        decay_by_tokens(loop.engine.lr_scheduler, Schedule(cfg.optim, batch.iters), loop.curriculum)
+    loop.info = RunInfo(cfg=cfg, iters=batch.iters, start=loop.iteration, params=loop.params,
+                        world_size=loop.parallel.layout.world, grad_accum=batch.accumulation, device=loop.device,
+                        flops_per_step=flops_per_iteration(cfg.model, batch.global_batch, cfg.train.recompute),
+                        peak_flops=peak_flops(loop.device, cfg.train.precision), out=loop.out,
+                        resumed_from=loop.resume_from)
     loop.result = TrainResult(loop.iteration, loop.tokens, [])
     loop.window = ReportWindow(loop.iteration, tokens=loop.tokens)
     for c in loop.callbacks:
@@ -385,22 +396,23 @@ def restore(loop: Loop) -> Loop:
 # %% ../../nbs/11_train.loop.ipynb #a216d0df
 def train_step(loop: Loop, stop_requested: bool = False) -> float:
     "One optimizer step over the global batch; returns its mean loss (NaN when every micro-batch was dropped)"
-    cfg, plan, engine = loop.cfg, loop.plan, loop.engine
+    cfg, batch, engine = loop.cfg, loop.batch, loop.engine
     length = loop.length                            # a curriculum's steps are shorter than the model's context
-    batches = micro_batches(loop.train_set, loop.consumed, plan.accumulation, plan.dp, loop.parallel.dp_rank,
-                            plan.micro_batch, cfg.model.vocab, data_name(cfg, 'train'), engine.device,
-                            None if loop.curriculum is None else length, loop.batching)
+    batches = micro_batches(loop.train_set, loop.consumed, batch.accumulation, dp=batch.dp,
+                            dp_rank=loop.parallel.dp_rank, mb=batch.micro_batch, vocab=cfg.model.vocab,
+                            where=data_name(cfg, 'train'), device=engine.device,
+                            length=None if loop.curriculum is None else length, kind=loop.batching)
     loss_sum, dropped, norm = _step(engine, loop.parallel, batches, loop.own_norm, cfg.optim.grad_clip)
     if loop.own_norm:
         loop.grad_norm = norm
     total, dropped, stopping = _all_sum([loss_sum, dropped, stop_requested], engine.device)
     loop.iteration += 1
-    loop.consumed += plan.global_batch
+    loop.consumed += batch.global_batch
     loop.stopping, dropped, it = bool(stopping), int(dropped), loop.iteration
     for c in loop.callbacks:
         if hasattr(c, 'on_train_step'):
             c.on_train_step(it)    # callbacks need not subclass Callback
-    n = plan.accumulation * plan.dp
+    n = batch.accumulation * batch.dp
     loss = total / (n - dropped) if dropped < n else float('nan')
     loop.result.losses.append(loss)
     loop.finite_loss = dropped < n
@@ -416,15 +428,15 @@ def train_step(loop: Loop, stop_requested: bool = False) -> float:
     else:
         loop.bad_steps = 0
     loop.window.add(loss, dropped)
-    loop.window.flops += flops_per_iteration(dataclasses.replace(cfg.model, seq_len=length), plan.global_batch,
+    loop.window.flops += flops_per_iteration(dataclasses.replace(cfg.model, seq_len=length), batch.global_batch,
                                              cfg.train.recompute)
     return loss
 
 # %% ../../nbs/11_train.loop.ipynb #250e93d7
 def report(loop: Loop) -> StepMetrics | None:
     "When a report is due: the window's averages to the callbacks (`on_step`), and a new window; else None"
-    cfg, plan, engine, w, it = loop.cfg, loop.plan, loop.engine, loop.window, loop.iteration
-    if it % cfg.train.log_interval and it != plan.iters:
+    cfg, batch, engine, w, it = loop.cfg, loop.batch, loop.engine, loop.window, loop.iteration
+    if it % cfg.train.log_interval and it != batch.iters:
         return None
     dt, steps = time.perf_counter() - w.t, it - w.start
     norm = loop.grad_norm if loop.own_norm else engine.get_global_grad_norm()
@@ -436,12 +448,14 @@ def report(loop: Loop) -> StepMetrics | None:
     peak = loop.info.peak_flops
     loss = w.loss / w.steps if w.steps else None
     moe = moe_stats(engine.module)
-    m = StepMetrics(it, loss, engine.get_lr()[0], None if norm is None else float(norm),
-                    None if scale is None else float(scale), loop.tokens, (loop.tokens - w.tokens) / dt, tflops,
-                    tflops * 1e12 / peak if peak else None, memory_gib(loop.device), dt / steps, w.skipped,
-                    plan.seq_len if loop.curriculum is None else loop.curriculum.length(it),
-                    moe.get('moe_aux_loss'), moe.get('moe_z_loss'), moe.get('moe_dropped'),
-                    expert_load(engine.module) or None)
+    m = StepMetrics(iteration=it, loss=loss, lr=engine.get_lr()[0], grad_norm=None if norm is None else float(norm),
+                    loss_scale=None if scale is None else float(scale), tokens=loop.tokens,
+                    tokens_per_s=(loop.tokens - w.tokens) / dt, tflops=tflops,
+                    mfu=tflops * 1e12 / peak if peak else None, memory_gib=memory_gib(loop.device),
+                    step_seconds=dt / steps, skipped=w.skipped,
+                    seq_len=batch.seq_len if loop.curriculum is None else loop.curriculum.length(it),
+                    moe_aux_loss=moe.get('moe_aux_loss'), moe_z_loss=moe.get('moe_z_loss'),
+                    moe_dropped=moe.get('moe_dropped'), moe_load=expert_load(engine.module) or None)
     for c in loop.callbacks:
         c.on_step(m)
     loop.window = ReportWindow(it, tokens=loop.tokens)
@@ -454,16 +468,17 @@ def is_due(iteration: int, every: int | None, iters: int) -> bool:
 
 def _evaluate(loop: Loop, samples, split: str) -> float:
     "The mean loss over `eval_iters` global batches of `samples`, told to the callbacks"
-    cfg, plan = loop.cfg, loop.plan
-    loss = evaluation_loss(loop.engine, samples, cfg.train.eval_iters * plan.accumulation, plan.micro_batch,
-                           loop.parallel, cfg.model.vocab, data_name(cfg, split), loop.batching)
+    cfg, batch = loop.cfg, loop.batch
+    loss = evaluation_loss(loop.engine, samples, cfg.train.eval_iters * batch.accumulation, mb=batch.micro_batch,
+                           parallel=loop.parallel, vocab=cfg.model.vocab, where=data_name(cfg, split),
+                           kind=loop.batching)
     for c in loop.callbacks:
         c.on_eval(split, loop.iteration, loss)
     return loss
 
 def evaluate_if_due(loop: Loop) -> float | None:
     "The validation loss after every `eval_interval` steps (None when not due, or when there is no validation split)"
-    if loop.valid is None or not is_due(loop.iteration, loop.cfg.train.eval_interval, loop.plan.iters):
+    if loop.valid is None or not is_due(loop.iteration, loop.cfg.train.eval_interval, loop.batch.iters):
         return None
     loop.result.valid_loss = _evaluate(loop, loop.valid, 'valid')
     return loop.result.valid_loss
@@ -498,8 +513,9 @@ def save_checkpoint(loop: Loop) -> Path:
     it, cfg = loop.iteration, loop.cfg
     _check_finite(loop)                          # a diverged model never reaches a checkpoint
     client = {'iteration': it, 'consumed_samples': loop.consumed, 'tokens': loop.tokens}
-    path = ckpt.save(loop.engine, loop.root, it, client, cfg, loop.ds_config, loop.out / 'tokenizer', loop.rank,
-                     cfg.train.keep, loop.parallel.layout, loop.shapes)
+    path = ckpt.save(loop.engine, loop.root, it, client=client, cfg=cfg, ds_config=loop.ds_config,
+                     tokenizer_dir=loop.out / 'tokenizer', rank=loop.rank, keep=cfg.train.keep,
+                     layout=loop.parallel.layout, shapes=loop.shapes)
     loop.saved_at = time.monotonic()
     for c in loop.callbacks:
         c.on_checkpoint(path, it)
@@ -508,14 +524,14 @@ def save_checkpoint(loop: Loop) -> Path:
 def _minutes_due(loop: Loop) -> bool:
     "Whether `save_interval_minutes` have passed since the last save (or the start); rank 0's clock decides for all"
     minutes = loop.cfg.train.save_interval_minutes
-    if not minutes or loop.iteration >= loop.plan.iters:
+    if not minutes or loop.iteration >= loop.batch.iters:
         return False   # the end saves anyway
     due = loop.rank == 0 and time.monotonic() - loop.saved_at >= 60 * minutes
     return bool(_all_max(int(due), loop.engine.device))
 
 def save_if_due(loop: Loop) -> Path | None:
     "A checkpoint after every `save_interval` steps, and when `save_interval_minutes` passed (None when not due)"
-    if not (is_due(loop.iteration, loop.cfg.train.save_interval, loop.plan.iters) or _minutes_due(loop)):
+    if not (is_due(loop.iteration, loop.cfg.train.save_interval, loop.batch.iters) or _minutes_due(loop)):
         return None
     if not loop.finite_loss:                     # a model whose loss is NaN is not worth resuming from
         log.warning('step %d: checkpoint skipped: every micro-batch of this step had a NaN or infinite loss',
@@ -534,7 +550,7 @@ def finish(loop: Loop) -> TrainResult:
         raise TrainingError(f'step {it}: the run ended on a step whose every micro-batch had a NaN or infinite loss, '
                             f'so its state was not saved. {_newest(loop)}')
     r.checkpoint = saved if saved is not None and saved.name == store.tag(it) else save_checkpoint(loop)
-    if it >= loop.plan.iters:
+    if it >= loop.batch.iters:
         if loop.valid is not None:
             r.valid_loss = _evaluate(loop, loop.valid, 'valid')
         test = _split(cfg, 'test', loop.rank)
@@ -559,13 +575,13 @@ def train(run: RunConfig | RunPlan, callbacks=(), resume: bool | str | Path = Fa
           force: bool = False, stop_after: int | None = None) -> TrainResult:
     "Train `run` (a RunPlan, or a RunConfig planned here) in this process, alone or as one rank of a launcher"
     with contextlib.ExitStack() as hold:                 # the run folder's lock, let go however the run ends
-        return _train(run, callbacks, resume, ds_override, force, stop_after, hold)
+        return _train(run, callbacks, resume, ds_override=ds_override, force=force, stop_after=stop_after, hold=hold)
 
 def _train(run, callbacks, resume, ds_override, force, stop_after, hold) -> TrainResult:
     "`train`, the run folder's lock in `hold`: set up, restore, then step until the run is done"
-    loop = restore(setup(run, callbacks, resume, ds_override, force, hold))
+    loop = restore(setup(run, callbacks, resume, ds_override=ds_override, force=force, hold=hold))
     with StopSignals() as stop, Watchdog(loop.cfg.train.watchdog_minutes, loop.rank) as dog:
-        while loop.iteration < loop.plan.iters:
+        while loop.iteration < loop.batch.iters:
             dog.beat(f'step {loop.iteration + 1}')
             train_step(loop, stop.signal is not None)
             report(loop)

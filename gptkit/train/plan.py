@@ -29,6 +29,7 @@ from ..model.lora import lora_problems
 from ..store import folders as store
 from ..tokenizer.bpe import load_tokenizer
 from .engine import machine_defaults
+from .launch import Launch
 
 # %% auto #0
 __all__ = ['RESUME_MAY_CHANGE', 'INIT_SEQ_LEN', 'PLAN_FILE', 'PLAN_ENV', 'tokenizer_vocab', 'run_config', 'check_same_data',
@@ -77,10 +78,13 @@ def run_config(preset: str | None = None, file: str | Path | None = None, sets=(
     start = None if init is None else start_point(init)
     if preset is None and file is None and start is None:
         preset = 'tiny'
-    cfg = resolve(preset, file, sets, overrides, defaults=_defaults(start, preset), **top)
-    if start is None and cfg.init and not resume:      # a config file's init: its model under the file's settings
-        start = start_point(cfg.init)
-        cfg = resolve(preset, file, sets, overrides, defaults=_defaults(start, preset), **top)
+
+    def defaults(given: dict) -> dict:     # a config file's init: its model under the file's settings
+        nonlocal start
+        if start is None and given.get('init') and not resume:
+            start = start_point(given['init'])
+        return _defaults(start, preset)
+    cfg = resolve(preset, file, sets, overrides, defaults=defaults, **top)   # once
     if start is not None:
         cfg = init_config(cfg, *start, (preset, file, sets, overrides))
     return tokenizer_vocab(cfg) if vocab else cfg
@@ -265,7 +269,9 @@ class RunPlan:
     resume_from: Path | None = None   # the checkpoint it continues from; None: a fresh start
     data_error: str | None = None     # why the data plan could not be made (`preview_run` only)
     precision_why: str | None = None  # how train.precision auto was settled (`machine.settle_precision`)
+    ds_override: dict | None = None   # a DeepSpeed JSON merged over the generated config (`--deepspeed-config`)
     tokenizer: object = field(default=None, compare=False, repr=False)   # in the process that read it
+    launch: Launch | None = field(default=None, compare=False)   # how this node starts the run (not handed over)
 
     @property
     def layout(self) -> Layout:
@@ -273,7 +279,7 @@ class RunPlan:
 
     @property
     def batch(self) -> BatchPlan:
-        return self.cfg.plan
+        return self.cfg.batch
 
     @property
     def vocab(self) -> int:
@@ -289,7 +295,7 @@ class RunPlan:
         data = {k: [dataclasses.asdict(p) for p in parts] for k, parts in self.data.items()}
         resume = None if self.resume_from is None else str(self.resume_from)
         return json.dumps({'config': self.cfg.to_dict(), 'data': data, 'resume_from': resume,
-                           'precision_why': self.precision_why})
+                           'precision_why': self.precision_why, 'ds_override': self.ds_override})
 
     @classmethod
     def from_json(cls, text: str) -> RunPlan:
@@ -298,7 +304,7 @@ class RunPlan:
         data = {k: [BlendPart(**p) for p in parts] for k, parts in d['data'].items()}
         resume = d['resume_from']
         return cls(from_dict(d['config']), data, None if resume is None else Path(resume),
-                   precision_why=d.get('precision_why'))
+                   precision_why=d.get('precision_why'), ds_override=d.get('ds_override'))
 
 def read_tokenizer(cfg: RunConfig):
     "The run's tokenizer, after checking --out, the tokenizer and that every dataset of every split's blend exists"
@@ -374,13 +380,13 @@ def task_summary(cfg: RunConfig) -> str | None:
 
 def curriculum_summary(cfg: RunConfig) -> str | None:
     "The line `gptkit train --dry-run` prints for the run's sequence-length curriculum (None without one)"
-    c, plan = Curriculum.of(cfg.train, cfg.model.seq_len), cfg.plan
+    c, batch = Curriculum.of(cfg.train, cfg.model.seq_len), cfg.batch
     if c is None:
         return None
-    warm, batch = min(c.steps, plan.iters), plan.global_batch
+    warm, size = min(c.steps, batch.iters), batch.global_batch
     return (f'curriculum: sequence length {c.start} -> {c.end} over {c.steps:,} steps in multiples of {c.size} | '
-            f'{plan.iters:,} steps train {c.tokens(plan.iters, batch):,} tokens; the first {warm:,} train '
-            f'{c.tokens(warm, batch):,} (at full length {warm * batch * plan.seq_len:,}) | the lr decays by tokens')
+            f'{batch.iters:,} steps train {c.tokens(batch.iters, size):,} tokens; the first {warm:,} train '
+            f'{c.tokens(warm, size):,} (at full length {warm * size * batch.seq_len:,}) | the lr decays by tokens')
 
 # %% ../../nbs/11a_train.plan.ipynb #39386cce
 def _digest(text: str) -> str:
