@@ -209,6 +209,7 @@ def test_emit_k8s_prints_a_pytorchjob_with_the_right_replicas(tiny_data):
     (['--nnodes', '2'], '--master-addr is needed with --nnodes above 1'),
     (['--nnodes', '2', '--node-rank', '2', '--master-addr', 'h'], '--node-rank must be from 0 to 1'),
     (['--nnodes', '0'], '--nnodes must be at least 1'),
+    (['--nproc', '0'], '--nproc must be at least 1, not 0'),
     (['--hostfile', 'hosts'], "--hostfile is DeepSpeed's"),
     (['--hostfile', 'no-such-hosts', '--launcher', 'deepspeed'], '--hostfile no-such-hosts: no such file'),
     (['--emit', 'pbs'], '--emit must be slurm or k8s'),

@@ -95,7 +95,8 @@ def deepspeed_override(path: str | Path | None, cfg: RunConfig) -> dict | None:
 
 def _launch_of(request: TrainRequest, cfg: RunConfig) -> Launch:
     "The request's launch, its processes per node the layout's when --nproc is not given"
-    per_node = request.nproc or max(1, cfg.parallel.world_size // max(request.launch.nnodes, 1))
+    layout = max(1, cfg.parallel.world_size // max(request.launch.nnodes, 1))
+    per_node = request.nproc if request.nproc is not None else layout
     launch = dataclasses.replace(request.launch, nproc=per_node)
     check(launch.problems(launching=request.mode != 'emit'))
     return launch
